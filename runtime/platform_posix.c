@@ -1,0 +1,258 @@
+/* platform.h for Linux and other POSIX systems. */
+#include "platform.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+#include "backend.h"
+#include "error.h"
+#include "kiri.h"
+#include "mem.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Files
+ * ------------------------------------------------------------------------------------------- */
+
+int kiri_platform_map_file(const char *path, struct kiri_mapping *out, struct kiri_status_info *info)
+{
+    size_t len = strlen(path);
+    if (len >= 8 && strcmp(path + len - 8, ".partial") == 0)
+        return kiri_error_set(info, KIRI_E_IO, "%s: refusing to map a partial download", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kiri_error_set(info, KIRI_E_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return kiri_error_set(info, KIRI_E_IO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return kiri_error_set(info, KIRI_E_IO, "%s: not a regular file", path);
+    }
+    out->addr = NULL;
+    out->size = (size_t)st.st_size;
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return kiri_error_set(info, KIRI_E_IO, "%s: mmap: %s", path, strerror(e));
+        }
+        out->addr = p;
+    }
+    close(fd); /* the mapping keeps the file alive */
+    return KIRI_OK;
+}
+
+void kiri_platform_unmap(struct kiri_mapping *m)
+{
+    if (m->addr)
+        munmap((void *)m->addr, m->size);
+    m->addr = NULL;
+    m->size = 0;
+}
+
+void kiri_platform_advise_willneed(const void *addr, size_t size)
+{
+    size_t page = kiri_platform_page_size();
+    uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(page - 1);
+    uintptr_t end = (uintptr_t)addr + size;
+    if (size)
+        madvise((void *)start, end - start, MADV_WILLNEED);
+}
+
+size_t kiri_platform_page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+
+double kiri_platform_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int kiri_platform_n_cpus(void)
+{
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0)
+            return n;
+    }
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+uint64_t kiri_platform_peak_rss(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (uint64_t)ru.ru_maxrss * 1024u; /* Linux reports KiB */
+}
+
+uint64_t kiri_platform_total_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES);
+    return pages > 0 ? (uint64_t)pages * kiri_platform_page_size() : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * CPU features: the CPU must report them and the OS must have enabled their register state.
+ * ------------------------------------------------------------------------------------------- */
+
+#if defined(__x86_64__) || defined(__i386__)
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+uint32_t kiri_platform_cpu_features(void)
+{
+    uint32_t f = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx)
+        return 0;
+    uint64_t xcr0 = read_xcr0();
+    int ymm_ok = (xcr0 & 0x6) == 0x6;          /* SSE and AVX state */
+    int zmm_ok = (xcr0 & 0xe6) == 0xe6;        /* plus opmask and ZMM state */
+    if (!ymm_ok)
+        return 0;
+    unsigned a7, b7, c7, d7;
+    if (!__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7))
+        return 0;
+    int avx2 = (b7 >> 5) & 1;
+    if (avx2 && fma && f16c)
+        f |= KIRI_CPU_AVX2;
+    int avx512f = (b7 >> 16) & 1, avx512bw = (b7 >> 30) & 1, avx512vl = (b7 >> 31) & 1;
+    if (zmm_ok && avx512f && avx512bw && avx512vl && (f & KIRI_CPU_AVX2)) {
+        f |= KIRI_CPU_AVX512;
+        if ((c7 >> 11) & 1)
+            f |= KIRI_CPU_AVX512_VNNI;
+    }
+    unsigned a71, b71, c71, d71;
+    if (__get_cpuid_count(7, 1, &a71, &b71, &c71, &d71) && ((a71 >> 4) & 1) && (f & KIRI_CPU_AVX2))
+        f |= KIRI_CPU_AVX_VNNI;
+#elif defined(__aarch64__)
+    f |= KIRI_CPU_NEON; /* mandatory in AArch64 */
+#if defined(__linux__)
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    if (hw & (1ul << 20)) /* HWCAP_ASIMDDP */
+        f |= KIRI_CPU_DOTPROD;
+    if (hw2 & (1ul << 13)) /* HWCAP2_I8MM */
+        f |= KIRI_CPU_I8MM;
+#endif
+#endif
+    return f;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Dynamic libraries
+ * ------------------------------------------------------------------------------------------- */
+
+void *kiri_platform_dl_open(const char *name) { return dlopen(name, RTLD_NOW | RTLD_LOCAL); }
+
+void *kiri_platform_dl_sym(void *lib, const char *sym) { return lib ? dlsym(lib, sym) : NULL; }
+
+/* ---------------------------------------------------------------------------------------------
+ * Threads
+ * ------------------------------------------------------------------------------------------- */
+
+struct kiri_thread {
+    pthread_t tid;
+    void (*fn)(void *);
+    void *arg;
+};
+
+static void *thread_entry(void *p)
+{
+    struct kiri_thread *t = p;
+    t->fn(t->arg);
+    return NULL;
+}
+
+int kiri_platform_thread_start(struct kiri_thread **out, void (*fn)(void *), void *arg)
+{
+    struct kiri_thread *t = kiri_mem_alloc(sizeof *t);
+    if (!t)
+        return KIRI_E_NOMEM;
+    t->fn = fn;
+    t->arg = arg;
+    if (pthread_create(&t->tid, NULL, thread_entry, t) != 0) {
+        kiri_mem_free(t);
+        return KIRI_E_NOMEM;
+    }
+    *out = t;
+    return KIRI_OK;
+}
+
+void kiri_platform_thread_join(struct kiri_thread *t)
+{
+    if (!t)
+        return;
+    pthread_join(t->tid, NULL);
+    kiri_mem_free(t);
+}
+
+void kiri_platform_wait(const volatile uint32_t *addr, uint32_t expected)
+{
+#if defined(__linux__)
+    syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+#else
+    (void)addr;
+    (void)expected;
+    sched_yield();
+#endif
+}
+
+void kiri_platform_wake_all(const volatile uint32_t *addr)
+{
+#if defined(__linux__)
+    syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+#else
+    (void)addr;
+#endif
+}
+
+void kiri_platform_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
