@@ -106,8 +106,9 @@ int kiri_context_init(struct kiri_model *model, const struct kiri_context_params
                       struct kiri_context **out, struct kiri_status_info *info);
 void kiri_context_free(struct kiri_context *ctx);
 
-/* Called for each generated token with its text (whole UTF-8 characters only; may be empty while a
- * character is incomplete). Return non-zero to stop generating. */
+/* Called for each generated token with the text it completes (whole UTF-8 characters only; may be
+ * empty while a character is incomplete or while the text could be the start of a stop string).
+ * Text held back that no stop string claimed comes last, with token -1. Return non-zero to stop. */
 typedef int (*kiri_token_fn)(void *user, int32_t token, const char *text, size_t len);
 
 struct kiri_generate_params {
@@ -148,6 +149,25 @@ void kiri_context_reset(struct kiri_context *ctx);
 
 /* Asks a running kiri_generate / kiri_context_eval to stop at the next step. Thread-safe. */
 void kiri_context_cancel(struct kiri_context *ctx);
+
+/* ---- tools ---- */
+
+/* Converts a GGUF model's weight matrices to another type: "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+ * "Q4_K", "Q5_K", "Q6_K", "Q4_K_M" (Q4_K with Q6_K for the output and half the value and
+ * down-projection layers), "F16", "BF16" or "F32". Norms and other vectors stay F32. The result is
+ * written to out_path + ".partial" and renamed when complete. progress (may be NULL) is called after
+ * each tensor with the tensors done and the total. */
+int kiri_quantize(const char *in_path, const char *out_path, const char *type,
+                  void (*progress)(void *user, int64_t done, int64_t total), void *user,
+                  struct kiri_status_info *info);
+
+/* Describes the machine: CPU features, compiled-in backends and their probe results, and which
+ * one `backend` ("auto" or NULL, or a name) would pick. */
+void kiri_system_info(const char *backend, char *buf, size_t cap);
+
+/* Monotonic seconds, and this process's peak resident set size in bytes (0 if unknown). */
+double kiri_time_seconds(void);
+uint64_t kiri_peak_rss_bytes(void);
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,12 @@ void kiri_platform_thread_join(struct kiri_thread *t);
 /* A futex-like wait: sleeps while *addr == expected (spurious wake-ups allowed). */
 void kiri_platform_wait(const volatile uint32_t *addr, uint32_t expected);
 void kiri_platform_wake_all(const volatile uint32_t *addr);
+/* A mutual-exclusion lock (not recursive). */
+struct kiri_mutex;
+int kiri_platform_mutex_init(struct kiri_mutex **out);
+void kiri_platform_mutex_free(struct kiri_mutex *m);
+void kiri_platform_mutex_lock(struct kiri_mutex *m);
+void kiri_platform_mutex_unlock(struct kiri_mutex *m);
 /* A hint inside spin loops. */
 void kiri_platform_cpu_relax(void);
 

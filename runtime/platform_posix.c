@@ -248,6 +248,32 @@ void kiri_platform_wake_all(const volatile uint32_t *addr)
 #endif
 }
 
+struct kiri_mutex {
+    pthread_mutex_t m;
+};
+
+int kiri_platform_mutex_init(struct kiri_mutex **out)
+{
+    struct kiri_mutex *m = kiri_mem_alloc(sizeof *m);
+    if (!m)
+        return KIRI_E_NOMEM;
+    pthread_mutex_init(&m->m, NULL);
+    *out = m;
+    return KIRI_OK;
+}
+
+void kiri_platform_mutex_free(struct kiri_mutex *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->m);
+    kiri_mem_free(m);
+}
+
+void kiri_platform_mutex_lock(struct kiri_mutex *m) { pthread_mutex_lock(&m->m); }
+
+void kiri_platform_mutex_unlock(struct kiri_mutex *m) { pthread_mutex_unlock(&m->m); }
+
 void kiri_platform_cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)

@@ -10,14 +10,14 @@ VENV="${KIRI_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kiri/venv}"
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 GGUF_VERSION="0.19.0"
 
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import llama_cpp, gguf, numpy' 2>/dev/null; then
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import llama_cpp, gguf, numpy, pytest' 2>/dev/null; then
   echo "$VENV"; exit 0
 fi
 
 mkdir -p "$(dirname "$VENV")"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip >&2
-"$VENV/bin/pip" install -q numpy "gguf==$GGUF_VERSION" >&2
+"$VENV/bin/pip" install -q numpy "gguf==$GGUF_VERSION" pytest >&2
 
 flags="-DGGML_NATIVE=OFF -DGGML_OPENMP=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF"
 has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }

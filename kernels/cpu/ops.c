@@ -1,0 +1,141 @@
+/* Portable C row kernels: RMS norm, SwiGLU, RoPE and one attention head. Numerics follow the
+ * common reference implementation closely (sums of squares and softmax denominators in double,
+ * RoPE angles advanced by repeated multiplication, F16 caches read with the query and the
+ * attention weights rounded to F16) so logits agree with llama.cpp to float rounding. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+void kiri_cpu_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps)
+{
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = (x[i] * scale) * (w ? w[i] : 1.0f);
+}
+
+void kiri_cpu_swiglu_row(const float *g, const float *u, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float s = g[i] / (1.0f + expf(-g[i]));
+        y[i] = s * u[i];
+    }
+}
+
+void kiri_cpu_rope_token(float *x, int n_head, int head_dim, int32_t pos,
+                         const struct kiri_rope_params *p, const float *freq_factors)
+{
+    const int n_rot = p->n_rot;
+    const float theta_scale = powf(p->freq_base, -2.0f / (float)n_rot);
+    /* The angles are the same for every head: compute the (cos, sin) pairs once. */
+    float cs[512][2];
+    const int n_pairs = n_rot / 2 <= 512 ? n_rot / 2 : 512;
+    float theta = (float)pos;
+    for (int i = 0; i < n_pairs; i++) {
+        const float ff = freq_factors ? freq_factors[i] : 1.0f;
+        const float angle = p->freq_scale * (theta / ff);
+        cs[i][0] = cosf(angle);
+        cs[i][1] = sinf(angle);
+        theta *= theta_scale;
+    }
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * (size_t)head_dim;
+        if (p->mode == KIRI_ROPE_NEOX) {
+            for (int i = 0; i < n_pairs; i++) {
+                const float a = v[i], b = v[i + n_rot / 2];
+                v[i] = a * cs[i][0] - b * cs[i][1];
+                v[i + n_rot / 2] = a * cs[i][1] + b * cs[i][0];
+            }
+        } else {
+            for (int i = 0; i < n_pairs; i++) {
+                const float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * cs[i][0] - b * cs[i][1];
+                v[2 * i + 1] = a * cs[i][1] + b * cs[i][0];
+            }
+        }
+    }
+}
+
+/* The dot product of an F32 query (rounded as the cache type's product rounds it) and one cached
+ * key row. */
+static float dot_key(const float *q, const void *krow, int kv_type, int d)
+{
+    float s = 0.0f;
+    if (kv_type == KIRI_TYPE_F32) {
+        const float *k = krow;
+        for (int i = 0; i < d; i++)
+            s += q[i] * k[i];
+    } else if (kv_type == KIRI_TYPE_F16) {
+        const kiri_f16 *k = krow;
+        for (int i = 0; i < d; i++)
+            s += q[i] * kiri_f16_to_f32(k[i]);
+    } else { /* Q8_0 */
+        const struct kiri_block_q8_0 *k = krow;
+        for (int b = 0; b < d / KIRI_QK8_0; b++) {
+            const float dk = kiri_f16_to_f32(k[b].d);
+            float bs = 0.0f;
+            for (int i = 0; i < KIRI_QK8_0; i++)
+                bs += q[b * KIRI_QK8_0 + i] * (float)k[b].qs[i];
+            s += bs * dk;
+        }
+    }
+    return s;
+}
+
+static void add_value(float *out, float w, const void *vrow, int kv_type, int d)
+{
+    if (kv_type == KIRI_TYPE_F32) {
+        const float *v = vrow;
+        for (int i = 0; i < d; i++)
+            out[i] += w * v[i];
+    } else if (kv_type == KIRI_TYPE_F16) {
+        const kiri_f16 *v = vrow;
+        for (int i = 0; i < d; i++)
+            out[i] += w * kiri_f16_to_f32(v[i]);
+    } else {
+        const struct kiri_block_q8_0 *v = vrow;
+        for (int b = 0; b < d / KIRI_QK8_0; b++) {
+            const float dv = kiri_f16_to_f32(v[b].d) * w;
+            for (int i = 0; i < KIRI_QK8_0; i++)
+                out[b * KIRI_QK8_0 + i] += dv * (float)v[b].qs[i];
+        }
+    }
+}
+
+void kiri_cpu_attend_head(const float *q, const void *k, size_t k_stride, const void *v,
+                          size_t v_stride, int kv_type, const int32_t *slots, int n_kv,
+                          int head_dim, float scale, float *scratch, float *out)
+{
+    /* A reduced-precision cache multiplies with a query rounded to that precision. */
+    float qr[1024];
+    const int d = head_dim <= 1024 ? head_dim : 1024;
+    for (int i = 0; i < d; i++)
+        qr[i] = kv_type == KIRI_TYPE_F32 ? q[i] : kiri_f16_to_f32(kiri_f32_to_f16(q[i]));
+
+    float max = -INFINITY;
+    for (int j = 0; j < n_kv; j++) {
+        const char *krow = (const char *)k + (size_t)slots[j] * k_stride;
+        const float s = dot_key(qr, krow, kv_type, d) * scale;
+        scratch[j] = s;
+        if (s > max)
+            max = s;
+    }
+    double sum = 0.0;
+    for (int j = 0; j < n_kv; j++) {
+        const float e = expf(scratch[j] - max);
+        scratch[j] = e;
+        sum += (double)e;
+    }
+    const float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+    memset(out, 0, (size_t)d * sizeof *out);
+    for (int j = 0; j < n_kv; j++) {
+        float w = scratch[j] * inv;
+        if (kv_type != KIRI_TYPE_F32)
+            w = kiri_f16_to_f32(kiri_f32_to_f16(w));
+        const char *vrow = (const char *)v + (size_t)slots[j] * v_stride;
+        add_value(out, w, vrow, kv_type, d);
+    }
+}

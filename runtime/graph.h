@@ -1,0 +1,46 @@
+/* The forward pass, written once against the backend interface: turns a batch of tokens (from one
+ * or many sequences, prompt chunks and decode steps mixed) into a list of backend nodes over the
+ * model's weights and the paged KV cache, runs it, and returns the logits of the rows asked for.
+ *
+ * Invariants: a graph's scratch buffer is sized at init for max_tokens tokens and max_outputs
+ * logit rows and never grows; a batch larger than that is refused, not truncated.
+ */
+#ifndef KIRI_GRAPH_H
+#define KIRI_GRAPH_H
+
+#include <stdint.h>
+
+struct kiri_model;
+struct kiri_kvcache;
+struct kiri_graph;
+struct kiri_status_info;
+
+/* One forward step's input. For token i: its id, its position in its sequence, the cache slot
+ * its key and value are written to, and how many keys it attends to (pos + 1) through the block
+ * table starting at tables[table_off[i]]. Logits come out for the tokens listed in out_rows. */
+struct kiri_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;
+    const int32_t *pos;
+    const int32_t *slots;
+    const int32_t *n_kv;
+    const int32_t *table_off;
+    const int32_t *tables;
+    int32_t n_table_entries;
+    const int32_t *out_rows;
+    int32_t n_outputs;
+};
+
+int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_outputs,
+                    int32_t max_table_entries, struct kiri_graph **out);
+void kiri_graph_free(struct kiri_graph *g);
+/* Scratch bytes a graph of these limits takes (for memory reports). */
+uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens, int32_t max_outputs,
+                                  int32_t max_table_entries);
+
+/* Runs one step. *logits (n_vocab * n_outputs floats, row i for out_rows[i]) is owned by the
+ * graph and valid until the next run. */
+int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b,
+                   const float **logits, struct kiri_status_info *info);
+
+#endif

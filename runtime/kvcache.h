@@ -1,0 +1,55 @@
+/* The paged key/value cache: one pool of fixed-size blocks, each holding block_size token slots
+ * of every layer's keys and values, and per-sequence block tables mapping positions to slots.
+ * Blocks are reference counted so sequences can share the blocks of a common prefix (a block is
+ * written only while its count is 1).
+ *
+ * Invariants: a block is either on the free list (count 0) or referenced by at least one
+ * sequence; position p of a sequence lives in slot table[p / block_size] * block_size +
+ * p % block_size; a sequence's table has exactly ceil(n_tokens / block_size) blocks after
+ * kiri_kvcache_seq_reserve for n_tokens. The whole pool is allocated once at init: memory never
+ * grows past it.
+ */
+#ifndef KIRI_KVCACHE_H
+#define KIRI_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kiri_backend;
+struct kiri_backend_iface;
+struct kiri_tensor;
+struct kiri_kvcache;
+
+struct kiri_kv_seq {
+    int32_t *blocks;        /* owned: block ids, n_blocks of cap */
+    int32_t n_blocks;
+    int32_t cap;
+    int32_t n_tokens;       /* positions [0, n_tokens) are stored */
+};
+
+/* Allocates the pool on the backend: n_layer layers of keys and values, each row kv_dim
+ * elements of type (F32, F16 or Q8_0), n_blocks blocks of block_size slots. */
+int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_layer,
+                      int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                      struct kiri_kvcache **out);
+void kiri_kvcache_free(struct kiri_kvcache *c);
+
+int kiri_kvcache_block_size(const struct kiri_kvcache *c);
+int32_t kiri_kvcache_n_blocks(const struct kiri_kvcache *c);
+int32_t kiri_kvcache_n_free(const struct kiri_kvcache *c);
+size_t kiri_kvcache_bytes(const struct kiri_kvcache *c);
+/* The key / value cache of one layer as a tensor (kv_dim, n_blocks * block_size); borrowed. */
+struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer);
+struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer);
+
+/* Makes room for positions [0, n_tokens) in seq, taking blocks from the pool. Returns KIRI_OK or
+ * KIRI_E_CONTEXT_FULL (nothing taken) when the pool lacks blocks. */
+int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens);
+/* Returns all of seq's blocks to the pool and empties it (the table memory is kept). */
+void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
+/* Frees the table memory too. */
+void kiri_kvcache_seq_free(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
+/* The slot of position pos (< blocks reserved * block_size). */
+int32_t kiri_kvcache_slot(const struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t pos);
+
+#endif

@@ -1,0 +1,365 @@
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backends.h"
+#include "error.h"
+#include "gguf.h"
+#include "kiri.h"
+#include "mem.h"
+#include "platform.h"
+#include "threadpool.h"
+#include "tokenizer.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Architectures
+ * ------------------------------------------------------------------------------------------- */
+
+struct arch_info {
+    const char *name;
+    int arch;
+    int rope_mode;
+    int has_qkv_bias;     /* attention biases expected (qwen2) */
+    int has_qk_norm;      /* per-head q/k RMS norms (qwen3) */
+};
+
+static const struct arch_info archs[] = {
+    {"llama", KIRI_ARCH_LLAMA, KIRI_ROPE_NORMAL, 0, 0},
+    {"qwen2", KIRI_ARCH_QWEN2, KIRI_ROPE_NEOX, 1, 0},
+    {"qwen3", KIRI_ARCH_QWEN3, KIRI_ROPE_NEOX, 0, 1},
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Hyperparameters
+ * ------------------------------------------------------------------------------------------- */
+
+static int get_u32_key(const struct kiri_gguf *g, const char *arch, const char *suffix, int required,
+                       uint32_t *out, struct kiri_status_info *info)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return kiri_gguf_get_u32(g, key, required, out, info);
+}
+
+static int get_f32_key(const struct kiri_gguf *g, const char *arch, const char *suffix, int required,
+                       float *out, struct kiri_status_info *info)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return kiri_gguf_get_f32(g, key, required, out, info);
+}
+
+static int bad_hparam(struct kiri_status_info *info, const struct kiri_gguf *g, const char *arch,
+                      const char *suffix, const char *why)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    const int64_t i = kiri_gguf_find_key(g, key);
+    return kiri_error_at(info, KIRI_E_MODEL_INVALID, key, i >= 0 ? (int64_t)kiri_gguf_kv_offset(g, i) : -1,
+                         "hyperparameter %s %s", key, why);
+}
+
+static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, struct kiri_hparams *hp,
+                        struct kiri_status_info *info)
+{
+    const char *a = ai->name;
+    uint32_t ctx = 0, embd = 0, layers = 0, ff = 0, head = 0, head_kv = 0, key_len = 0, rot = 0;
+    int rc;
+    if ((rc = get_u32_key(g, a, "context_length", 1, &ctx, info)) < 0 ||
+        (rc = get_u32_key(g, a, "embedding_length", 1, &embd, info)) < 0 ||
+        (rc = get_u32_key(g, a, "block_count", 1, &layers, info)) < 0 ||
+        (rc = get_u32_key(g, a, "feed_forward_length", 1, &ff, info)) < 0 ||
+        (rc = get_u32_key(g, a, "attention.head_count", 1, &head, info)) < 0)
+        return rc;
+    if (layers == 0 || layers > KIRI_MAX_LAYERS)
+        return bad_hparam(info, g, a, "block_count", "must be 1..512");
+    if (ctx == 0 || ctx > (1u << 24))
+        return bad_hparam(info, g, a, "context_length", "must be 1..2^24");
+    if (embd == 0 || embd > (1u << 20))
+        return bad_hparam(info, g, a, "embedding_length", "must be 1..2^20");
+    if (ff == 0 || ff > (1u << 22))
+        return bad_hparam(info, g, a, "feed_forward_length", "must be 1..2^22");
+    if (head == 0 || head > 4096)
+        return bad_hparam(info, g, a, "attention.head_count", "must be 1..4096");
+    head_kv = head;
+    if ((rc = get_u32_key(g, a, "attention.head_count_kv", 0, &head_kv, info)) < 0)
+        return rc;
+    if (head_kv == 0 || head % head_kv != 0)
+        return bad_hparam(info, g, a, "attention.head_count_kv", "must divide attention.head_count");
+    if ((rc = get_u32_key(g, a, "attention.key_length", 0, &key_len, info)) < 0)
+        return rc;
+    if (rc == 1) {
+        if (embd % head != 0)
+            return bad_hparam(info, g, a, "embedding_length", "is not a multiple of attention.head_count");
+        key_len = embd / head;
+    }
+    uint32_t val_len = key_len;
+    if ((rc = get_u32_key(g, a, "attention.value_length", 0, &val_len, info)) < 0)
+        return rc;
+    if (key_len == 0 || key_len > KIRI_MAX_HEAD_DIM || key_len % 2)
+        return bad_hparam(info, g, a, "attention.key_length", "must be even and 2..1024");
+    if (val_len != key_len)
+        return bad_hparam(info, g, a, "attention.value_length", "differs from the key length (unsupported)");
+    rot = key_len;
+    if ((rc = get_u32_key(g, a, "rope.dimension_count", 0, &rot, info)) < 0)
+        return rc;
+    if (rot == 0 || rot > key_len || rot % 2)
+        return bad_hparam(info, g, a, "rope.dimension_count", "must be even and at most the head size");
+
+    float eps = 1e-5f, base = 10000.0f, factor = 1.0f;
+    if ((rc = get_f32_key(g, a, "attention.layer_norm_rms_epsilon", 1, &eps, info)) < 0)
+        return rc;
+    if (!(eps > 0.0f) || !isfinite(eps) || eps > 1.0f)
+        return bad_hparam(info, g, a, "attention.layer_norm_rms_epsilon", "must be in (0, 1]");
+    if ((rc = get_f32_key(g, a, "rope.freq_base", 0, &base, info)) < 0)
+        return rc;
+    if (!(base > 0.0f) || !isfinite(base))
+        return bad_hparam(info, g, a, "rope.freq_base", "must be positive and finite");
+
+    char key[128];
+    struct kiri_gguf_str st = {0};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    if ((rc = kiri_gguf_get_str(g, key, 0, &st, info)) < 0)
+        return rc;
+    const int has_type = rc == KIRI_OK;
+    if ((rc = get_f32_key(g, a, "rope.scaling.factor", 0, &factor, info)) < 0)
+        return rc;
+    if (has_type && !(st.len == 4 && memcmp(st.ptr, "none", 4) == 0) &&
+        !(st.len == 6 && memcmp(st.ptr, "linear", 6) == 0))
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, key, -1, "rope scaling type '%.*s' is not supported",
+                             (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    if (has_type && st.len == 4)
+        factor = 1.0f;
+    if (!(factor > 0.0f) || !isfinite(factor))
+        return bad_hparam(info, g, a, "rope.scaling.factor", "must be positive and finite");
+
+    hp->arch = ai->arch;
+    hp->n_ctx_train = (int32_t)ctx;
+    hp->n_embd = (int32_t)embd;
+    hp->n_layer = (int32_t)layers;
+    hp->n_head = (int32_t)head;
+    hp->n_head_kv = (int32_t)head_kv;
+    hp->head_dim = (int32_t)key_len;
+    hp->n_ff = (int32_t)ff;
+    hp->n_rot = (int32_t)rot;
+    hp->rope_mode = ai->rope_mode;
+    hp->rope_freq_base = base;
+    hp->rope_freq_scale = 1.0f / factor;
+    hp->rms_eps = eps;
+    return KIRI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Weights
+ * ------------------------------------------------------------------------------------------- */
+
+enum weight_kind { WEIGHT_MATRIX, WEIGHT_VECTOR, WEIGHT_EMBEDDING };
+
+static int supported_matrix_type(int type)
+{
+    switch (type) {
+    case KIRI_TYPE_F32: case KIRI_TYPE_F16: case KIRI_TYPE_BF16: case KIRI_TYPE_Q4_0:
+    case KIRI_TYPE_Q4_1: case KIRI_TYPE_Q5_0: case KIRI_TYPE_Q5_1: case KIRI_TYPE_Q8_0:
+    case KIRI_TYPE_Q4_K: case KIRI_TYPE_Q5_K: case KIRI_TYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Finds a tensor, checks its shape and type, and fills the next descriptor. *out is NULL for an
+ * absent optional tensor. */
+static int take_weight(struct kiri_model *m, const char *name, int64_t ne0, int64_t ne1,
+                       enum weight_kind kind, int required, struct kiri_tensor **out,
+                       struct kiri_status_info *info)
+{
+    *out = NULL;
+    const struct kiri_gguf_tensor *gt = kiri_gguf_find_tensor(m->gguf, name);
+    if (!gt) {
+        if (required)
+            return kiri_error_at(info, KIRI_E_MODEL_INVALID, name, -1, "required tensor %s is missing", name);
+        return KIRI_OK;
+    }
+    const int want_dims = kind == WEIGHT_VECTOR ? 1 : 2;
+    if (gt->n_dims != want_dims || gt->ne[0] != ne0 || (want_dims == 2 && gt->ne[1] != ne1))
+        return kiri_error_at(info, KIRI_E_MODEL_INVALID, name, -1,
+                             "tensor %s has wrong shape [%lld, %lld], expected [%lld, %lld]", name,
+                             (long long)gt->ne[0], (long long)gt->ne[1], (long long)ne0,
+                             (long long)(want_dims == 2 ? ne1 : 1));
+    if (kind == WEIGHT_VECTOR ? gt->type != KIRI_TYPE_F32 : !supported_matrix_type(gt->type))
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, name, -1, "tensor %s has type %s, which kiri cannot use here",
+                             name, kiri_type_name(gt->type));
+    struct kiri_tensor *t = &m->tensors[m->n_tensors++];
+    memset(t, 0, sizeof *t);
+    t->type = gt->type;
+    t->ne[0] = gt->ne[0];
+    t->ne[1] = want_dims == 2 ? gt->ne[1] : 1;
+    t->ne[2] = t->ne[3] = 1;
+    t->nb[0] = kiri_type_size(gt->type);
+    t->nb[1] = (size_t)(gt->ne[0] / kiri_type_block_size(gt->type)) * kiri_type_size(gt->type);
+    t->nb[2] = t->nb[3] = t->nb[1] * (size_t)t->ne[1];
+    t->data = (void *)gt->data;
+    t->name = gt->name;
+    m->weight_bytes += gt->size;
+    *out = t;
+    return KIRI_OK;
+}
+
+static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct kiri_status_info *info)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
+    const int64_t Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
+    m->tensors = kiri_mem_calloc((size_t)hp->n_layer * 16 + 8, sizeof *m->tensors);
+    m->layers = kiri_mem_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->tensors || !m->layers)
+        return kiri_error_set(info, KIRI_E_NOMEM, "out of memory for the tensor table");
+    int rc;
+    if ((rc = take_weight(m, "token_embd.weight", E, V, WEIGHT_EMBEDDING, 1, &m->tok_embd, info)) < 0 ||
+        (rc = take_weight(m, "output_norm.weight", E, 1, WEIGHT_VECTOR, 1, &m->output_norm, info)) < 0 ||
+        (rc = take_weight(m, "output.weight", E, V, WEIGHT_MATRIX, 0, &m->output, info)) < 0 ||
+        (rc = take_weight(m, "rope_freqs.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0, &m->rope_freqs, info)) < 0)
+        return rc;
+    if (!m->output)
+        m->output = m->tok_embd; /* tied embeddings */
+    for (int l = 0; l < hp->n_layer; l++) {
+        struct kiri_layer *L = &m->layers[l];
+        char n[KIRI_GGUF_MAX_NAME + 16];
+#define W(field, suffix, ne0, ne1, kind, req)                                                      \
+        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                             \
+        if ((rc = take_weight(m, n, ne0, ne1, kind, req, &L->field, info)) < 0)                   \
+            return rc;
+        W(attn_norm, "attn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
+        W(wq, "attn_q.weight", E, Q, WEIGHT_MATRIX, 1)
+        W(wk, "attn_k.weight", E, KV, WEIGHT_MATRIX, 1)
+        W(wv, "attn_v.weight", E, KV, WEIGHT_MATRIX, 1)
+        W(wo, "attn_output.weight", Q, E, WEIGHT_MATRIX, 1)
+        W(bq, "attn_q.bias", Q, 1, WEIGHT_VECTOR, ai->has_qkv_bias)
+        W(bk, "attn_k.bias", KV, 1, WEIGHT_VECTOR, ai->has_qkv_bias)
+        W(bv, "attn_v.bias", KV, 1, WEIGHT_VECTOR, ai->has_qkv_bias)
+        W(q_norm, "attn_q_norm.weight", hp->head_dim, 1, WEIGHT_VECTOR, ai->has_qk_norm)
+        W(k_norm, "attn_k_norm.weight", hp->head_dim, 1, WEIGHT_VECTOR, ai->has_qk_norm)
+        W(ffn_norm, "ffn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
+        W(w_gate, "ffn_gate.weight", E, F, WEIGHT_MATRIX, 1)
+        W(w_up, "ffn_up.weight", E, F, WEIGHT_MATRIX, 1)
+        W(w_down, "ffn_down.weight", F, E, WEIGHT_MATRIX, 1)
+#undef W
+    }
+    return KIRI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Loading
+ * ------------------------------------------------------------------------------------------- */
+
+static int start_backend(struct kiri_model *m, const struct kiri_model_params *p, struct kiri_status_info *info)
+{
+    int rc = kiri_platform_mutex_init(&m->compute_lock);
+    if (rc < 0)
+        return kiri_error_set(info, rc, "out of memory");
+    const int n_threads = p->n_threads > 0 ? p->n_threads : kiri_platform_n_cpus();
+    if (n_threads > 1024)
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "n_threads %d is too large", n_threads);
+    if ((rc = kiri_threadpool_init(n_threads, &m->pool)) < 0)
+        return kiri_error_set(info, rc, "cannot start %d worker threads", n_threads);
+    kiri_threadpool_as_threads(m->pool, &m->threads);
+    struct kiri_backend_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.threads = m->threads;
+    cfg.cpu_features = m->cpu_features;
+    cfg.dl_open = kiri_platform_dl_open;
+    cfg.dl_sym = kiri_platform_dl_sym;
+    if ((rc = kiri_backends_pick(p->backend, &cfg, &m->iface, &m->be, m->backend_report,
+                                 sizeof m->backend_report, info)) < 0)
+        return rc;
+    /* Every weight must be runnable on the picked backend; ask before the first request. */
+    for (int i = 0; i < m->n_tensors; i++) {
+        struct kiri_tensor *t = &m->tensors[i];
+        if (m->iface->weight_prepare) {
+            char msg[128] = "";
+            if (m->iface->weight_prepare(m->be, t, msg, sizeof msg) != 0)
+                return kiri_error_set(info, KIRI_E_BACKEND, "%s: cannot prepare %s: %s", m->iface->name,
+                                      t->name, msg);
+        }
+    }
+    return KIRI_OK;
+}
+
+int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, struct kiri_model **out,
+                    struct kiri_status_info *info)
+{
+    struct kiri_model *m = kiri_mem_calloc(1, sizeof *m);
+    if (!m) {
+        kiri_gguf_close(g);
+        return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
+    }
+    m->gguf = g;
+    m->vocab_only = p->vocab_only;
+    m->cpu_features = kiri_platform_cpu_features();
+    int rc = kiri_tokenizer_init(g, &m->tokenizer, info);
+    if (rc < 0)
+        goto fail;
+    m->hp.n_vocab = kiri_tokenizer_n_vocab(m->tokenizer);
+    if (p->vocab_only) {
+        *out = m;
+        return KIRI_OK;
+    }
+
+    struct kiri_gguf_str arch;
+    if ((rc = kiri_gguf_get_str(g, "general.architecture", 1, &arch, info)) < 0)
+        goto fail;
+    const struct arch_info *ai = NULL;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (strlen(archs[i].name) == arch.len && memcmp(archs[i].name, arch.ptr, arch.len) == 0)
+            ai = &archs[i];
+    if (!ai) {
+        const int64_t k = kiri_gguf_find_key(g, "general.architecture");
+        rc = kiri_error_at(info, KIRI_E_UNSUPPORTED, "general.architecture",
+                           (int64_t)kiri_gguf_kv_offset(g, k),
+                           "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3)",
+                           (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+        goto fail;
+    }
+    m->arch_name = ai->name;
+    if ((rc = load_hparams(g, ai, &m->hp, info)) < 0)
+        goto fail;
+    if ((rc = load_weights(m, ai, info)) < 0)
+        goto fail;
+    if ((rc = start_backend(m, p, info)) < 0)
+        goto fail;
+    *out = m;
+    return KIRI_OK;
+fail:
+    kiri_model_free(m);
+    return rc;
+}
+
+void kiri_model_free(struct kiri_model *m)
+{
+    if (!m)
+        return;
+    if (m->be) {
+        if (m->iface->weight_release)
+            for (int i = 0; i < m->n_tensors; i++)
+                m->iface->weight_release(m->be, &m->tensors[i]);
+        m->iface->free(m->be);
+    }
+    kiri_threadpool_free(m->pool);
+    kiri_platform_mutex_free(m->compute_lock);
+    kiri_tokenizer_free(m->tokenizer);
+    kiri_mem_free(m->tensors);
+    kiri_mem_free(m->layers);
+    kiri_gguf_close(m->gguf);
+    kiri_mem_free(m);
+}
+
+size_t kiri_model_kv_bytes_per_token(const struct kiri_model *m, int kv_type)
+{
+    const int64_t kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
+    const int64_t bs = kiri_type_block_size(kv_type);
+    if (!bs)
+        return 0;
+    return 2 * (size_t)m->hp.n_layer * (size_t)(kv_dim / bs) * kiri_type_size(kv_type);
+}

@@ -1,0 +1,98 @@
+/* A loaded model: its hyperparameters (all from GGUF metadata), its weights as tensor views into
+ * the file mapping, its tokenizer, and the backend (with its worker threads) that runs it.
+ *
+ * Invariants: every weight the architecture needs is present with exactly the expected shape and a
+ * type the backend can multiply; optional weights (biases, per-head norms, output, rope factors)
+ * are NULL when absent; output points at tok_embd for tied embeddings. Weight data is mapped and
+ * lives exactly as long as the model.
+ */
+#ifndef KIRI_MODEL_H
+#define KIRI_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+struct kiri_gguf;
+struct kiri_tokenizer;
+struct kiri_threadpool;
+struct kiri_mutex;
+struct kiri_status_info;
+struct kiri_model_params;
+
+enum kiri_arch {
+    KIRI_ARCH_LLAMA,
+    KIRI_ARCH_QWEN2,
+    KIRI_ARCH_QWEN3
+};
+
+#define KIRI_MAX_LAYERS 512
+#define KIRI_MAX_HEAD_DIM 1024
+
+struct kiri_hparams {
+    int arch;                 /* enum kiri_arch */
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;         /* key_length: n_embd / n_head unless the file says otherwise */
+    int32_t n_ff;
+    int32_t n_rot;            /* rotated dimensions per head */
+    int rope_mode;            /* enum kiri_rope_mode */
+    float rope_freq_base;
+    float rope_freq_scale;
+    float rms_eps;
+};
+
+struct kiri_layer {
+    struct kiri_tensor *attn_norm;   /* (n_embd) F32 */
+    struct kiri_tensor *wq;          /* (n_embd, n_head * head_dim) */
+    struct kiri_tensor *wk;          /* (n_embd, n_head_kv * head_dim) */
+    struct kiri_tensor *wv;          /* (n_embd, n_head_kv * head_dim) */
+    struct kiri_tensor *wo;          /* (n_head * head_dim, n_embd) */
+    struct kiri_tensor *bq, *bk, *bv;   /* optional biases, F32 */
+    struct kiri_tensor *q_norm, *k_norm; /* optional (head_dim) F32: qwen3 */
+    struct kiri_tensor *ffn_norm;    /* (n_embd) F32 */
+    struct kiri_tensor *w_gate;      /* (n_embd, n_ff) */
+    struct kiri_tensor *w_up;        /* (n_embd, n_ff) */
+    struct kiri_tensor *w_down;      /* (n_ff, n_embd) */
+};
+
+struct kiri_model {
+    struct kiri_gguf *gguf;              /* owned: the mapping every weight points into */
+    struct kiri_tokenizer *tokenizer;    /* owned */
+    struct kiri_hparams hp;
+    const char *arch_name;               /* static */
+    int vocab_only;
+
+    struct kiri_tensor *tensors;         /* owned: descriptors of every weight in use */
+    int n_tensors;
+    struct kiri_tensor *tok_embd;        /* (n_embd, n_vocab) */
+    struct kiri_tensor *output_norm;     /* (n_embd) F32 */
+    struct kiri_tensor *output;          /* (n_embd, n_vocab); == tok_embd when tied */
+    struct kiri_tensor *rope_freqs;      /* optional (n_rot / 2) F32 */
+    struct kiri_layer *layers;           /* owned, n_layer */
+    size_t weight_bytes;
+
+    /* Execution: one backend and pool per model; steps are serialised by compute_lock. */
+    struct kiri_threadpool *pool;        /* owned */
+    struct kiri_threads threads;
+    const struct kiri_backend_iface *iface;
+    struct kiri_backend *be;             /* owned */
+    struct kiri_mutex *compute_lock;     /* owned */
+    uint32_t cpu_features;
+    char backend_report[512];
+};
+
+/* Loads a model from an open GGUF file, taking ownership of g (closed on failure too). */
+int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *params,
+                    struct kiri_model **out, struct kiri_status_info *info);
+void kiri_model_free(struct kiri_model *m);
+
+/* Bytes one token's keys and values take in a cache of the given element type. */
+size_t kiri_model_kv_bytes_per_token(const struct kiri_model *m, int kv_type);
+
+#endif

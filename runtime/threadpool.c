@@ -1,0 +1,145 @@
+#include "threadpool.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kiri.h"
+#include "mem.h"
+#include "platform.h"
+
+/* Spin iterations before a waiting worker sleeps; long enough to bridge the gap between the
+ * nodes of one step and between decode steps, short enough that an idle pool sleeps. */
+#define SPIN_LIMIT 20000
+
+struct worker {
+    struct kiri_threadpool *tp;
+    struct kiri_thread *thread;
+    int ith;
+};
+
+struct kiri_threadpool {
+    int n;
+    struct worker *workers;          /* owned, n - 1 entries (the caller is worker 0) */
+    /* A run is published by bumping generation; workers run fn and count themselves done. */
+    _Atomic uint32_t generation;
+    _Atomic int n_done;
+    _Atomic int stop;
+    void (*fn)(void *, int, int);
+    void *arg;
+    /* Sense-reversing barrier. */
+    _Atomic int barrier_count;
+    _Atomic uint32_t barrier_sense;
+};
+
+static void worker_main(void *p)
+{
+    struct worker *w = p;
+    struct kiri_threadpool *tp = w->tp;
+    uint32_t seen = 0;
+    for (;;) {
+        uint32_t gen;
+        int spins = 0;
+        while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen) {
+            if (atomic_load_explicit(&tp->stop, memory_order_acquire))
+                return;
+            if (++spins < SPIN_LIMIT)
+                kiri_platform_cpu_relax();
+            else
+                kiri_platform_wait((const volatile uint32_t *)&tp->generation, seen);
+        }
+        seen = gen;
+        if (atomic_load_explicit(&tp->stop, memory_order_acquire))
+            return;
+        tp->fn(tp->arg, w->ith, tp->n);
+        atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_acq_rel);
+    }
+}
+
+int kiri_threadpool_init(int n_threads, struct kiri_threadpool **out)
+{
+    if (n_threads < 1)
+        n_threads = 1;
+    struct kiri_threadpool *tp = kiri_mem_calloc(1, sizeof *tp);
+    if (!tp)
+        return KIRI_E_NOMEM;
+    tp->n = n_threads;
+    if (n_threads > 1) {
+        tp->workers = kiri_mem_calloc((size_t)n_threads - 1, sizeof *tp->workers);
+        if (!tp->workers) {
+            kiri_mem_free(tp);
+            return KIRI_E_NOMEM;
+        }
+    }
+    for (int i = 0; i < n_threads - 1; i++) {
+        tp->workers[i].tp = tp;
+        tp->workers[i].ith = i + 1;
+        if (kiri_platform_thread_start(&tp->workers[i].thread, worker_main, &tp->workers[i]) != 0) {
+            tp->n = i + 1; /* shut down the ones started */
+            kiri_threadpool_free(tp);
+            return KIRI_E_NOMEM;
+        }
+    }
+    *out = tp;
+    return KIRI_OK;
+}
+
+void kiri_threadpool_free(struct kiri_threadpool *tp)
+{
+    if (!tp)
+        return;
+    atomic_store_explicit(&tp->stop, 1, memory_order_release);
+    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_acq_rel);
+    kiri_platform_wake_all((const volatile uint32_t *)&tp->generation);
+    for (int i = 0; i < tp->n - 1; i++)
+        kiri_platform_thread_join(tp->workers[i].thread);
+    kiri_mem_free(tp->workers);
+    kiri_mem_free(tp);
+}
+
+int kiri_threadpool_size(const struct kiri_threadpool *tp) { return tp->n; }
+
+void kiri_threadpool_run(struct kiri_threadpool *tp, void (*fn)(void *, int, int), void *arg)
+{
+    if (tp->n == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    tp->fn = fn;
+    tp->arg = arg;
+    atomic_store_explicit(&tp->n_done, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_acq_rel);
+    kiri_platform_wake_all((const volatile uint32_t *)&tp->generation);
+    fn(arg, 0, tp->n);
+    while (atomic_load_explicit(&tp->n_done, memory_order_acquire) < tp->n - 1)
+        kiri_platform_cpu_relax();
+}
+
+void kiri_threadpool_barrier(struct kiri_threadpool *tp)
+{
+    if (tp->n == 1)
+        return;
+    uint32_t sense = atomic_load_explicit(&tp->barrier_sense, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&tp->barrier_count, 1, memory_order_acq_rel) == tp->n - 1) {
+        atomic_store_explicit(&tp->barrier_count, 0, memory_order_relaxed);
+        atomic_store_explicit(&tp->barrier_sense, sense + 1, memory_order_release);
+    } else {
+        while (atomic_load_explicit(&tp->barrier_sense, memory_order_acquire) == sense)
+            kiri_platform_cpu_relax();
+    }
+}
+
+static void threads_run(void *pool, void (*fn)(void *, int, int), void *arg)
+{
+    kiri_threadpool_run(pool, fn, arg);
+}
+
+static void threads_barrier(void *pool) { kiri_threadpool_barrier(pool); }
+
+void kiri_threadpool_as_threads(struct kiri_threadpool *tp, struct kiri_threads *out)
+{
+    out->n = tp->n;
+    out->run = threads_run;
+    out->barrier = threads_barrier;
+    out->pool = tp;
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every test tier this machine can run, in order:
+#   1. release build + C unit tests and the embedding example (ctest)
+#   2. the same tests built with AddressSanitizer and UBSan
+#   3. outside-reference tests (pytest): llama.cpp logits and greedy outputs, tokenizer and
+#      dequantization references, the malformed-GGUF corpus through the CLI
+#   4. a short libFuzzer run of the GGUF parser over its seed corpus
+# and ends with one line "N passed, N failed" counting the tiers.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+JOBS=$(nproc)
+passed=0; failed=0; failed_names=()
+
+tier() { # name, command...
+  local name=$1; shift
+  echo "==== $name"
+  if "$@"; then passed=$((passed + 1)); echo "==== $name: ok"
+  else failed=$((failed + 1)); failed_names+=("$name"); echo "==== $name: FAILED"; fi
+}
+
+build() { # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null && cmake --build "$dir" -j "$JOBS"
+}
+
+VENV=$(scripts/make-venv.sh) || { echo "test.sh: cannot build the Python venv"; exit 1; }
+
+tier "build" build build
+tier "unit tests" ctest --test-dir build --output-on-failure
+tier "asan+ubsan build" build build-asan -DKIRI_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+tier "unit tests (asan+ubsan)" env ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure
+tier "reference tests" env KIRI_BUILD="$PWD/build" "$VENV/bin/python" -m pytest -q tests
+if command -v clang >/dev/null; then
+  tier "fuzz smoke (gguf)" scripts/fuzz.sh 30
+fi
+
+echo
+[ ${#failed_names[@]} -eq 0 ] || echo "failed tiers: ${failed_names[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
