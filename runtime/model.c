@@ -296,13 +296,14 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
     }
     m->gguf = g;
-    m->vocab_only = p->vocab_only;
+    /* A file without tensors is a vocabulary: it loads for tokenizing only. */
+    m->vocab_only = p->vocab_only || kiri_gguf_n_tensors(g) == 0;
     m->cpu_features = kiri_platform_cpu_features();
     int rc = kiri_tokenizer_init(g, &m->tokenizer, info);
     if (rc < 0)
         goto fail;
     m->hp.n_vocab = kiri_tokenizer_n_vocab(m->tokenizer);
-    if (p->vocab_only) {
+    if (m->vocab_only) {
         *out = m;
         return KIRI_OK;
     }

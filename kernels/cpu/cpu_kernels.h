@@ -54,6 +54,12 @@ struct kiri_cpu_kernels {
 /* Fills every entry with the portable C kernels. */
 void kiri_cpu_kernels_init_ref(struct kiri_cpu_kernels *k);
 
+#if defined(__x86_64__)
+/* Replaces the entries that have AVX2 + FMA + F16C versions (quants_avx2.c) and sets path to
+ * "avx2". Call after kiri_cpu_kernels_init_ref, and only when the CPU reports KIRI_CPU_AVX2. */
+void kiri_cpu_kernels_init_avx2(struct kiri_cpu_kernels *k);
+#endif
+
 /* ---- element-wise and row operations (portable C) ---- */
 
 /* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] over one row of n. */
