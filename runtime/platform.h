@@ -52,5 +52,7 @@ void kiri_platform_mutex_lock(struct kiri_mutex *m);
 void kiri_platform_mutex_unlock(struct kiri_mutex *m);
 /* A hint inside spin loops. */
 void kiri_platform_cpu_relax(void);
+/* Gives the core to another runnable thread (for spin loops that waited too long). */
+void kiri_platform_yield(void);
 
 #endif

@@ -282,3 +282,5 @@ void kiri_platform_cpu_relax(void)
     __asm__ volatile("yield");
 #endif
 }
+
+void kiri_platform_yield(void) { sched_yield(); }

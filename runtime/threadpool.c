@@ -32,6 +32,17 @@ struct kiri_threadpool {
     _Atomic uint32_t barrier_sense;
 };
 
+/* Busy-waiting is cheapest while every worker has its own core; when the machine is
+ * oversubscribed the thread being waited for may not be running, so after a while give it the
+ * core. */
+static void pause_or_yield(int spins)
+{
+    if (spins < 2000)
+        kiri_platform_cpu_relax();
+    else
+        kiri_platform_yield();
+}
+
 static void worker_main(void *p)
 {
     struct worker *w = p;
@@ -111,8 +122,8 @@ void kiri_threadpool_run(struct kiri_threadpool *tp, void (*fn)(void *, int, int
     atomic_fetch_add_explicit(&tp->generation, 1, memory_order_acq_rel);
     kiri_platform_wake_all((const volatile uint32_t *)&tp->generation);
     fn(arg, 0, tp->n);
-    while (atomic_load_explicit(&tp->n_done, memory_order_acquire) < tp->n - 1)
-        kiri_platform_cpu_relax();
+    for (int spins = 0; atomic_load_explicit(&tp->n_done, memory_order_acquire) < tp->n - 1; spins++)
+        pause_or_yield(spins);
 }
 
 void kiri_threadpool_barrier(struct kiri_threadpool *tp)
@@ -124,8 +135,8 @@ void kiri_threadpool_barrier(struct kiri_threadpool *tp)
         atomic_store_explicit(&tp->barrier_count, 0, memory_order_relaxed);
         atomic_store_explicit(&tp->barrier_sense, sense + 1, memory_order_release);
     } else {
-        while (atomic_load_explicit(&tp->barrier_sense, memory_order_acquire) == sense)
-            kiri_platform_cpu_relax();
+        for (int spins = 0; atomic_load_explicit(&tp->barrier_sense, memory_order_acquire) == sense; spins++)
+            pause_or_yield(spins);
     }
 }
 
