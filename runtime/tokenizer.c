@@ -1,0 +1,1483 @@
+#include "tokenizer.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <pcre2.h>
+
+#include "error.h"
+#include "gguf.h"
+#include "kiri.h"
+#include "mem.h"
+
+/* ============================================================================================
+ * Constants and the tokenizer object
+ * ============================================================================================ */
+
+/* tokenizer.ggml.token_type values (llama.cpp's enum, which GGUF files use). */
+enum {
+    TT_UNDEFINED = 0,
+    TT_NORMAL = 1,
+    TT_UNKNOWN = 2,
+    TT_CONTROL = 3,
+    TT_USER = 4,
+    TT_UNUSED = 5,
+    TT_BYTE = 6
+};
+
+enum { MODEL_SPM, MODEL_BPE };
+
+#define FLAG_EOG 1u
+
+#define MAX_VOCAB (1 << 24)
+#define MAX_MERGES (1 << 25)
+/* Longest text encode accepts: keeps every index inside int32 even after escaping (3x). */
+#define MAX_TEXT ((size_t)512 << 20)
+#define MAX_REGEX 2
+
+static const char KEY_MODEL[] = "tokenizer.ggml.model";
+static const char KEY_PRE[] = "tokenizer.ggml.pre";
+static const char KEY_TOKENS[] = "tokenizer.ggml.tokens";
+static const char KEY_SCORES[] = "tokenizer.ggml.scores";
+static const char KEY_TYPES[] = "tokenizer.ggml.token_type";
+static const char KEY_MERGES[] = "tokenizer.ggml.merges";
+
+/* A byte trie over the texts of USER_DEFINED, CONTROL and UNKNOWN tokens, for splitting the
+ * input on them. Children of a node form a singly linked list through `sibling`. */
+struct trie_node {
+    int32_t child;     /* first child node, or -1 */
+    int32_t sibling;   /* next child of the same parent, or -1 */
+    int32_t id;        /* token ending here, or -1 */
+    uint8_t byte;
+};
+
+/* One slot of the merge table: key packs (left id + 1, right id + 1); 0 marks an empty slot. */
+struct merge_slot {
+    uint64_t key;
+    int32_t rank;
+    int32_t result;
+};
+
+struct kiri_tokenizer {
+    int model;                  /* MODEL_SPM or MODEL_BPE */
+    char *model_name;           /* owned */
+    char *pre_name;             /* owned */
+    int32_t n_vocab;
+
+    char *text;                 /* owned: all token texts back to back */
+    size_t *text_off;           /* owned, (n_vocab + 1): token i is text[text_off[i], text_off[i+1]) */
+    char *piece;                /* owned: the decoded bytes of every token, back to back */
+    size_t *piece_off;          /* owned, (n_vocab + 1) */
+    float *scores;              /* owned, (n_vocab), or NULL: all scores 0 */
+    uint8_t *type;              /* owned, (n_vocab): TT_* */
+    uint8_t *flags;             /* owned, (n_vocab): FLAG_* */
+
+    uint32_t *tok_slots;        /* owned, (tok_mask + 1): id + 1 of a token text, 0 = empty */
+    size_t tok_mask;
+
+    struct merge_slot *merges;  /* owned, (merge_mask + 1); NULL for SPM */
+    size_t merge_mask;
+
+    /* SPM: the <0xHH> token of each byte. BPE: the token of each byte's mapped character. -1
+     * where the vocabulary has none. */
+    int32_t byte_tok[256];
+    /* GPT-2 byte mapping (BPE only): byte -> code point, and code point (< 324) -> byte or -1. */
+    uint16_t byte_cp[256];
+    int16_t cp_byte[324];
+
+    pcre2_general_context *gctx;   /* owned; routes PCRE2's allocations through kiri_mem */
+    pcre2_code *re[MAX_REGEX];     /* owned; applied in sequence */
+    int n_re;
+    int ignore_merges;             /* take a pre-token that is a token whole (tiktoken-style) */
+
+    struct trie_node *trie;        /* owned, (n_trie); node 0 is the root */
+    int32_t n_trie;
+    uint8_t special_first[32];     /* bit set of first bytes of special texts */
+
+    int32_t bos, eos, eot, eom, unk, pad;
+    int add_bos, add_eos, add_space_prefix;
+};
+
+/* ============================================================================================
+ * UTF-8 and the GPT-2 byte mapping
+ * ============================================================================================ */
+
+/* Classifies the bytes at s (n >= 1): returns L > 0 when a valid character of L bytes starts
+ * there; -k when the first k bytes are a maximal invalid subsequence (to be replaced by one
+ * U+FFFD, Unicode's recommended practice); 0 when all n bytes are a valid but unfinished
+ * character. */
+static int utf8_check(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    unsigned lo = 0x80, hi = 0xBF;
+    size_t need;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;   /* no surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;   /* nothing above U+10FFFF */
+    } else {
+        return -1;
+    }
+    for (size_t i = 1; i < need; i++) {
+        if (i >= n)
+            return 0;
+        if (s[i] < lo || s[i] > hi)
+            return -(int)i;
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    return (int)need;
+}
+
+/* Length of the character whose lead byte is c, for text already known to be valid UTF-8. */
+static size_t utf8_len(unsigned char c)
+{
+    return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+}
+
+static size_t utf8_put(char *out, uint32_t cp)
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Decodes one valid character (len from utf8_len). */
+static uint32_t utf8_get(const unsigned char *s, size_t len)
+{
+    switch (len) {
+    case 1: return s[0];
+    case 2: return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3Fu);
+    case 3: return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3Fu);
+    default:
+        return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
+               ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3Fu);
+    }
+}
+
+/* GPT-2's byte-level alphabet: printable Latin-1 bytes (0x21-0x7E, 0xA1-0xAC, 0xAE-0xFF) stand for
+ * themselves; the other 68 bytes, in increasing order, take code points 256, 257, ... 323 so that
+ * every byte is a visible character. */
+static void gpt2_tables(uint16_t byte_cp[256], int16_t cp_byte[324])
+{
+    unsigned next = 256;
+    for (unsigned cp = 0; cp < 324; cp++)
+        cp_byte[cp] = -1;
+    for (unsigned b = 0; b < 256; b++) {
+        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        byte_cp[b] = (uint16_t)(printable ? b : next++);
+        cp_byte[byte_cp[b]] = (int16_t)b;
+    }
+}
+
+/* ============================================================================================
+ * Hashing and token lookup
+ * ============================================================================================ */
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 0x100000001b3ull;
+    }
+    return h ^ (h >> 29);
+}
+
+static uint64_t hash_u64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+static size_t tok_len(const struct kiri_tokenizer *t, int32_t id)
+{
+    return t->text_off[id + 1] - t->text_off[id];
+}
+
+static int32_t vocab_find(const struct kiri_tokenizer *t, const char *s, size_t n)
+{
+    size_t i = (size_t)hash_bytes(s, n) & t->tok_mask;
+    for (;;) {
+        uint32_t v = t->tok_slots[i];
+        if (!v)
+            return -1;
+        int32_t id = (int32_t)(v - 1);
+        if (tok_len(t, id) == n && memcmp(t->text + t->text_off[id], s, n) == 0)
+            return id;
+        i = (i + 1) & t->tok_mask;
+    }
+}
+
+static const struct merge_slot *merge_find(const struct kiri_tokenizer *t, int32_t l, int32_t r)
+{
+    uint64_t key = ((uint64_t)(uint32_t)(l + 1) << 32) | (uint32_t)(r + 1);
+    size_t i = (size_t)hash_u64(key) & t->merge_mask;
+    for (;;) {
+        const struct merge_slot *m = &t->merges[i];
+        if (m->key == key)
+            return m;
+        if (!m->key)
+            return NULL;
+        i = (i + 1) & t->merge_mask;
+    }
+}
+
+/* Can plain text turn into this token by merging? Not for CONTROL, UNKNOWN, BYTE and UNUSED
+ * tokens, whose texts are markers, not text (SentencePiece never emits them from text either). */
+static int mergeable(const struct kiri_tokenizer *t, int32_t id)
+{
+    uint8_t ty = t->type[id];
+    return ty == TT_NORMAL || ty == TT_UNDEFINED || ty == TT_USER;
+}
+
+/* ============================================================================================
+ * Loading: errors, tokens, special ids
+ * ============================================================================================ */
+
+static int fail(struct kiri_status_info *info, int code, const struct kiri_gguf *g, const char *key,
+                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Fills info naming the metadata key (and its offset when the key exists). */
+static int fail(struct kiri_status_info *info, int code, const struct kiri_gguf *g, const char *key,
+                const char *fmt, ...)
+{
+    char msg[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    int64_t k = g ? kiri_gguf_find_key(g, key) : -1;
+    int64_t off = k >= 0 ? (int64_t)kiri_gguf_kv_offset(g, k) : -1;
+    return kiri_error_at(info, code, key, off, "%s", msg);
+}
+
+static int nomem(struct kiri_status_info *info)
+{
+    return kiri_error_set(info, KIRI_E_NOMEM, "out of memory building the tokenizer");
+}
+
+/* Parses "<0xHH>" (either case), returning the byte or -1. */
+static int parse_byte_token(const char *s, size_t n)
+{
+    if (n != 6 || s[0] != '<' || s[1] != '0' || s[2] != 'x' || s[5] != '>')
+        return -1;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+static int load_model_kind(struct kiri_tokenizer *t, const struct kiri_gguf *g,
+                           struct kiri_status_info *info)
+{
+    struct kiri_gguf_str s;
+    int rc = kiri_gguf_get_str(g, KEY_MODEL, 1, &s, info);
+    if (rc < 0)
+        return rc;
+    if (s.len == 5 && memcmp(s.ptr, "llama", 5) == 0)
+        t->model = MODEL_SPM;
+    else if (s.len == 4 && memcmp(s.ptr, "gpt2", 4) == 0)
+        t->model = MODEL_BPE;
+    else
+        return fail(info, KIRI_E_UNSUPPORTED, g, KEY_MODEL,
+                    "tokenizer model \"%.*s\" is not supported (only \"llama\" and \"gpt2\")",
+                    (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    t->model_name = kiri_mem_strndup(s.ptr, (size_t)s.len);
+    if (!t->model_name)
+        return nomem(info);
+
+    rc = kiri_gguf_get_str(g, KEY_PRE, 0, &s, info);
+    if (rc < 0)
+        return rc;
+    if (rc == 1) {
+        s.ptr = "default";
+        s.len = 7;
+    }
+    if (s.len > 256)
+        return fail(info, KIRI_E_UNSUPPORTED, g, KEY_PRE, "pre-tokenizer name is too long");
+    t->pre_name = kiri_mem_strndup(s.ptr, (size_t)s.len);
+    return t->pre_name ? KIRI_OK : nomem(info);
+}
+
+/* Reads tokens, scores and token types, validates them, and builds the text arena and the
+ * text -> id table. */
+static int load_tokens(struct kiri_tokenizer *t, const struct kiri_gguf *g,
+                       struct kiri_status_info *info)
+{
+    int et;
+    uint64_t n;
+    const void *data;
+    int rc = kiri_gguf_get_arr(g, KEY_TOKENS, 1, &et, &n, &data, info);
+    if (rc < 0)
+        return rc;
+    if (et != KIRI_GGUF_STRING)
+        return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TOKENS,
+                    "tokens must be an array of strings (element type is %d)", et);
+    if (n == 0 || n > MAX_VOCAB)
+        return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TOKENS,
+                    "token count %llu is outside 1..%d", (unsigned long long)n, MAX_VOCAB);
+    int64_t kt = kiri_gguf_find_key(g, KEY_TOKENS);
+    t->n_vocab = (int32_t)n;
+
+    /* The <arch>.vocab_size key, when present, must agree (G32). */
+    struct kiri_gguf_str arch;
+    if (kiri_gguf_get_str(g, "general.architecture", 0, &arch, NULL) == KIRI_OK && arch.len < 100) {
+        char key[128];
+        snprintf(key, sizeof key, "%.*s.vocab_size", (int)arch.len, arch.ptr);
+        uint32_t vs;
+        rc = kiri_gguf_get_u32(g, key, 0, &vs, info);
+        if (rc < 0)
+            return rc;
+        if (rc == KIRI_OK && vs != (uint32_t)n)
+            return fail(info, KIRI_E_MODEL_INVALID, g, key,
+                        "%s is %u but the vocabulary has %llu tokens", key, vs,
+                        (unsigned long long)n);
+    }
+
+    size_t total = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        struct kiri_gguf_str s = kiri_gguf_arr_str(g, kt, i);
+        if (s.len == 0 || s.len > KIRI_TOKENIZER_MAX_TOKEN_LEN)
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TOKENS,
+                        "token %llu has %llu bytes (must be 1..%d)", (unsigned long long)i,
+                        (unsigned long long)s.len, KIRI_TOKENIZER_MAX_TOKEN_LEN);
+        total += (size_t)s.len;
+    }
+    t->text = kiri_mem_alloc(total);
+    t->text_off = kiri_mem_array((size_t)n + 1, sizeof *t->text_off);
+    t->type = kiri_mem_calloc((size_t)n, 1);
+    t->flags = kiri_mem_calloc((size_t)n, 1);
+    if (!t->text || !t->text_off || !t->type || !t->flags)
+        return nomem(info);
+    size_t off = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        struct kiri_gguf_str s = kiri_gguf_arr_str(g, kt, i);
+        t->text_off[i] = off;
+        memcpy(t->text + off, s.ptr, (size_t)s.len);
+        off += (size_t)s.len;
+    }
+    t->text_off[n] = off;
+
+    rc = kiri_gguf_get_arr(g, KEY_SCORES, 0, &et, &n, &data, info);
+    if (rc < 0)
+        return rc;
+    if (rc == KIRI_OK) {
+        if (et != KIRI_GGUF_FLOAT32)
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_SCORES,
+                        "scores must be an array of float32 (element type is %d)", et);
+        if (n != (uint64_t)t->n_vocab)
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_SCORES,
+                        "%llu scores for %d tokens", (unsigned long long)n, t->n_vocab);
+        t->scores = kiri_mem_array((size_t)n, sizeof(float));
+        if (!t->scores)
+            return nomem(info);
+        memcpy(t->scores, data, (size_t)n * sizeof(float));
+        for (uint64_t i = 0; i < n; i++) {
+            if (isnan(t->scores[i]))
+                return fail(info, KIRI_E_MODEL_INVALID, g, KEY_SCORES, "score %llu is NaN",
+                            (unsigned long long)i);
+            if (t->scores[i] == 0.0f)
+                t->scores[i] = 0.0f;   /* -0 and +0 must order the same in the merge queue */
+        }
+    }
+
+    rc = kiri_gguf_get_arr(g, KEY_TYPES, 0, &et, &n, &data, info);
+    if (rc < 0)
+        return rc;
+    if (rc == KIRI_OK) {
+        if (et != KIRI_GGUF_INT32)
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TYPES,
+                        "token types must be an array of int32 (element type is %d)", et);
+        if (n != (uint64_t)t->n_vocab)
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TYPES,
+                        "%llu token types for %d tokens", (unsigned long long)n, t->n_vocab);
+        for (uint64_t i = 0; i < n; i++) {
+            int32_t v;
+            memcpy(&v, (const char *)data + i * 4, 4);
+            if (v < TT_UNDEFINED || v > TT_BYTE)
+                return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TYPES,
+                            "token %llu has type %d (must be 0..6)", (unsigned long long)i, v);
+            t->type[i] = (uint8_t)v;
+        }
+    } else {
+        memset(t->type, TT_NORMAL, (size_t)t->n_vocab);
+    }
+
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        if (t->type[i] == TT_BYTE &&
+            parse_byte_token(t->text + t->text_off[i], tok_len(t, i)) < 0)
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TOKENS,
+                        "byte token %d is \"%.*s\", not <0xHH>", i, (int)tok_len(t, i),
+                        t->text + t->text_off[i]);
+
+    /* Open addressing at load factor <= 1/2. The lowest id wins for duplicate texts. */
+    size_t cap = 1;
+    while (cap < 2 * (size_t)t->n_vocab)
+        cap <<= 1;
+    t->tok_slots = kiri_mem_calloc(cap, sizeof *t->tok_slots);
+    if (!t->tok_slots)
+        return nomem(info);
+    t->tok_mask = cap - 1;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        const char *s = t->text + t->text_off[id];
+        size_t len = tok_len(t, id);
+        size_t i = (size_t)hash_bytes(s, len) & t->tok_mask;
+        for (;;) {
+            uint32_t v = t->tok_slots[i];
+            if (!v) {
+                t->tok_slots[i] = (uint32_t)id + 1;
+                break;
+            }
+            if (tok_len(t, (int32_t)(v - 1)) == len &&
+                memcmp(t->text + t->text_off[v - 1], s, len) == 0)
+                break;
+            i = (i + 1) & t->tok_mask;
+        }
+    }
+    return KIRI_OK;
+}
+
+/* Reads one special id into *id. Keys that are absent, or whose value is outside [0, n_vocab),
+ * leave *id alone (see the header: out-of-range ids count as absent). Non-integers are errors. */
+static int load_special_id(const struct kiri_tokenizer *t, const struct kiri_gguf *g,
+                           const char *key, int32_t *id, struct kiri_status_info *info)
+{
+    if (kiri_gguf_find_key(g, key) < 0)
+        return KIRI_OK;
+    uint32_t u;
+    if (kiri_gguf_get_u32(g, key, 1, &u, NULL) == KIRI_OK) {
+        if (u < (uint32_t)t->n_vocab)
+            *id = (int32_t)u;
+        return KIRI_OK;
+    }
+    int32_t v;
+    if (kiri_gguf_get_i32(g, key, 1, &v, NULL) == KIRI_OK)
+        return KIRI_OK;   /* negative: absent */
+    int64_t k = kiri_gguf_find_key(g, key);
+    int ty = kiri_gguf_kv_type(g, k);
+    if (ty == KIRI_GGUF_INT64 || ty == KIRI_GGUF_UINT64)
+        return KIRI_OK;   /* an integer too large for any vocabulary: absent */
+    return fail(info, KIRI_E_MODEL_INVALID, g, key, "%s must be an integer token id (type is %d)",
+                key, ty);
+}
+
+static int load_flag(const struct kiri_gguf *g, const char *key, int *v,
+                     struct kiri_status_info *info)
+{
+    int b;
+    int rc = kiri_gguf_get_bool(g, key, 0, &b, info);
+    if (rc == KIRI_OK)
+        *v = b != 0;
+    return rc < 0 ? rc : KIRI_OK;
+}
+
+/* Texts of CONTROL tokens that end a turn in common chat formats, so generation stops on them
+ * even when the file names only the base model's EOS. */
+static const char *const eog_texts[] = {
+    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<EOT>", "<|return|>", "<|call|>",
+};
+
+static int load_specials(struct kiri_tokenizer *t, const struct kiri_gguf *g,
+                         struct kiri_status_info *info)
+{
+    t->bos = t->eos = t->eot = t->eom = t->unk = t->pad = -1;
+    t->add_bos = t->add_eos = t->add_space_prefix = 0;
+    if (t->model == MODEL_SPM) {
+        if (t->n_vocab > 2) {
+            t->unk = 0;
+            t->bos = 1;
+            t->eos = 2;
+        }
+        t->add_bos = 1;
+        t->add_space_prefix = 1;
+    }
+    static const struct { const char *key; size_t off; } ids[] = {
+        {"tokenizer.ggml.bos_token_id", offsetof(struct kiri_tokenizer, bos)},
+        {"tokenizer.ggml.eos_token_id", offsetof(struct kiri_tokenizer, eos)},
+        {"tokenizer.ggml.eot_token_id", offsetof(struct kiri_tokenizer, eot)},
+        {"tokenizer.ggml.eom_token_id", offsetof(struct kiri_tokenizer, eom)},
+        {"tokenizer.ggml.unknown_token_id", offsetof(struct kiri_tokenizer, unk)},
+        {"tokenizer.ggml.padding_token_id", offsetof(struct kiri_tokenizer, pad)},
+    };
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        int rc = load_special_id(t, g, ids[i].key, (int32_t *)((char *)t + ids[i].off), info);
+        if (rc < 0)
+            return rc;
+    }
+    int rc = load_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos, info);
+    if (rc == KIRI_OK)
+        rc = load_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos, info);
+    if (rc == KIRI_OK && t->model == MODEL_SPM)
+        rc = load_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, info);
+    if (rc < 0)
+        return rc;
+
+    if (t->eos >= 0)
+        t->flags[t->eos] |= FLAG_EOG;
+    if (t->eot >= 0)
+        t->flags[t->eot] |= FLAG_EOG;
+    if (t->eom >= 0)
+        t->flags[t->eom] |= FLAG_EOG;
+    for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
+        int32_t id = vocab_find(t, eog_texts[i], strlen(eog_texts[i]));
+        if (id >= 0 && t->type[id] == TT_CONTROL)
+            t->flags[id] |= FLAG_EOG;
+    }
+    return KIRI_OK;
+}
+
+/* ============================================================================================
+ * Loading: merges, byte tokens, pieces, the special-token trie
+ * ============================================================================================ */
+
+static int load_merges(struct kiri_tokenizer *t, const struct kiri_gguf *g,
+                       struct kiri_status_info *info)
+{
+    int et;
+    uint64_t n;
+    const void *data;
+    int rc = kiri_gguf_get_arr(g, KEY_MERGES, 1, &et, &n, &data, info);
+    if (rc < 0)
+        return rc;
+    if (et != KIRI_GGUF_STRING)
+        return fail(info, KIRI_E_MODEL_INVALID, g, KEY_MERGES,
+                    "merges must be an array of strings (element type is %d)", et);
+    if (n > MAX_MERGES)
+        return fail(info, KIRI_E_MODEL_INVALID, g, KEY_MERGES, "%llu merges is too many",
+                    (unsigned long long)n);
+    int64_t km = kiri_gguf_find_key(g, KEY_MERGES);
+    size_t cap = 16;
+    while (cap < 2 * (size_t)n)
+        cap <<= 1;
+    t->merges = kiri_mem_calloc(cap, sizeof *t->merges);
+    if (!t->merges)
+        return nomem(info);
+    t->merge_mask = cap - 1;
+
+    char buf[2 * KIRI_TOKENIZER_MAX_TOKEN_LEN];
+    for (uint64_t i = 0; i < n; i++) {
+        struct kiri_gguf_str s = kiri_gguf_arr_str(g, km, i);
+        const char *sp = s.len ? memchr(s.ptr, ' ', (size_t)s.len) : NULL;
+        size_t ll = sp ? (size_t)(sp - s.ptr) : 0;
+        size_t rl = sp ? (size_t)s.len - ll - 1 : 0;
+        if (!sp || ll == 0 || rl == 0 || memchr(sp + 1, ' ', rl))
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_MERGES,
+                        "merge %llu is not \"left right\" with one space", (unsigned long long)i);
+        int32_t l = ll <= KIRI_TOKENIZER_MAX_TOKEN_LEN ? vocab_find(t, s.ptr, ll) : -1;
+        int32_t r = rl <= KIRI_TOKENIZER_MAX_TOKEN_LEN ? vocab_find(t, sp + 1, rl) : -1;
+        int32_t res = -1;
+        if (l >= 0 && r >= 0) {
+            memcpy(buf, s.ptr, ll);
+            memcpy(buf + ll, sp + 1, rl);
+            res = vocab_find(t, buf, ll + rl);
+        }
+        if (res < 0)
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_MERGES,
+                        "merge %llu (\"%.*s\") names a %s that is not a token",
+                        (unsigned long long)i, (int)(s.len > 80 ? 80 : s.len), s.ptr,
+                        l < 0 || r < 0 ? "part" : "result");
+        uint64_t key = ((uint64_t)(uint32_t)(l + 1) << 32) | (uint32_t)(r + 1);
+        size_t j = (size_t)hash_u64(key) & t->merge_mask;
+        while (t->merges[j].key && t->merges[j].key != key)
+            j = (j + 1) & t->merge_mask;
+        if (!t->merges[j].key) {
+            t->merges[j].key = key;
+            t->merges[j].rank = (int32_t)i;
+            t->merges[j].result = res;
+        }
+    }
+    return KIRI_OK;
+}
+
+static void find_byte_tokens(struct kiri_tokenizer *t)
+{
+    for (int b = 0; b < 256; b++)
+        t->byte_tok[b] = -1;
+    if (t->model == MODEL_BPE) {
+        for (unsigned b = 0; b < 256; b++) {
+            char buf[4];
+            size_t n = utf8_put(buf, t->byte_cp[b]);
+            t->byte_tok[b] = vocab_find(t, buf, n);
+        }
+        return;
+    }
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        if (t->type[id] != TT_BYTE)
+            continue;
+        int b = parse_byte_token(t->text + t->text_off[id], tok_len(t, id));
+        if (t->byte_tok[b] < 0)
+            t->byte_tok[b] = id;
+    }
+    for (int b = 0; b < 256; b++) {
+        if (t->byte_tok[b] >= 0)
+            continue;
+        char buf[8];
+        snprintf(buf, sizeof buf, "<0x%02X>", b);
+        t->byte_tok[b] = vocab_find(t, buf, 6);
+    }
+}
+
+/* Writes the decoded bytes of token id to out (room for its text length: pieces never grow). */
+static size_t decode_token(const struct kiri_tokenizer *t, int32_t id, char *out)
+{
+    const unsigned char *s = (const unsigned char *)t->text + t->text_off[id];
+    size_t n = tok_len(t, id), o = 0;
+    uint8_t ty = t->type[id];
+    if (ty == TT_BYTE) {
+        out[0] = (char)parse_byte_token((const char *)s, n);
+        return 1;
+    }
+    if (ty != TT_NORMAL && ty != TT_UNDEFINED) {
+        memcpy(out, s, n);
+        return n;
+    }
+    if (t->model == MODEL_SPM) {
+        for (size_t i = 0; i < n;) {
+            if (i + 3 <= n && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
+                out[o++] = ' ';
+                i += 3;
+            } else {
+                out[o++] = (char)s[i++];
+            }
+        }
+        return o;
+    }
+    /* Byte-level BPE: each character of the GPT-2 alphabet is one byte; anything else (a token
+     * stored as raw text) passes through unchanged. */
+    for (size_t i = 0; i < n;) {
+        int len = utf8_check(s + i, n - i);
+        if (len <= 0) {
+            out[o++] = (char)s[i++];
+            continue;
+        }
+        uint32_t cp = utf8_get(s + i, (size_t)len);
+        int byte = cp < 324 ? t->cp_byte[cp] : -1;
+        if (byte >= 0) {
+            out[o++] = (char)byte;
+        } else {
+            memcpy(out + o, s + i, (size_t)len);
+            o += (size_t)len;
+        }
+        i += (size_t)len;
+    }
+    return o;
+}
+
+static int build_pieces(struct kiri_tokenizer *t, struct kiri_status_info *info)
+{
+    t->piece = kiri_mem_alloc(t->text_off[t->n_vocab]);
+    t->piece_off = kiri_mem_array((size_t)t->n_vocab + 1, sizeof *t->piece_off);
+    if (!t->piece || !t->piece_off)
+        return nomem(info);
+    size_t off = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        t->piece_off[id] = off;
+        off += decode_token(t, id, t->piece + off);
+    }
+    t->piece_off[t->n_vocab] = off;
+    return KIRI_OK;
+}
+
+static int is_special_type(uint8_t ty)
+{
+    return ty == TT_CONTROL || ty == TT_UNKNOWN || ty == TT_USER;
+}
+
+static int build_trie(struct kiri_tokenizer *t, struct kiri_status_info *info)
+{
+    size_t nodes = 1;
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if (is_special_type(t->type[id]))
+            nodes += tok_len(t, id);
+    if (nodes > INT32_MAX)
+        return nomem(info);
+    t->trie = kiri_mem_array(nodes, sizeof *t->trie);
+    if (!t->trie)
+        return nomem(info);
+    t->trie[0] = (struct trie_node){-1, -1, -1, 0};
+    t->n_trie = 1;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        if (!is_special_type(t->type[id]))
+            continue;
+        const unsigned char *s = (const unsigned char *)t->text + t->text_off[id];
+        size_t n = tok_len(t, id);
+        int32_t node = 0;
+        for (size_t i = 0; i < n; i++) {
+            int32_t c = t->trie[node].child;
+            while (c >= 0 && t->trie[c].byte != s[i])
+                c = t->trie[c].sibling;
+            if (c < 0) {
+                c = t->n_trie++;
+                t->trie[c] = (struct trie_node){-1, t->trie[node].child, -1, s[i]};
+                t->trie[node].child = c;
+            }
+            node = c;
+        }
+        if (t->trie[node].id < 0)
+            t->trie[node].id = id;
+        t->special_first[s[0] >> 3] |= (uint8_t)(1u << (s[0] & 7));
+    }
+    return KIRI_OK;
+}
+
+/* ============================================================================================
+ * Loading: pre-tokenizer regexes
+ * ============================================================================================ */
+
+/* The split patterns of the Hugging Face tokenizer definitions these names stand for. */
+#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define RE_LLAMA3                                                                               \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"                    \
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_QWEN2                                                                                \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"                         \
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_DIGITS "\\p{N}"
+
+static const struct {
+    const char *name;
+    const char *re[MAX_REGEX];
+    int ignore_merges;
+} pre_table[] = {
+    {"default", {RE_GPT2, NULL}, 0},
+    {"gpt-2", {RE_GPT2, NULL}, 0},
+    {"phi-2", {RE_GPT2, NULL}, 0},
+    {"mpt", {RE_GPT2, NULL}, 0},
+    {"olmo", {RE_GPT2, NULL}, 0},
+    {"llama3", {RE_LLAMA3, NULL}, 1},
+    {"llama-v3", {RE_LLAMA3, NULL}, 1},
+    {"llama-bpe", {RE_LLAMA3, NULL}, 1},
+    {"dbrx", {RE_LLAMA3, NULL}, 1},
+    {"smaug-bpe", {RE_LLAMA3, NULL}, 1},
+    {"qwen2", {RE_QWEN2, NULL}, 0},
+    {"deepseek-r1-qwen", {RE_QWEN2, NULL}, 0},
+    {"smollm", {RE_DIGITS, RE_GPT2}, 0},
+    {"starcoder", {RE_DIGITS, RE_GPT2}, 0},
+    {"refact", {RE_DIGITS, RE_GPT2}, 0},
+};
+
+static void *pcre_alloc(PCRE2_SIZE size, void *ud)
+{
+    (void)ud;
+    return kiri_mem_alloc(size);
+}
+
+static void pcre_free(void *p, void *ud)
+{
+    (void)ud;
+    kiri_mem_free(p);
+}
+
+static int compile_pre(struct kiri_tokenizer *t, const struct kiri_gguf *g,
+                       struct kiri_status_info *info)
+{
+    size_t k = 0, n_pre = sizeof pre_table / sizeof pre_table[0];
+    while (k < n_pre && strcmp(pre_table[k].name, t->pre_name) != 0)
+        k++;
+    if (k == n_pre)
+        return fail(info, KIRI_E_UNSUPPORTED, g, KEY_PRE, "pre-tokenizer \"%.64s\" is not supported",
+                    t->pre_name);
+    t->ignore_merges = pre_table[k].ignore_merges;
+    t->gctx = pcre2_general_context_create(pcre_alloc, pcre_free, NULL);
+    if (!t->gctx)
+        return nomem(info);
+    pcre2_compile_context *cc = pcre2_compile_context_create(t->gctx);
+    if (!cc)
+        return nomem(info);
+    int rc = KIRI_OK;
+    for (int i = 0; i < MAX_REGEX && pre_table[k].re[i]; i++) {
+        int err;
+        PCRE2_SIZE erroff;
+        t->re[i] = pcre2_compile((PCRE2_SPTR)pre_table[k].re[i], PCRE2_ZERO_TERMINATED,
+                                 PCRE2_UTF | PCRE2_UCP, &err, &erroff, cc);
+        if (!t->re[i]) {
+            if (err == PCRE2_ERROR_HEAP_FAILED)
+                rc = nomem(info);
+            else
+                rc = fail(info, KIRI_E_UNSUPPORTED, g, KEY_PRE,
+                          "pre-tokenizer regex does not compile (PCRE2 error %d at %zu)", err,
+                          (size_t)erroff);
+            break;
+        }
+        t->n_re = i + 1;
+        /* Without JIT (not built in, or no executable memory) the interpreter gives the same
+         * results, only slower. */
+        (void)pcre2_jit_compile(t->re[i], PCRE2_JIT_COMPLETE);
+    }
+    pcre2_compile_context_free(cc);
+    return rc;
+}
+
+/* ============================================================================================
+ * Init and free, accessors
+ * ============================================================================================ */
+
+int kiri_tokenizer_init(const struct kiri_gguf *g, struct kiri_tokenizer **out,
+                        struct kiri_status_info *info)
+{
+    if (!g || !out)
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "kiri_tokenizer_init: NULL argument");
+    struct kiri_tokenizer *t = kiri_mem_calloc(1, sizeof *t);
+    if (!t)
+        return nomem(info);
+    int rc = load_model_kind(t, g, info);
+    if (rc == KIRI_OK)
+        rc = load_tokens(t, g, info);
+    if (rc == KIRI_OK)
+        rc = load_specials(t, g, info);
+    gpt2_tables(t->byte_cp, t->cp_byte);
+    if (rc == KIRI_OK && t->model == MODEL_BPE)
+        rc = load_merges(t, g, info);
+    if (rc == KIRI_OK && t->model == MODEL_BPE)
+        rc = compile_pre(t, g, info);
+    if (rc == KIRI_OK) {
+        find_byte_tokens(t);
+        rc = build_pieces(t, info);
+    }
+    if (rc == KIRI_OK)
+        rc = build_trie(t, info);
+    if (rc < 0) {
+        kiri_tokenizer_free(t);
+        return rc;
+    }
+    *out = t;
+    return KIRI_OK;
+}
+
+void kiri_tokenizer_free(struct kiri_tokenizer *t)
+{
+    if (!t)
+        return;
+    for (int i = 0; i < MAX_REGEX; i++)
+        if (t->re[i])
+            pcre2_code_free(t->re[i]);
+    if (t->gctx)
+        pcre2_general_context_free(t->gctx);
+    kiri_mem_free(t->model_name);
+    kiri_mem_free(t->pre_name);
+    kiri_mem_free(t->text);
+    kiri_mem_free(t->text_off);
+    kiri_mem_free(t->piece);
+    kiri_mem_free(t->piece_off);
+    kiri_mem_free(t->scores);
+    kiri_mem_free(t->type);
+    kiri_mem_free(t->flags);
+    kiri_mem_free(t->tok_slots);
+    kiri_mem_free(t->merges);
+    kiri_mem_free(t->trie);
+    kiri_mem_free(t);
+}
+
+int32_t kiri_tokenizer_n_vocab(const struct kiri_tokenizer *t) { return t->n_vocab; }
+int32_t kiri_tokenizer_bos(const struct kiri_tokenizer *t) { return t->bos; }
+int32_t kiri_tokenizer_eos(const struct kiri_tokenizer *t) { return t->eos; }
+int kiri_tokenizer_add_bos(const struct kiri_tokenizer *t) { return t->add_bos && t->bos >= 0; }
+int kiri_tokenizer_add_eos(const struct kiri_tokenizer *t) { return t->add_eos && t->eos >= 0; }
+const char *kiri_tokenizer_model_name(const struct kiri_tokenizer *t) { return t->model_name; }
+const char *kiri_tokenizer_pre_name(const struct kiri_tokenizer *t) { return t->pre_name; }
+
+int kiri_tokenizer_is_eog(const struct kiri_tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_vocab && (t->flags[id] & FLAG_EOG);
+}
+
+int kiri_tokenizer_is_control(const struct kiri_tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_vocab && t->type[id] == TT_CONTROL;
+}
+
+int32_t kiri_tokenizer_find(const struct kiri_tokenizer *t, const char *text, size_t len)
+{
+    if (!text || len == 0 || len > KIRI_TOKENIZER_MAX_TOKEN_LEN)
+        return -1;
+    return vocab_find(t, text, len);
+}
+
+/* ============================================================================================
+ * Encoding: per-call scratch, output, the merge queue
+ * ============================================================================================ */
+
+/* A symbol in a merge sequence: a span of the text (SPM) or a token id (BPE), in a doubly linked
+ * list. A symbol absorbed by its left neighbour gets next = -2. */
+struct sym {
+    int32_t prev, next;
+    uint32_t start, len;   /* SPM: span in the escaped text */
+    int32_t id;            /* BPE: current token, or -1 for a byte without a token */
+};
+
+/* A candidate merge of symbols (left, right). key orders the queue (smallest first): the high
+ * half is the priority (SPM: inverted score; BPE: rank), the low half the left index, so ties
+ * go to the leftmost pair. a/b/c let a popped entry be checked against the current symbols. */
+struct cand {
+    uint64_t key;
+    int32_t right;
+    int32_t a, b, c;   /* SPM: a = merged length, b = token. BPE: a, b = ids, c = result */
+};
+
+/* Everything one encode call allocates; freed at its end. */
+struct scratch {
+    char *text;            /* sanitized input, when the input was not valid UTF-8 */
+    char *buf;             /* SPM: escaped fragment; BPE: mapped pre-token */
+    size_t buf_cap;
+    struct sym *sym;
+    size_t sym_cap;
+    struct cand *heap;
+    size_t heap_n, heap_cap;
+    pcre2_match_data *md;
+    int32_t *ids;          /* caller's output */
+    int64_t cap, n;
+};
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return KIRI_OK;
+    size_t c = *cap ? *cap : 64;
+    while (c < need)
+        c = c > SIZE_MAX / 2 ? need : 2 * c;
+    if (c > SIZE_MAX / elem)
+        return KIRI_E_NOMEM;
+    void *q = kiri_mem_realloc(*p, c * elem);
+    if (!q)
+        return KIRI_E_NOMEM;
+    *p = q;
+    *cap = c;
+    return KIRI_OK;
+}
+
+static void emit(struct scratch *sc, int32_t id)
+{
+    if (sc->n < sc->cap)
+        sc->ids[sc->n] = id;
+    sc->n++;
+}
+
+static int heap_push(struct scratch *sc, const struct cand *c)
+{
+    if (sc->heap_n == sc->heap_cap &&
+        grow((void **)&sc->heap, &sc->heap_cap, sc->heap_n + 1, sizeof *sc->heap) < 0)
+        return KIRI_E_NOMEM;
+    size_t i = sc->heap_n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (sc->heap[p].key <= c->key)
+            break;
+        sc->heap[i] = sc->heap[p];
+        i = p;
+    }
+    sc->heap[i] = *c;
+    return KIRI_OK;
+}
+
+static struct cand heap_pop(struct scratch *sc)
+{
+    struct cand top = sc->heap[0];
+    struct cand last = sc->heap[--sc->heap_n];
+    size_t i = 0, n = sc->heap_n;
+    for (;;) {
+        size_t l = 2 * i + 1;
+        if (l >= n)
+            break;
+        if (l + 1 < n && sc->heap[l + 1].key < sc->heap[l].key)
+            l++;
+        if (last.key <= sc->heap[l].key)
+            break;
+        sc->heap[i] = sc->heap[l];
+        i = l;
+    }
+    if (n)
+        sc->heap[i] = last;
+    return top;
+}
+
+/* Maps a score to a key where a higher score sorts first. */
+static uint32_t score_key(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ~u;
+}
+
+/* ============================================================================================
+ * Encoding: SentencePiece
+ * ============================================================================================ */
+
+static int spm_try(const struct kiri_tokenizer *t, struct scratch *sc, int32_t l, int32_t r)
+{
+    if (l < 0 || r < 0)
+        return KIRI_OK;
+    uint32_t len = sc->sym[l].len + sc->sym[r].len;
+    if (len > KIRI_TOKENIZER_MAX_TOKEN_LEN)
+        return KIRI_OK;
+    int32_t id = vocab_find(t, sc->buf + sc->sym[l].start, len);
+    if (id < 0 || !mergeable(t, id))
+        return KIRI_OK;
+    float score = t->scores ? t->scores[id] : 0.0f;
+    struct cand c = {((uint64_t)score_key(score) << 32) | (uint32_t)l, r, (int32_t)len, id, 0};
+    return heap_push(sc, &c);
+}
+
+/* Tokenizes one fragment of text between special tokens: spaces become U+2581 (with one more in
+ * front when prefix is set), then the adjacent pair whose joined text is the best-scoring token
+ * is merged until none is left; pieces that are not tokens become byte tokens. */
+static int spm_fragment(const struct kiri_tokenizer *t, struct scratch *sc, const char *s,
+                        size_t n, int prefix)
+{
+    if (grow((void **)&sc->buf, &sc->buf_cap, 3 * n + 3, 1) < 0)
+        return KIRI_E_NOMEM;
+    size_t m = 0;
+    if (prefix) {
+        memcpy(sc->buf, "\xE2\x96\x81", 3);
+        m = 3;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(sc->buf + m, "\xE2\x96\x81", 3);
+            m += 3;
+        } else {
+            sc->buf[m++] = s[i];
+        }
+    }
+    size_t n_sym = 0;
+    for (size_t i = 0; i < m; i += utf8_len((unsigned char)sc->buf[i]))
+        n_sym++;
+    if (grow((void **)&sc->sym, &sc->sym_cap, n_sym, sizeof *sc->sym) < 0)
+        return KIRI_E_NOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < m; k++) {
+        size_t len = utf8_len((unsigned char)sc->buf[i]);
+        sc->sym[k] = (struct sym){(int32_t)k - 1, k + 1 < n_sym ? (int32_t)k + 1 : -1,
+                                  (uint32_t)i, (uint32_t)len, -1};
+        i += len;
+    }
+    sc->heap_n = 0;
+    for (size_t i = 0; i + 1 < n_sym; i++)
+        if (spm_try(t, sc, (int32_t)i, (int32_t)i + 1) < 0)
+            return KIRI_E_NOMEM;
+    while (sc->heap_n) {
+        struct cand c = heap_pop(sc);
+        int32_t l = (int32_t)(c.key & 0xFFFFFFFFu), r = c.right;
+        struct sym *L = &sc->sym[l], *R = &sc->sym[r];
+        if (L->next != r || L->len == 0 || R->len == 0 || L->len + R->len != (uint32_t)c.a)
+            continue;   /* stale: one side has changed since this pair was queued */
+        L->len += R->len;
+        R->len = 0;
+        L->next = R->next;
+        R->next = -2;
+        if (L->next >= 0)
+            sc->sym[L->next].prev = l;
+        if (spm_try(t, sc, L->prev, l) < 0 || spm_try(t, sc, l, L->next) < 0)
+            return KIRI_E_NOMEM;
+    }
+    for (int32_t i = 0; i >= 0 && n_sym; i = sc->sym[i].next) {
+        const char *p = sc->buf + sc->sym[i].start;
+        int32_t id = vocab_find(t, p, sc->sym[i].len);
+        if (id >= 0 && mergeable(t, id)) {
+            emit(sc, id);
+            continue;
+        }
+        /* Unmerged symbols are single characters: spell one in byte tokens when the vocabulary
+         * has them all, else it is one unknown token. */
+        uint32_t j = 0;
+        while (j < sc->sym[i].len && t->byte_tok[(unsigned char)p[j]] >= 0)
+            j++;
+        if (j == sc->sym[i].len) {
+            for (j = 0; j < sc->sym[i].len; j++)
+                emit(sc, t->byte_tok[(unsigned char)p[j]]);
+        } else if (t->unk >= 0) {
+            emit(sc, t->unk);
+        }
+    }
+    return KIRI_OK;
+}
+
+/* ============================================================================================
+ * Encoding: byte-level BPE
+ * ============================================================================================ */
+
+static int bpe_try(const struct kiri_tokenizer *t, struct scratch *sc, int32_t l, int32_t r)
+{
+    if (l < 0 || r < 0 || sc->sym[l].id < 0 || sc->sym[r].id < 0)
+        return KIRI_OK;
+    const struct merge_slot *m = merge_find(t, sc->sym[l].id, sc->sym[r].id);
+    if (!m)
+        return KIRI_OK;
+    struct cand c = {((uint64_t)(uint32_t)m->rank << 32) | (uint32_t)l, r, sc->sym[l].id,
+                     sc->sym[r].id, m->result};
+    return heap_push(sc, &c);
+}
+
+static void bpe_emit(const struct kiri_tokenizer *t, struct scratch *sc, int32_t id)
+{
+    if (id >= 0)
+        emit(sc, id);
+    else if (t->unk >= 0)
+        emit(sc, t->unk);
+}
+
+/* Tokenizes one pre-token: starting from one symbol per byte, merges the adjacent pair with the
+ * lowest merge rank (leftmost on ties) until no pair has a merge. */
+static int bpe_word(const struct kiri_tokenizer *t, struct scratch *sc, const unsigned char *w,
+                    size_t n)
+{
+    if (n == 0)
+        return KIRI_OK;
+    if (n == 1) {
+        bpe_emit(t, sc, t->byte_tok[w[0]]);
+        return KIRI_OK;
+    }
+    if (t->ignore_merges && n <= KIRI_TOKENIZER_MAX_TOKEN_LEN) {
+        char mapped[2 * KIRI_TOKENIZER_MAX_TOKEN_LEN];
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            m += utf8_put(mapped + m, t->byte_cp[w[i]]);
+        int32_t id = m <= KIRI_TOKENIZER_MAX_TOKEN_LEN ? vocab_find(t, mapped, m) : -1;
+        if (id >= 0 && mergeable(t, id)) {
+            emit(sc, id);
+            return KIRI_OK;
+        }
+    }
+    if (grow((void **)&sc->sym, &sc->sym_cap, n, sizeof *sc->sym) < 0)
+        return KIRI_E_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        sc->sym[i] = (struct sym){(int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1, 0, 0,
+                                  t->byte_tok[w[i]]};
+    sc->heap_n = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (bpe_try(t, sc, (int32_t)i, (int32_t)i + 1) < 0)
+            return KIRI_E_NOMEM;
+    while (sc->heap_n) {
+        struct cand c = heap_pop(sc);
+        int32_t l = (int32_t)(c.key & 0xFFFFFFFFu), r = c.right;
+        struct sym *L = &sc->sym[l], *R = &sc->sym[r];
+        if (L->next != r || L->id != c.a || R->id != c.b)
+            continue;   /* stale */
+        L->id = c.c;
+        L->next = R->next;
+        R->next = -2;
+        if (L->next >= 0)
+            sc->sym[L->next].prev = l;
+        if (bpe_try(t, sc, L->prev, l) < 0 || bpe_try(t, sc, l, L->next) < 0)
+            return KIRI_E_NOMEM;
+    }
+    for (int32_t i = 0; i >= 0; i = sc->sym[i].next)
+        bpe_emit(t, sc, sc->sym[i].id);
+    return KIRI_OK;
+}
+
+/* Applies pre-tokenizer regex `level` to s[0, n): every match and every stretch between matches
+ * becomes a piece, split further by the next regex, and finally merged by bpe_word. */
+static int bpe_split(const struct kiri_tokenizer *t, struct scratch *sc, int level, const char *s,
+                     size_t n)
+{
+    if (level == t->n_re)
+        return bpe_word(t, sc, (const unsigned char *)s, n);
+    size_t pos = 0, from = 0;
+    int rc;
+    while (from < n) {
+        int m = pcre2_match(t->re[level], (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, sc->md, NULL);
+        if (m == PCRE2_ERROR_JIT_STACKLIMIT)
+            m = pcre2_match(t->re[level], (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                            sc->md, NULL);
+        if (m == PCRE2_ERROR_NOMATCH)
+            break;
+        if (m < 0)
+            return m == PCRE2_ERROR_NOMEMORY || m == PCRE2_ERROR_HEAPLIMIT ? KIRI_E_NOMEM
+                                                                           : KIRI_E_INVALID_ARG;
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(sc->md);
+        size_t ms = ov[0], me = ov[1];
+        if (me <= ms) {
+            /* An empty match: search again one character on; the character joins the gap. */
+            from = ms + (ms < n ? utf8_len((unsigned char)s[ms]) : 1);
+            continue;
+        }
+        if (ms > pos && (rc = bpe_split(t, sc, level + 1, s + pos, ms - pos)) < 0)
+            return rc;
+        if ((rc = bpe_split(t, sc, level + 1, s + ms, me - ms)) < 0)
+            return rc;
+        pos = from = me;
+    }
+    if (pos < n && (rc = bpe_split(t, sc, level + 1, s + pos, n - pos)) < 0)
+        return rc;
+    return KIRI_OK;
+}
+
+/* ============================================================================================
+ * Encoding: the entry point
+ * ============================================================================================ */
+
+/* Returns the valid UTF-8 version of text: text itself when it is valid, else a copy in
+ * sc->text with each maximal invalid subsequence replaced by U+FFFD. NULL when out of memory. */
+static const char *sanitize(struct scratch *sc, const char *text, size_t len, size_t *out_len)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    size_t i = 0;
+    while (i < len) {
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        int r = utf8_check(s + i, len - i);
+        if (r <= 0)
+            break;
+        i += (size_t)r;
+    }
+    *out_len = len;
+    if (i == len)
+        return text;
+    sc->text = kiri_mem_alloc(3 * len);
+    if (!sc->text)
+        return NULL;
+    memcpy(sc->text, text, i);
+    size_t o = i;
+    while (i < len) {
+        int r = utf8_check(s + i, len - i);
+        if (r > 0) {
+            memcpy(sc->text + o, s + i, (size_t)r);
+            o += (size_t)r;
+            i += (size_t)r;
+        } else {
+            memcpy(sc->text + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i += r < 0 ? (size_t)-r : len - i;
+        }
+    }
+    *out_len = o;
+    return sc->text;
+}
+
+/* The special token whose text is longest at s (among those allowed), ending on a character
+ * boundary; -1 if none. */
+static int32_t match_special(const struct kiri_tokenizer *t, const unsigned char *s, size_t n,
+                             int parse_special, size_t *len)
+{
+    int32_t best = -1;
+    int32_t node = 0;
+    for (size_t k = 0; k < n; k++) {
+        int32_t c = t->trie[node].child;
+        while (c >= 0 && t->trie[c].byte != s[k])
+            c = t->trie[c].sibling;
+        if (c < 0)
+            break;
+        node = c;
+        int32_t id = t->trie[node].id;
+        if (id >= 0 && (parse_special || t->type[id] == TT_USER) &&
+            (k + 1 == n || (s[k + 1] & 0xC0) != 0x80)) {
+            best = id;
+            *len = k + 1;
+        }
+    }
+    return best;
+}
+
+/* Tokenizes text between special tokens. Every such fragment starts the text or follows a special
+ * token, and SentencePiece gives each one its dummy prefix (as llama.cpp and per-segment
+ * SentencePiece encoding do). */
+static int encode_fragment(const struct kiri_tokenizer *t, struct scratch *sc, const char *s,
+                           size_t n)
+{
+    if (n == 0)
+        return KIRI_OK;
+    if (t->model == MODEL_SPM)
+        return spm_fragment(t, sc, s, n, t->add_space_prefix);
+    return bpe_split(t, sc, 0, s, n);
+}
+
+int kiri_tokenizer_encode(const struct kiri_tokenizer *t, const char *text, size_t len, int add_bos,
+                          int add_eos, int parse_special, int32_t *ids, int cap)
+{
+    if (!t || (!text && len) || cap < 0 || (cap > 0 && !ids) || len > MAX_TEXT)
+        return KIRI_E_INVALID_ARG;
+    struct scratch sc = {0};
+    sc.ids = ids;
+    sc.cap = cap;
+    int rc = KIRI_OK;
+    size_t n;
+    const char *s = len ? sanitize(&sc, text, len, &n) : "";
+    if (!s) {
+        rc = KIRI_E_NOMEM;
+        goto done;
+    }
+    if (!len)
+        n = 0;
+    if (t->model == MODEL_BPE && n) {
+        sc.md = pcre2_match_data_create(1, t->gctx);
+        if (!sc.md) {
+            rc = KIRI_E_NOMEM;
+            goto done;
+        }
+    }
+    if (add_bos && t->bos >= 0)
+        emit(&sc, t->bos);
+
+    /* Split on special-token texts; the text between them is tokenized normally. */
+    const unsigned char *u = (const unsigned char *)s;
+    size_t frag = 0;
+    for (size_t i = 0; i < n && t->n_trie > 1;) {
+        size_t mlen = 0;
+        int32_t id = -1;
+        if ((t->special_first[u[i] >> 3] >> (u[i] & 7)) & 1)
+            id = match_special(t, u + i, n - i, parse_special, &mlen);
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        if ((rc = encode_fragment(t, &sc, s + frag, i - frag)) < 0)
+            goto done;
+        emit(&sc, id);
+        i += mlen;
+        frag = i;
+    }
+    if (frag < n) {
+        if ((rc = encode_fragment(t, &sc, s + frag, n - frag)) < 0)
+            goto done;
+    }
+    if (add_eos && t->eos >= 0)
+        emit(&sc, t->eos);
+    rc = sc.n > INT_MAX ? KIRI_E_INVALID_ARG : (int)sc.n;
+done:
+    if (sc.md)
+        pcre2_match_data_free(sc.md);
+    kiri_mem_free(sc.text);
+    kiri_mem_free(sc.buf);
+    kiri_mem_free(sc.sym);
+    kiri_mem_free(sc.heap);
+    return rc;
+}
+
+/* ============================================================================================
+ * Decoding
+ * ============================================================================================ */
+
+/* The bytes token id decodes to (see kiri_tokenizer_piece); *len is 0 for hidden tokens. */
+static const char *piece_of(const struct kiri_tokenizer *t, int32_t id, int render_special,
+                            size_t *len)
+{
+    uint8_t ty = t->type[id];
+    if (!render_special && (ty == TT_CONTROL || ty == TT_UNKNOWN || ty == TT_UNUSED)) {
+        *len = 0;
+        return "";
+    }
+    *len = t->piece_off[id + 1] - t->piece_off[id];
+    return t->piece + t->piece_off[id];
+}
+
+int kiri_tokenizer_piece(const struct kiri_tokenizer *t, int32_t id, int render_special, char *buf,
+                         size_t cap)
+{
+    if (!t || id < 0 || id >= t->n_vocab || (cap && !buf))
+        return KIRI_E_INVALID_ARG;
+    size_t n;
+    const char *p = piece_of(t, id, render_special, &n);
+    if (n <= cap)
+        memcpy(buf, p, n);
+    return (int)n;
+}
+
+/* Runs the UTF-8 repair over in[0, n): writes whole characters (and U+FFFD for invalid
+ * sequences) to out when out is not NULL, returns the output size, and sets *hold to the number
+ * of trailing bytes that start a character not yet complete. */
+static size_t stream_utf8(const unsigned char *in, size_t n, char *out, size_t *hold)
+{
+    size_t i = 0, o = 0;
+    *hold = 0;
+    while (i < n) {
+        int r = utf8_check(in + i, n - i);
+        if (r == 0) {
+            *hold = n - i;
+            break;
+        }
+        if (r > 0) {
+            if (out)
+                memcpy(out + o, in + i, (size_t)r);
+            o += (size_t)r;
+            i += (size_t)r;
+        } else {
+            if (out)
+                memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i += (size_t)-r;
+        }
+    }
+    return o;
+}
+
+int kiri_detok_push(const struct kiri_tokenizer *t, struct kiri_detok_stream *s, int32_t id,
+                    int render_special, char *out, size_t cap)
+{
+    if (!t || !s || id < 0 || id >= t->n_vocab || s->n_pending < 0 || s->n_pending > 3 ||
+        (cap && !out))
+        return KIRI_E_INVALID_ARG;
+    unsigned char buf[8 + KIRI_TOKENIZER_MAX_TOKEN_LEN];
+    size_t n;
+    const char *p = piece_of(t, id, render_special, &n);
+    memcpy(buf, s->pending, (size_t)s->n_pending);
+    memcpy(buf + s->n_pending, p, n);
+    n += (size_t)s->n_pending;
+    size_t hold;
+    size_t need = stream_utf8(buf, n, NULL, &hold);
+    if (need > cap || need > INT_MAX)
+        return KIRI_E_INVALID_ARG;
+    stream_utf8(buf, n, out, &hold);
+    memcpy(s->pending, buf + n - hold, hold);
+    s->n_pending = (int)hold;
+    return (int)need;
+}
+
+int kiri_detok_flush(struct kiri_detok_stream *s, char *out, size_t cap)
+{
+    if (!s || s->n_pending < 0 || s->n_pending > 3)
+        return KIRI_E_INVALID_ARG;
+    if (s->n_pending == 0)
+        return 0;
+    if (cap < 3 || !out)
+        return KIRI_E_INVALID_ARG;
+    memcpy(out, "\xEF\xBF\xBD", 3);
+    s->n_pending = 0;
+    return 3;
+}
