@@ -151,6 +151,37 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     return KIRI_OK;
 }
 
+/* Split files and mixtures of experts are well-formed GGUF that kiri does not run: refuse them by
+ * name (malformed values of those keys are invalid, not merely unsupported). */
+static int check_unsupported_layout(const struct kiri_gguf *g, const struct arch_info *ai,
+                                    struct kiri_status_info *info)
+{
+    uint32_t count = 1, no = 0;
+    int rc;
+    if ((rc = kiri_gguf_get_u32(g, "split.count", 0, &count, info)) < 0 ||
+        (rc = kiri_gguf_get_u32(g, "split.no", 0, &no, info)) < 0)
+        return rc;
+    if (count == 0 || no >= count) {
+        const int64_t k = kiri_gguf_find_key(g, "split.no");
+        return kiri_error_at(info, KIRI_E_MODEL_INVALID, "split.no", k >= 0 ? (int64_t)kiri_gguf_kv_offset(g, k) : -1,
+                             "split.no %u is not below split.count %u", no, count);
+    }
+    if (count > 1)
+        return kiri_error_set(info, KIRI_E_UNSUPPORTED,
+                              "this is shard %u of a %u-file split GGUF; merge the shards into one file", no + 1,
+                              count);
+    uint32_t experts = 0, used = 0;
+    if ((rc = get_u32_key(g, ai->name, "expert_count", 0, &experts, info)) < 0 ||
+        (rc = get_u32_key(g, ai->name, "expert_used_count", 0, &used, info)) < 0)
+        return rc;
+    if (used > experts)
+        return bad_hparam(info, g, ai->name, "expert_used_count", "exceeds expert_count");
+    if (experts > 0)
+        return kiri_error_set(info, KIRI_E_UNSUPPORTED, "mixture-of-experts models (%u experts) are not supported",
+                              experts);
+    return KIRI_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Weights
  * ------------------------------------------------------------------------------------------- */
@@ -324,6 +355,8 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         goto fail;
     }
     m->arch_name = ai->name;
+    if ((rc = check_unsupported_layout(g, ai, info)) < 0)
+        goto fail;
     if ((rc = load_hparams(g, ai, &m->hp, info)) < 0)
         goto fail;
     if ((rc = load_weights(m, ai, info)) < 0)

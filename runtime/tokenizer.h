@@ -46,8 +46,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Longest token text accepted, in bytes; pieces are never longer. */
-#define KIRI_TOKENIZER_MAX_TOKEN_LEN 1024
+/* Longest token text accepted, in bytes (the limit BAD-INPUTS G35 sets; the longest token of the
+ * Llama 3 and Qwen vocabularies is exactly 256 bytes); pieces are never longer. */
+#define KIRI_TOKENIZER_MAX_TOKEN_LEN 256
 /* An output size for kiri_detok_push that is always enough: a held partial character plus the
  * longest piece, with every byte possibly replaced by U+FFFD (3 bytes). */
 #define KIRI_DETOK_CAP (3 * (KIRI_TOKENIZER_MAX_TOKEN_LEN + 8))

@@ -584,8 +584,8 @@ static void build_spm(struct gb *b, int variant)
     if (variant == V_TOKEN_EMPTY)
         names[SPM_BASE + 1][0] = '\0';
     if (variant == V_TOKEN_LONG) {
-        memset(names[SPM_BASE + 1], 'x', 1025);
-        names[SPM_BASE + 1][1025] = '\0';
+        memset(names[SPM_BASE + 1], 'x', KIRI_TOKENIZER_MAX_TOKEN_LEN + 1);
+        names[SPM_BASE + 1][KIRI_TOKENIZER_MAX_TOKEN_LEN + 1] = '\0';
     }
     if (variant == V_BYTE_ZZ)
         strcpy(names[3], "<0xZZ>");
@@ -730,7 +730,7 @@ static const struct {
     {"token_type 9", 0, V_TYPES_RANGE, KIRI_E_MODEL_INVALID, "tokenizer.ggml.token_type"},
     {"tokens as i32", 0, V_TOKENS_I32, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
     {"empty token", 0, V_TOKEN_EMPTY, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
-    {"1025-byte token", 0, V_TOKEN_LONG, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
+    {"257-byte token", 0, V_TOKEN_LONG, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
     {"byte token <0xZZ>", 0, V_BYTE_ZZ, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
     {"byte token <0x100>", 0, V_BYTE_100, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
     {"byte token <0x-1>", 0, V_BYTE_NEG, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
