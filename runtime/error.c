@@ -18,6 +18,7 @@ const char *kiri_status_name(int code)
     case KIRI_E_CANCELLED: return "E_CANCELLED";
     case KIRI_E_CONTEXT_FULL: return "E_CONTEXT_FULL";
     case KIRI_E_BACKEND: return "E_BACKEND";
+    case KIRI_E_BUSY: return "E_BUSY";
     default: return "E_UNKNOWN";
     }
 }

@@ -29,7 +29,8 @@ enum kiri_status {
     KIRI_E_UNSUPPORTED = -5,     /* well formed, but an architecture/type/feature kiri lacks */
     KIRI_E_CANCELLED = -6,       /* kiri_context_cancel was called */
     KIRI_E_CONTEXT_FULL = -7,    /* the sequence reached the context length */
-    KIRI_E_BACKEND = -8          /* no backend could run the model, or a device call failed */
+    KIRI_E_BACKEND = -8,         /* no backend could run the model, or a device call failed */
+    KIRI_E_BUSY = -9             /* the request queue is full: try again later */
 };
 
 /* Details of a failure. `field` is empty and `offset` is -1 where they do not apply. */

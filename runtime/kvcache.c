@@ -18,6 +18,18 @@ struct kiri_kvcache {
     int32_t *refs;                            /* owned: reference count per block */
     int32_t *free_list;                       /* owned: stack of free block ids */
     int32_t n_free;
+    /* Prefix index: a published block is in bucket hash & mask, chained through next. */
+    int32_t *buckets;                         /* owned, mask + 1 entries, -1 empty */
+    uint32_t mask;
+    int32_t *next;                            /* owned, per block */
+    uint8_t *cached;                          /* owned, per block: published */
+    uint64_t *hash;                           /* owned, per block */
+    int32_t *tokens;                          /* owned, per block: its block_size tokens */
+    uint64_t *stamp;                          /* owned, per block: last use, for LRU eviction */
+    uint64_t clock;
+    int32_t n_cached;
+    int32_t n_evictable;                      /* cached blocks whose only reference is the cache */
+    uint64_t hits;
 };
 
 int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_layer,
@@ -49,8 +61,19 @@ int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backen
     c->v = kiri_mem_calloc((size_t)n_layer, sizeof *c->v);
     c->refs = kiri_mem_calloc((size_t)n_blocks, sizeof *c->refs);
     c->free_list = kiri_mem_array((size_t)n_blocks, sizeof *c->free_list);
+    uint32_t nb = 1;
+    while (nb < (uint32_t)n_blocks)
+        nb <<= 1;
+    c->mask = nb - 1;
+    c->buckets = kiri_mem_array(nb, sizeof *c->buckets);
+    c->next = kiri_mem_array((size_t)n_blocks, sizeof *c->next);
+    c->cached = kiri_mem_calloc((size_t)n_blocks, 1);
+    c->hash = kiri_mem_calloc((size_t)n_blocks, sizeof *c->hash);
+    c->stamp = kiri_mem_calloc((size_t)n_blocks, sizeof *c->stamp);
+    c->tokens = kiri_mem_array((size_t)n_blocks * (size_t)block_size, sizeof *c->tokens);
     void *host = NULL;
-    if (!c->k || !c->v || !c->refs || !c->free_list ||
+    if (!c->k || !c->v || !c->refs || !c->free_list || !c->buckets || !c->next || !c->cached || !c->hash ||
+        !c->stamp || !c->tokens ||
         iface->buffer_alloc(be, c->bytes, &c->buffer, &host) != 0) {
         c->buffer = NULL;
         kiri_kvcache_free(c);
@@ -73,6 +96,8 @@ int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backen
             t[j]->name = j ? "cache_v" : "cache_k";
         }
     }
+    for (uint32_t i = 0; i < nb; i++)
+        c->buckets[i] = -1;
     /* Hand out low block ids first. */
     for (int32_t i = 0; i < n_blocks; i++)
         c->free_list[i] = n_blocks - 1 - i;
@@ -91,6 +116,12 @@ void kiri_kvcache_free(struct kiri_kvcache *c)
     kiri_mem_free(c->v);
     kiri_mem_free(c->refs);
     kiri_mem_free(c->free_list);
+    kiri_mem_free(c->buckets);
+    kiri_mem_free(c->next);
+    kiri_mem_free(c->cached);
+    kiri_mem_free(c->hash);
+    kiri_mem_free(c->stamp);
+    kiri_mem_free(c->tokens);
     kiri_mem_free(c);
 }
 
@@ -101,6 +132,121 @@ size_t kiri_kvcache_bytes(const struct kiri_kvcache *c) { return c->bytes; }
 struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer) { return &c->k[layer]; }
 struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer) { return &c->v[layer]; }
 
+int32_t kiri_kvcache_n_available(const struct kiri_kvcache *c) { return c->n_free + c->n_evictable; }
+int32_t kiri_kvcache_n_cached(const struct kiri_kvcache *c) { return c->n_cached; }
+uint64_t kiri_kvcache_prefix_hits(const struct kiri_kvcache *c) { return c->hits; }
+
+/* Drops a block's reference; the last one returns it to the free list. A cached block whose only
+ * remaining reference is the cache's becomes evictable. */
+static void unref(struct kiri_kvcache *c, int32_t id)
+{
+    if (id < 0 || id >= c->n_blocks || c->refs[id] <= 0)
+        return;
+    if (--c->refs[id] == 0)
+        c->free_list[c->n_free++] = id;
+    else if (c->refs[id] == 1 && c->cached[id])
+        c->n_evictable++;
+}
+
+static void unlink_cached(struct kiri_kvcache *c, int32_t id)
+{
+    int32_t *p = &c->buckets[c->hash[id] & c->mask];
+    while (*p >= 0 && *p != id)
+        p = &c->next[*p];
+    if (*p == id)
+        *p = c->next[id];
+    c->cached[id] = 0;
+    c->n_cached--;
+}
+
+/* Frees the least recently used cached block that only the cache references. */
+static int evict_one(struct kiri_kvcache *c)
+{
+    int32_t best = -1;
+    for (int32_t id = 0; id < c->n_blocks; id++)
+        if (c->cached[id] && c->refs[id] == 1 && (best < 0 || c->stamp[id] < c->stamp[best]))
+            best = id;
+    if (best < 0)
+        return 0;
+    unlink_cached(c, best);
+    c->n_evictable--;
+    unref(c, best);
+    return 1;
+}
+
+uint64_t kiri_kvcache_block_hash(uint64_t parent, const int32_t *tokens, int n)
+{
+    uint64_t h = parent ^ 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < n; i++) {
+        h ^= (uint64_t)(uint32_t)tokens[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+        h *= 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    return h ? h : 1;
+}
+
+static int32_t find_cached(const struct kiri_kvcache *c, uint64_t hash, const int32_t *tokens)
+{
+    for (int32_t id = c->buckets[hash & c->mask]; id >= 0; id = c->next[id])
+        if (c->hash[id] == hash &&
+            memcmp(c->tokens + (size_t)id * (size_t)c->block_size, tokens, (size_t)c->block_size * sizeof *tokens) == 0)
+            return id;
+    return -1;
+}
+
+static int grow_table(struct kiri_kv_seq *seq, int32_t need)
+{
+    if (need <= seq->cap)
+        return KIRI_OK;
+    int32_t cap = seq->cap ? seq->cap : 8;
+    while (cap < need)
+        cap = cap > INT32_MAX / 2 ? need : cap * 2;
+    int32_t *b = kiri_mem_realloc(seq->blocks, (size_t)cap * sizeof *b);
+    if (!b)
+        return KIRI_E_NOMEM;
+    seq->blocks = b;
+    seq->cap = cap;
+    return KIRI_OK;
+}
+
+int kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, uint64_t hash,
+                                  const int32_t *tokens)
+{
+    if (seq->n_tokens != seq->n_blocks * c->block_size)
+        return KIRI_E_INVALID_ARG;
+    const int32_t id = find_cached(c, hash, tokens);
+    if (id < 0)
+        return KIRI_E_INVALID_ARG;
+    if (grow_table(seq, seq->n_blocks + 1) != KIRI_OK)
+        return KIRI_E_NOMEM;
+    if (c->refs[id] == 1)
+        c->n_evictable--;
+    c->refs[id]++;
+    c->stamp[id] = ++c->clock;
+    c->hits++;
+    seq->blocks[seq->n_blocks++] = id;
+    seq->n_tokens += c->block_size;
+    return KIRI_OK;
+}
+
+void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
+                          const int32_t *tokens)
+{
+    if (i < 0 || i >= seq->n_blocks)
+        return;
+    const int32_t id = seq->blocks[i];
+    if (c->cached[id] || find_cached(c, hash, tokens) >= 0)
+        return;
+    c->cached[id] = 1;
+    c->hash[id] = hash;
+    memcpy(c->tokens + (size_t)id * (size_t)c->block_size, tokens, (size_t)c->block_size * sizeof *tokens);
+    c->stamp[id] = ++c->clock;
+    c->next[id] = c->buckets[hash & c->mask];
+    c->buckets[hash & c->mask] = id;
+    c->refs[id]++; /* the cache's own reference */
+    c->n_cached++;
+}
+
 int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens)
 {
     if (n_tokens < 0)
@@ -109,18 +255,12 @@ int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, in
     if (need <= seq->n_blocks)
         return KIRI_OK;
     const int32_t more = need - seq->n_blocks;
-    if (more > c->n_free)
+    if (more > c->n_free + c->n_evictable)
         return KIRI_E_CONTEXT_FULL;
-    if (need > seq->cap) {
-        int32_t cap = seq->cap ? seq->cap : 8;
-        while (cap < need)
-            cap = cap > INT32_MAX / 2 ? need : cap * 2;
-        int32_t *b = kiri_mem_realloc(seq->blocks, (size_t)cap * sizeof *b);
-        if (!b)
-            return KIRI_E_NOMEM;
-        seq->blocks = b;
-        seq->cap = cap;
-    }
+    if (grow_table(seq, need) != KIRI_OK)
+        return KIRI_E_NOMEM;
+    while (c->n_free < more && evict_one(c))
+        ;
     for (int32_t i = 0; i < more; i++) {
         const int32_t id = c->free_list[--c->n_free];
         c->refs[id] = 1;
@@ -131,11 +271,8 @@ int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, in
 
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
 {
-    for (int32_t i = 0; i < seq->n_blocks; i++) {
-        const int32_t id = seq->blocks[i];
-        if (id >= 0 && id < c->n_blocks && c->refs[id] > 0 && --c->refs[id] == 0)
-            c->free_list[c->n_free++] = id;
-    }
+    for (int32_t i = 0; i < seq->n_blocks; i++)
+        unref(c, seq->blocks[i]);
     seq->n_blocks = 0;
     seq->n_tokens = 0;
 }

@@ -42,13 +42,38 @@ size_t kiri_kvcache_bytes(const struct kiri_kvcache *c);
 struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer);
 struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer);
 
-/* Makes room for positions [0, n_tokens) in seq, taking blocks from the pool. Returns KIRI_OK or
+/* Blocks a reservation could take now: free ones plus cached prefix blocks nobody uses. */
+int32_t kiri_kvcache_n_available(const struct kiri_kvcache *c);
+
+/* Makes room for positions [0, n_tokens) in seq, taking blocks from the pool (evicting the least
+ * recently used unreferenced prefix blocks when no block is free). Returns KIRI_OK or
  * KIRI_E_CONTEXT_FULL (nothing taken) when the pool lacks blocks. */
 int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens);
 /* Returns all of seq's blocks to the pool and empties it (the table memory is kept). */
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
 /* Frees the table memory too. */
 void kiri_kvcache_seq_free(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
+/* ---- prefix sharing ----
+ * A full block is identified by a chain hash over every token from position 0 to its end, so
+ * equal hashes mean equal prefixes (the block's own tokens are compared too, against collisions).
+ * Published blocks stay cached after their sequences end, until the pool needs them back. */
+
+/* The chain hash of a block holding tokens[0..n) whose predecessor block has hash parent (0 for
+ * the first block). */
+uint64_t kiri_kvcache_block_hash(uint64_t parent, const int32_t *tokens, int n);
+/* Appends the cached block with this hash and tokens (block_size of them) to seq, taking a
+ * reference, and returns KIRI_OK; or KIRI_E_INVALID_ARG on a miss. seq must end at a block
+ * boundary. */
+int kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, uint64_t hash,
+                                  const int32_t *tokens);
+/* Publishes block index i of seq (full, its keys and values final) under hash; a no-op when a
+ * block with that hash is already cached. */
+void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
+                          const int32_t *tokens);
+/* Cached (published) blocks, and lookups that hit since init. */
+int32_t kiri_kvcache_n_cached(const struct kiri_kvcache *c);
+uint64_t kiri_kvcache_prefix_hits(const struct kiri_kvcache *c);
+
 /* The slot of position pos (< blocks reserved * block_size). */
 int32_t kiri_kvcache_slot(const struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t pos);
 

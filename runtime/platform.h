@@ -50,6 +50,15 @@ int kiri_platform_mutex_init(struct kiri_mutex **out);
 void kiri_platform_mutex_free(struct kiri_mutex *m);
 void kiri_platform_mutex_lock(struct kiri_mutex *m);
 void kiri_platform_mutex_unlock(struct kiri_mutex *m);
+/* A condition variable used with a kiri_mutex. timed_wait returns 0 when signalled (or
+ * spuriously) and 1 on timeout. */
+struct kiri_cond;
+int kiri_platform_cond_init(struct kiri_cond **out);
+void kiri_platform_cond_free(struct kiri_cond *c);
+void kiri_platform_cond_wait(struct kiri_cond *c, struct kiri_mutex *m);
+int kiri_platform_cond_timed_wait(struct kiri_cond *c, struct kiri_mutex *m, double seconds);
+void kiri_platform_cond_signal(struct kiri_cond *c);
+void kiri_platform_cond_broadcast(struct kiri_cond *c);
 /* A hint inside spin loops. */
 void kiri_platform_cpu_relax(void);
 /* Gives the core to another runnable thread (for spin loops that waited too long). */

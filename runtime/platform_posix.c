@@ -274,6 +274,52 @@ void kiri_platform_mutex_lock(struct kiri_mutex *m) { pthread_mutex_lock(&m->m);
 
 void kiri_platform_mutex_unlock(struct kiri_mutex *m) { pthread_mutex_unlock(&m->m); }
 
+struct kiri_cond {
+    pthread_cond_t c;
+};
+
+int kiri_platform_cond_init(struct kiri_cond **out)
+{
+    struct kiri_cond *c = kiri_mem_alloc(sizeof *c);
+    if (!c)
+        return KIRI_E_NOMEM;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->c, &attr);
+    pthread_condattr_destroy(&attr);
+    *out = c;
+    return KIRI_OK;
+}
+
+void kiri_platform_cond_free(struct kiri_cond *c)
+{
+    if (!c)
+        return;
+    pthread_cond_destroy(&c->c);
+    kiri_mem_free(c);
+}
+
+void kiri_platform_cond_wait(struct kiri_cond *c, struct kiri_mutex *m) { pthread_cond_wait(&c->c, &m->m); }
+
+int kiri_platform_cond_timed_wait(struct kiri_cond *c, struct kiri_mutex *m, double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (seconds < 0)
+        seconds = 0;
+    if (seconds > 1e6)
+        seconds = 1e6;
+    const long long ns = (long long)ts.tv_nsec + (long long)((seconds - (double)(long long)seconds) * 1e9);
+    ts.tv_sec += (time_t)seconds + (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    return pthread_cond_timedwait(&c->c, &m->m, &ts) == ETIMEDOUT;
+}
+
+void kiri_platform_cond_signal(struct kiri_cond *c) { pthread_cond_signal(&c->c); }
+
+void kiri_platform_cond_broadcast(struct kiri_cond *c) { pthread_cond_broadcast(&c->c); }
+
 void kiri_platform_cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)

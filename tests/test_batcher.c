@@ -1,0 +1,311 @@
+/* The continuous-batching loop on stories260K: concurrent greedy requests give exactly the tokens
+ * each gives alone (through kiri_generate), with chunked prefill, prefix sharing and preemption
+ * under a tight KV budget; cancellation returns blocks; queue and prompt limits; log-probs. */
+#include <math.h>
+#include <string.h>
+
+#include "batcher.h"
+#include "kiri.h"
+#include "platform.h"
+#include "test.h"
+
+#ifndef KIRI_SOURCE_DIR
+#define KIRI_SOURCE_DIR "."
+#endif
+
+#define N_REQ 6
+#define MAX_GEN 48
+
+static const char *const prompts[N_REQ] = {
+    "Once upon a time", "Lily wanted to", "The little dog",
+    "One day, Tom", "There was a big red ball", "Sam and his mom went to",
+};
+
+struct result {
+    int32_t tokens[512];
+    int n;
+    int finish;
+    int n_cached;
+    int n_events;
+    float logprob_sum;
+    int logprob_bad;
+};
+
+static struct kiri_mutex *lock;
+static struct kiri_cond *done_cond;
+static int n_done;
+
+static int on_event(void *user, const struct kiri_token_event *ev)
+{
+    struct result *r = user;
+    kiri_platform_mutex_lock(lock);
+    r->n_events++;
+    if (ev->token >= 0 && r->n < 512) {
+        r->tokens[r->n++] = ev->token;
+        if (ev->n_top > 0) {
+            /* The chosen greedy token is the most likely one; alternatives are sorted. */
+            if (ev->top_ids[0] != ev->token || fabsf(ev->top_logprobs[0] - ev->logprob) > 1e-5f)
+                r->logprob_bad++;
+            for (int i = 1; i < ev->n_top; i++)
+                if (ev->top_logprobs[i] > ev->top_logprobs[i - 1])
+                    r->logprob_bad++;
+            if (ev->logprob > 0)
+                r->logprob_bad++;
+        }
+    }
+    r->n_cached = ev->n_cached;
+    if (ev->finish >= 0) {
+        r->finish = ev->finish;
+        n_done++;
+        kiri_platform_cond_broadcast(done_cond);
+    }
+    kiri_platform_mutex_unlock(lock);
+    return 0;
+}
+
+static void wait_done(int n)
+{
+    kiri_platform_mutex_lock(lock);
+    while (n_done < n)
+        if (kiri_platform_cond_timed_wait(done_cond, lock, 60.0))
+            break;
+    kiri_platform_mutex_unlock(lock);
+}
+
+static struct kiri_model *model;
+static int32_t solo[N_REQ][MAX_GEN];
+static int solo_n[N_REQ];
+
+static int collect_solo(void *user, int32_t token, const char *text, size_t len)
+{
+    int *i = user;
+    if (token >= 0 && solo_n[*i] < MAX_GEN)
+        solo[*i][solo_n[*i]++] = token;
+    return 0;
+}
+
+static void test_setup(void)
+{
+    kiri_platform_mutex_init(&lock);
+    kiri_platform_cond_init(&done_cond);
+    struct kiri_model_params mp;
+    kiri_model_params_default(&mp);
+    mp.n_threads = 2;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_model_open(KIRI_SOURCE_DIR "/models/stories260K.gguf", &mp, &model, &info), 0);
+    /* Each prompt alone, greedy, through the plain generate path. */
+    struct kiri_context *c = NULL;
+    CHECK_EQ_INT(kiri_context_init(model, NULL, &c, &info), 0);
+    for (int i = 0; i < N_REQ; i++) {
+        int32_t ids[64];
+        const int n = kiri_tokenize(model, prompts[i], strlen(prompts[i]), -1, 0, ids, 64);
+        struct kiri_generate_params gp;
+        memset(&gp, 0, sizeof gp);
+        gp.max_tokens = MAX_GEN;
+        kiri_sampling_default(&gp.sampling);
+        gp.sampling.temperature = 0;
+        CHECK_EQ_INT(kiri_generate(c, ids, n, &gp, collect_solo, &i, NULL, &info), 0);
+    }
+    kiri_context_free(c);
+}
+
+static int submit(struct kiri_batcher *b, const char *prompt, int max_tokens, int priority, int top,
+                  struct result *r, uint64_t *id)
+{
+    int32_t ids[512];
+    const int n = kiri_tokenize(model, prompt, strlen(prompt), -1, 0, ids, 512);
+    struct kiri_request req;
+    memset(&req, 0, sizeof req);
+    req.tokens = ids;
+    req.n_tokens = n;
+    req.max_tokens = max_tokens;
+    kiri_sampling_default(&req.sampling);
+    req.sampling.temperature = 0;
+    req.priority = priority;
+    req.top_logprobs = top;
+    req.logprobs = top > 0;
+    uint64_t dummy;
+    return kiri_batcher_submit(b, &req, on_event, r, id ? id : &dummy, NULL);
+}
+
+/* All requests at once, with small prefill chunks and a KV budget too small for all of them:
+ * outputs equal the solo outputs token for token. */
+static void run_concurrent(int32_t chunk, size_t kv_memory, int expect_preemption)
+{
+    struct kiri_batcher_params p;
+    kiri_batcher_params_default(&p);
+    p.max_seqs = 4;
+    p.chunk = chunk;
+    p.n_ctx = 128;
+    p.kv_memory = kv_memory;
+    struct kiri_batcher *b = NULL;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_batcher_init(model, &p, &b, &info), 0);
+    if (!b)
+        return;
+    static struct result res[N_REQ];
+    memset(res, 0, sizeof res);
+    n_done = 0;
+    for (int i = 0; i < N_REQ; i++)
+        CHECK_EQ_INT(submit(b, prompts[i], MAX_GEN, 0, i == 0 ? 5 : 0, &res[i], NULL), 0);
+    int max_batch = 0;
+    CHECK_EQ_INT(kiri_batcher_start(b), 0);
+    for (int spin = 0; spin < 2000; spin++) {
+        struct kiri_batcher_stats st;
+        kiri_batcher_get_stats(b, &st);
+        if (st.last_batch_seqs > max_batch)
+            max_batch = st.last_batch_seqs;
+        kiri_platform_mutex_lock(lock);
+        const int d = n_done;
+        kiri_platform_mutex_unlock(lock);
+        if (d == N_REQ)
+            break;
+        kiri_platform_mutex_lock(lock);
+        kiri_platform_cond_timed_wait(done_cond, lock, 0.001);
+        kiri_platform_mutex_unlock(lock);
+    }
+    wait_done(N_REQ);
+    for (int i = 0; i < N_REQ; i++) {
+        CHECK_EQ_INT(res[i].finish, KIRI_FINISH_LENGTH);
+        CHECK_EQ_INT(res[i].n, solo_n[i]);
+        int same = res[i].n == solo_n[i];
+        for (int t = 0; same && t < res[i].n; t++)
+            same = res[i].tokens[t] == solo[i][t];
+        if (!same)
+            fprintf(stderr, "request %d (chunk %d) differs from its solo run\n", i, chunk);
+        CHECK(same);
+        CHECK_EQ_INT(res[i].logprob_bad, 0);
+    }
+    CHECK(max_batch > 1);
+    struct kiri_batcher_stats st;
+    CHECK_EQ_INT(kiri_batcher_wait_idle(b, 30), 0);
+    kiri_batcher_get_stats(b, &st);
+    if (expect_preemption)
+        CHECK(st.preemptions > 0);
+    CHECK_EQ_INT(st.kv_blocks_used, 0); /* everything returned (cached prefix blocks are reusable) */
+    CHECK_EQ_INT(st.generated_tokens, N_REQ * MAX_GEN);
+    kiri_batcher_free(b);
+}
+
+static void test_concurrent_equals_solo(void) { run_concurrent(256, 0, 0); }
+static void test_chunked_prefill(void) { run_concurrent(3, 0, 0); }
+/* 11 blocks of 16 tokens: four sequences of up to 54 tokens cannot all fit. */
+static void test_preemption(void) { run_concurrent(8, 11 * 16 * 5 * 2 * 2 * 32, 1); }
+
+static void test_prefix_reuse(void)
+{
+    struct kiri_batcher_params p;
+    kiri_batcher_params_default(&p);
+    p.max_seqs = 2;
+    struct kiri_batcher *b = NULL;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_batcher_init(model, &p, &b, &info), 0);
+    CHECK_EQ_INT(kiri_batcher_start(b), 0);
+    const char *sys = "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+                      "park. One day, she saw a big, red ball. She wanted to play with it.";
+    static struct result r1, r2;
+    memset(&r1, 0, sizeof r1);
+    memset(&r2, 0, sizeof r2);
+    n_done = 0;
+    CHECK_EQ_INT(submit(b, sys, 8, 0, 0, &r1, NULL), 0);
+    wait_done(1);
+    CHECK_EQ_INT(submit(b, sys, 8, 0, 0, &r2, NULL), 0);
+    wait_done(2);
+    CHECK_EQ_INT(r1.n_cached, 0);
+    CHECK(r2.n_cached >= 16);
+    CHECK_EQ_INT(r1.n, r2.n);
+    CHECK(memcmp(r1.tokens, r2.tokens, (size_t)r1.n * sizeof(int32_t)) == 0);
+    struct kiri_batcher_stats st;
+    kiri_batcher_get_stats(b, &st);
+    CHECK(st.prefix_hit_blocks > 0);
+    kiri_batcher_free(b);
+}
+
+struct canceller {
+    struct kiri_batcher *b;
+    uint64_t id;
+    struct result r;
+};
+
+static int cancel_on_third(void *user, const struct kiri_token_event *ev)
+{
+    struct canceller *c = user;
+    on_event(&c->r, ev);
+    return ev->n_generated == 3; /* the callback asks to stop */
+}
+
+static void test_cancel_and_limits(void)
+{
+    struct kiri_batcher_params p;
+    kiri_batcher_params_default(&p);
+    p.max_seqs = 1;
+    p.queue_cap = 2;
+    p.n_ctx = 64;
+    struct kiri_batcher *b = NULL;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_batcher_init(model, &p, &b, &info), 0);
+    static struct result r[4];
+    memset(r, 0, sizeof r);
+    n_done = 0;
+    /* Not started: the queue fills, then refuses. */
+    uint64_t id0, id1;
+    CHECK_EQ_INT(submit(b, prompts[0], 200, 0, 0, &r[0], &id0), 0);
+    CHECK_EQ_INT(submit(b, prompts[1], 5, 0, 0, &r[1], &id1), 0);
+    CHECK_EQ_INT(submit(b, prompts[2], 5, 0, 0, &r[2], NULL), KIRI_E_BUSY);
+    kiri_batcher_cancel(b, id0); /* cancelled while waiting */
+    CHECK_EQ_INT(kiri_batcher_start(b), 0);
+    wait_done(2);
+    CHECK_EQ_INT(r[0].finish, KIRI_FINISH_CANCELLED);
+    CHECK_EQ_INT(r[0].n, 0);
+    CHECK_EQ_INT(r[1].finish, KIRI_FINISH_LENGTH);
+    CHECK_EQ_INT(r[1].n, 5);
+
+    /* A callback that returns non-zero ends its request. */
+    static struct canceller c;
+    memset(&c, 0, sizeof c);
+    int32_t ids[8] = {1, 403, 407, 261, 378};
+    struct kiri_request req;
+    memset(&req, 0, sizeof req);
+    req.tokens = ids;
+    req.n_tokens = 5;
+    req.max_tokens = 40;
+    kiri_sampling_default(&req.sampling);
+    CHECK_EQ_INT(kiri_batcher_submit(b, &req, cancel_on_third, &c, &c.id, &info), 0);
+    wait_done(3);
+    CHECK_EQ_INT(c.r.finish, KIRI_FINISH_CANCELLED);
+    CHECK_EQ_INT(c.r.n, 3);
+
+    /* Reaching the context length ends with FINISH_CONTEXT. */
+    CHECK_EQ_INT(submit(b, prompts[3], 500, 0, 0, &r[3], NULL), 0);
+    wait_done(4);
+    CHECK_EQ_INT(r[3].finish, KIRI_FINISH_CONTEXT);
+
+    /* Bad requests are refused before queueing. */
+    int32_t big[70];
+    for (int i = 0; i < 70; i++)
+        big[i] = 300;
+    req.tokens = big;
+    req.n_tokens = 64;
+    CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r[2], &c.id, &info), KIRI_E_INVALID_ARG);
+    req.n_tokens = 5;
+    big[2] = 512;
+    CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r[2], &c.id, &info), KIRI_E_INVALID_ARG);
+    big[2] = 3;
+    req.top_logprobs = 21;
+    CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r[2], &c.id, &info), KIRI_E_INVALID_ARG);
+    struct kiri_batcher_stats st;
+    CHECK_EQ_INT(kiri_batcher_wait_idle(b, 30), 0);
+    kiri_batcher_get_stats(b, &st);
+    CHECK_EQ_INT(st.kv_blocks_used, 0);
+    kiri_batcher_free(b);
+}
+
+static void test_teardown(void)
+{
+    kiri_model_close(model);
+    kiri_platform_cond_free(done_cond);
+    kiri_platform_mutex_free(lock);
+}
+
+TEST_MAIN(test_setup, test_concurrent_equals_solo, test_chunked_prefill, test_preemption, test_prefix_reuse,
+          test_cancel_and_limits, test_teardown)
