@@ -23,13 +23,10 @@
  */
 #include "gguf.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "backend.h"
 #include "error.h"
@@ -1031,77 +1028,6 @@ const struct kiri_gguf_tensor *kiri_gguf_find_tensor(const struct kiri_gguf *g, 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Durable file output. These few POSIX calls belong behind platform.h (kiri_platform_file_*);
- * they live here until that module grows them, and nothing else in this file touches the OS.
- * ------------------------------------------------------------------------------------------- */
-
-static int file_create(const char *path, struct kiri_status_info *info, int *fd_out)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return kiri_error_set(info, KIRI_E_IO, "%s: %s", path, strerror(errno));
-    *fd_out = fd;
-    return KIRI_OK;
-}
-
-static int file_write(int fd, const char *path, const void *data, size_t n,
-                      struct kiri_status_info *info)
-{
-    const char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return kiri_error_set(info, KIRI_E_IO, "%s: write: %s", path,
-                                  w < 0 ? strerror(errno) : "no progress");
-        p += w;
-        n -= (size_t)w;
-    }
-    return KIRI_OK;
-}
-
-/* Flushes the file to storage and closes it; the descriptor is closed even on failure. */
-static int file_sync_close(int fd, const char *path, struct kiri_status_info *info)
-{
-    int rc = KIRI_OK;
-    if (fsync(fd) != 0)
-        rc = kiri_error_set(info, KIRI_E_IO, "%s: fsync: %s", path, strerror(errno));
-    if (close(fd) != 0 && rc == KIRI_OK)
-        rc = kiri_error_set(info, KIRI_E_IO, "%s: close: %s", path, strerror(errno));
-    return rc;
-}
-
-/* Renames from onto to and fsyncs the directory holding them, so the rename itself survives a
- * power loss. */
-static int file_rename_durable(const char *from, const char *to, struct kiri_status_info *info)
-{
-    if (rename(from, to) != 0)
-        return kiri_error_set(info, KIRI_E_IO, "rename %s to %s: %s", from, to, strerror(errno));
-    const char *slash = strrchr(to, '/');
-    char *dir = slash ? kiri_mem_strndup(to, slash == to ? 1 : (size_t)(slash - to))
-                      : kiri_mem_strndup(".", 1);
-    if (!dir)
-        return kiri_error_set(info, KIRI_E_NOMEM, "out of memory syncing the directory of %s", to);
-    int rc = KIRI_OK;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) != 0)
-        rc = kiri_error_set(info, KIRI_E_IO, "%s: directory fsync: %s", dir, strerror(errno));
-    if (fd >= 0)
-        close(fd);
-    kiri_mem_free(dir);
-    return rc;
-}
-
-static void file_abort(int fd, const char *path)
-{
-    if (fd >= 0)
-        close(fd);
-    if (path)
-        unlink(path);
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Writer. Pairs keep their serialised value bytes (as they appear after the type field), so
  * copying a pair from a reader is a byte copy and keeps arrays intact. Setting a key that is
  * already present replaces its value in place (its position in the file stays).
@@ -1160,7 +1086,7 @@ void kiri_gguf_writer_free(struct kiri_gguf_writer *w)
     if (!w)
         return;
     if (w->state == W_DATA)
-        file_abort(w->fd, w->partial);
+        kiri_platform_file_abort(w->fd, w->partial);
     for (size_t i = 0; i < w->n_kv; i++) {
         kiri_mem_free(w->kvs[i].key);
         kiri_mem_free(w->kvs[i].val);
@@ -1313,7 +1239,7 @@ int kiri_gguf_writer_add_tensor(struct kiri_gguf_writer *w, const char *name, in
 static int wfail(struct kiri_gguf_writer *w, int rc)
 {
     if (w->state == W_DATA) {
-        file_abort(w->fd, w->partial);
+        kiri_platform_file_abort(w->fd, w->partial);
         w->fd = -1;
     }
     w->state = W_FAILED;
@@ -1322,7 +1248,7 @@ static int wfail(struct kiri_gguf_writer *w, int rc)
 
 static int wflush(struct kiri_gguf_writer *w, struct kiri_status_info *info)
 {
-    int rc = file_write(w->fd, w->partial, w->buf, w->buf_used, info);
+    int rc = kiri_platform_file_write(w->fd, w->partial, w->buf, w->buf_used, info);
     w->buf_used = 0;
     return rc;
 }
@@ -1337,7 +1263,7 @@ static int wput(struct kiri_gguf_writer *w, const void *data, size_t n,
         if (rc)
             return rc;
         if (n >= WBUF_SIZE)
-            return file_write(w->fd, w->partial, data, n, info);
+            return kiri_platform_file_write(w->fd, w->partial, data, n, info);
     }
     memcpy(w->buf + w->buf_used, data, n);
     w->buf_used += n;
@@ -1424,7 +1350,7 @@ int kiri_gguf_writer_begin(struct kiri_gguf_writer *w, const char *path,
         return wfail(w, kiri_error_set(info, KIRI_E_NOMEM, "out of memory starting %s", path));
     memcpy(w->partial, path, len);
     memcpy(w->partial + len, ".partial", sizeof ".partial");
-    int rc = file_create(w->partial, info, &w->fd);
+    int rc = kiri_platform_file_create(w->partial, info, &w->fd);
     if (rc)
         return wfail(w, rc);
     w->state = W_DATA;
@@ -1465,11 +1391,11 @@ int kiri_gguf_writer_finish(struct kiri_gguf_writer *w, struct kiri_status_info 
         return wfail(w, rc);
     int fd = w->fd;
     w->fd = -1;
-    rc = file_sync_close(fd, w->partial, info);
+    rc = kiri_platform_file_sync_close(fd, w->partial, info);
     if (!rc)
-        rc = file_rename_durable(w->partial, w->path, info);
+        rc = kiri_platform_file_rename_durable(w->partial, w->path, info);
     if (rc) {
-        unlink(w->partial);
+        kiri_platform_file_abort(-1, w->partial);
         w->state = W_FAILED;
         return rc;
     }

@@ -21,6 +21,16 @@ void kiri_platform_unmap(struct kiri_mapping *m);
 /* Advises the kernel that [addr, addr + size) of a mapping will be read soon (or sequentially). */
 void kiri_platform_advise_willneed(const void *addr, size_t size);
 
+/* Durable output: create (truncating) a file for writing, write all of data, flush it to storage
+ * and close it, rename it over another name and flush the directory so the rename survives a
+ * power loss; abort closes the descriptor (if >= 0) and removes the file. Errors fill info with
+ * KIRI_E_IO naming the path. */
+int kiri_platform_file_create(const char *path, struct kiri_status_info *info, int *fd_out);
+int kiri_platform_file_write(int fd, const char *path, const void *data, size_t n, struct kiri_status_info *info);
+int kiri_platform_file_sync_close(int fd, const char *path, struct kiri_status_info *info);
+int kiri_platform_file_rename_durable(const char *from, const char *to, struct kiri_status_info *info);
+void kiri_platform_file_abort(int fd, const char *path);
+
 size_t kiri_platform_page_size(void);
 /* Monotonic seconds. */
 double kiri_platform_now(void);

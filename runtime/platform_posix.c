@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -122,6 +123,76 @@ uint64_t kiri_platform_total_memory(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES);
     return pages > 0 ? (uint64_t)pages * kiri_platform_page_size() : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Durable file output
+ * ------------------------------------------------------------------------------------------- */
+
+int kiri_platform_file_create(const char *path, struct kiri_status_info *info, int *fd_out)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return kiri_error_set(info, KIRI_E_IO, "%s: %s", path, strerror(errno));
+    *fd_out = fd;
+    return KIRI_OK;
+}
+
+int kiri_platform_file_write(int fd, const char *path, const void *data, size_t n,
+                      struct kiri_status_info *info)
+{
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return kiri_error_set(info, KIRI_E_IO, "%s: write: %s", path,
+                                  w < 0 ? strerror(errno) : "no progress");
+        p += w;
+        n -= (size_t)w;
+    }
+    return KIRI_OK;
+}
+
+/* Flushes the file to storage and closes it; the descriptor is closed even on failure. */
+int kiri_platform_file_sync_close(int fd, const char *path, struct kiri_status_info *info)
+{
+    int rc = KIRI_OK;
+    if (fsync(fd) != 0)
+        rc = kiri_error_set(info, KIRI_E_IO, "%s: fsync: %s", path, strerror(errno));
+    if (close(fd) != 0 && rc == KIRI_OK)
+        rc = kiri_error_set(info, KIRI_E_IO, "%s: close: %s", path, strerror(errno));
+    return rc;
+}
+
+/* Renames from onto to and fsyncs the directory holding them, so the rename itself survives a
+ * power loss. */
+int kiri_platform_file_rename_durable(const char *from, const char *to, struct kiri_status_info *info)
+{
+    if (rename(from, to) != 0)
+        return kiri_error_set(info, KIRI_E_IO, "rename %s to %s: %s", from, to, strerror(errno));
+    const char *slash = strrchr(to, '/');
+    char *dir = slash ? kiri_mem_strndup(to, slash == to ? 1 : (size_t)(slash - to))
+                      : kiri_mem_strndup(".", 1);
+    if (!dir)
+        return kiri_error_set(info, KIRI_E_NOMEM, "out of memory syncing the directory of %s", to);
+    int rc = KIRI_OK;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0)
+        rc = kiri_error_set(info, KIRI_E_IO, "%s: directory fsync: %s", dir, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    kiri_mem_free(dir);
+    return rc;
+}
+
+void kiri_platform_file_abort(int fd, const char *path)
+{
+    if (fd >= 0)
+        close(fd);
+    if (path)
+        unlink(path);
 }
 
 /* ---------------------------------------------------------------------------------------------
