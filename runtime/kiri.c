@@ -17,6 +17,7 @@
 #include "model.h"
 #include "platform.h"
 #include "sampler.h"
+#include "stopper.h"
 #include "tokenizer.h"
 
 #define KV_BLOCK_SIZE 16
@@ -285,54 +286,6 @@ int kiri_context_eval(struct kiri_context *c, const int32_t *tokens, int32_t n, 
  * Generation
  * ------------------------------------------------------------------------------------------- */
 
-/* Text produced but not yet delivered: held back while it may be the start of a stop string. */
-struct holdback {
-    char *buf;
-    size_t len, cap;
-};
-
-static int hold_append(struct holdback *h, const char *s, size_t n)
-{
-    if (h->len + n + 1 > h->cap) {
-        size_t cap = h->cap ? h->cap : 256;
-        while (cap < h->len + n + 1)
-            cap *= 2;
-        char *b = kiri_mem_realloc(h->buf, cap);
-        if (!b)
-            return KIRI_E_NOMEM;
-        h->buf = b;
-        h->cap = cap;
-    }
-    memcpy(h->buf + h->len, s, n);
-    h->len += n;
-    h->buf[h->len] = '\0';
-    return KIRI_OK;
-}
-
-/* How many leading bytes of h can be delivered: all, unless a suffix could begin a stop string.
- * Sets *hit to the offset of a complete stop string, or -1. */
-static size_t deliverable(const struct holdback *h, const char *const *stop, int n_stop, long *hit)
-{
-    *hit = -1;
-    for (int s = 0; s < n_stop; s++) {
-        const char *p = stop[s][0] ? strstr(h->buf, stop[s]) : NULL;
-        if (p && (*hit < 0 || p - h->buf < *hit))
-            *hit = p - h->buf;
-    }
-    if (*hit >= 0)
-        return (size_t)*hit;
-    size_t keep = 0;
-    for (int s = 0; s < n_stop; s++) {
-        const size_t sl = strlen(stop[s]);
-        for (size_t k = sl > 1 ? sl - 1 : 0; k > keep; k--)
-            if (k <= h->len && memcmp(h->buf + h->len - k, stop[s], k) == 0) {
-                keep = k;
-                break;
-            }
-    }
-    return h->len - keep;
-}
-
 int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_prompt,
                   const struct kiri_generate_params *gp, kiri_token_fn on_token, void *user,
                   struct kiri_generate_result *result, struct kiri_status_info *info)
@@ -358,9 +311,10 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     struct kiri_generate_result res;
     memset(&res, 0, sizeof res);
     res.n_prompt = n_prompt;
-    struct holdback hold = {0};
+    struct kiri_stopper stopper;
+    kiri_stopper_init(&stopper, gp->stop, gp->n_stop);
     struct kiri_detok_stream ds = {0};
-    char piece[1024];
+    char piece[KIRI_DETOK_CAP];
     const float *logits = NULL;
 
     double t0 = kiri_platform_now();
@@ -381,18 +335,15 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
             break;
         }
         int n = kiri_detok_push(m->tokenizer, &ds, tok, 0, piece, sizeof piece);
-        if (n < 0)
-            n = 0;
-        if ((rc = hold_append(&hold, piece, (size_t)n)) < 0) {
-            kiri_error_set(info, rc, "out of memory");
+        const char *text;
+        size_t text_len;
+        const int hit = kiri_stopper_push(&stopper, piece, n > 0 ? (size_t)n : 0, &text, &text_len);
+        if (hit < 0) {
+            rc = kiri_error_set(info, hit, "out of memory");
             break;
         }
-        long hit;
-        const size_t give = deliverable(&hold, gp->stop, gp->n_stop, &hit);
-        const int stop_cb = on_token && on_token(user, tok, hold.buf, give);
-        memmove(hold.buf, hold.buf + give, hold.len - give + 1);
-        hold.len -= give;
-        if (hit >= 0 || stop_cb) {
+        const int stop_cb = on_token && on_token(user, tok, text, text_len);
+        if (hit || stop_cb) {
             res.finish = KIRI_FINISH_STOP;
             break;
         }
@@ -405,13 +356,16 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     if (rc == 0 && res.finish != KIRI_FINISH_STOP && on_token) {
         /* Deliver what was held back for a stop string that never came. */
         int n = kiri_detok_flush(&ds, piece, sizeof piece);
-        if (n > 0)
-            hold_append(&hold, piece, (size_t)n);
-        if (hold.len)
-            on_token(user, -1, hold.buf, hold.len);
+        const char *text;
+        size_t text_len;
+        if (n > 0 && kiri_stopper_push(&stopper, piece, (size_t)n, &text, &text_len) == 0 && text_len)
+            on_token(user, -1, text, text_len);
+        kiri_stopper_flush(&stopper, &text, &text_len);
+        if (text_len)
+            on_token(user, -1, text, text_len);
     }
     res.decode_seconds = kiri_platform_now() - t0;
-    kiri_mem_free(hold.buf);
+    kiri_stopper_free(&stopper);
     kiri_sampler_free(smp);
     if (result)
         *result = res;
