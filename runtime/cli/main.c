@@ -7,6 +7,11 @@
 #include <string.h>
 
 #include "kiri.h"
+#ifdef KIRI_WITH_SERVER
+#include "config.h"
+#include "platform.h"
+#include "server.h"
+#endif
 
 #define MAX_STOP 16
 
@@ -42,6 +47,8 @@ static void usage(FILE *f)
             "  info      [-m MODEL]                                                    model and machine\n"
             "  quantize  IN.gguf OUT.gguf TYPE                                         convert weights\n"
             "  bench     -m MODEL [-p N] [-n N] [-t THREADS] [--json]                  tokens per second\n"
+            "  serve     -m MODEL [--host H] [--port P] [...]                          OpenAI-compatible server\n"
+            "            (kiri serve --help lists its options)\n"
             "\n"
             "options:\n"
             "  -m, --model FILE        GGUF model\n"
@@ -438,6 +445,44 @@ static int cmd_bench(const struct options *o)
     return rc;
 }
 
+#ifdef KIRI_WITH_SERVER
+extern char **environ;
+
+/* kiri serve: runs until SIGTERM/SIGINT, then drains running requests (up to 30 s). */
+static int cmd_serve(int argc, char **argv)
+{
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            static char help[16384];
+            kiri_server_config_usage(help, sizeof help);
+            fputs(help, stdout);
+            return 0;
+        }
+    static struct kiri_server_config cfg;
+    char err[512];
+    if (kiri_server_config_load(&cfg, argc - 2, argv + 2, environ, err, sizeof err) != 0) {
+        fprintf(stderr, "kiri: error: %s\n", err);
+        return 2;
+    }
+    if (!cfg.model[0]) {
+        fprintf(stderr, "kiri: error: serve needs a model (-m FILE, KIRI_MODEL or model = in --config)\n");
+        return 2;
+    }
+    kiri_platform_signals_init(); /* before any thread exists */
+    struct kiri_server *srv = NULL;
+    struct kiri_status_info info;
+    if (kiri_server_start(&cfg, &srv, &info) != KIRI_OK)
+        return fail("serve", &info);
+    int sig;
+    while ((sig = kiri_platform_wait_termination(3600.0)) == 0)
+        ;
+    fprintf(stderr, "kiri: signal %d: draining running requests\n", sig);
+    kiri_server_stop(srv, 30.0);
+    fprintf(stderr, "kiri: stopped\n");
+    return 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
@@ -448,6 +493,10 @@ int main(int argc, char **argv)
         printf("kiri %s\n", KIRI_VERSION_STRING);
         return 0;
     }
+#ifdef KIRI_WITH_SERVER
+    if (strcmp(argv[1], "serve") == 0)
+        return cmd_serve(argc, argv);
+#endif
     struct options o;
     if (parse_args(argc, argv, &o) != 0)
         return 2;

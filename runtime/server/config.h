@@ -1,0 +1,46 @@
+/* The server's configuration: every setting can come from a command-line flag, a KIRI_*
+ * environment variable, or a config file (`--config FILE`, lines `key = value`, '#' comments,
+ * keys spelled like the flags without the leading dashes), so device managers (systemd, IoT Edge,
+ * Greengrass, KubeEdge) deploy kiri without wrappers. Precedence: flag > environment > file >
+ * default. The environment name of a flag is KIRI_ plus its name upper-cased with '-' as '_'
+ * (--kv-memory -> KIRI_KV_MEMORY). */
+#ifndef KIRI_SERVER_CONFIG_H
+#define KIRI_SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kiri_server_config {
+    char model[1024];           /* --model / -m: GGUF file */
+    char model_alias[128];      /* --alias: the id /v1/models reports (default: file name) */
+    char host[128];             /* --host (default 127.0.0.1) */
+    int port;                   /* --port (default 8080) */
+    int threads;                /* --threads / -t (default: cores) */
+    char backend[32];           /* --backend (default auto) */
+    int32_t ctx;                /* --ctx: tokens per sequence (default: the model's) */
+    uint64_t kv_memory;         /* --kv-memory: KV pool bytes, accepts K/M/G suffixes (default: ctx * parallel) */
+    char kv_type[8];            /* --kv-type f16|f32|q8_0 */
+    int parallel;               /* --parallel: sequences batched at once (default 8) */
+    int32_t chunk;              /* --chunk: prompt tokens per step (default 256) */
+    int queue;                  /* --queue: waiting requests before 429 (default 64) */
+    char tls_cert[1024];        /* --tls-cert: PEM certificate (chain) */
+    char tls_key[1024];         /* --tls-key: PEM private key (unencrypted) */
+    char api_key_file[1024];    /* --api-key-file */
+    uint64_t max_body;          /* --max-body bytes (default 4M) */
+    int32_t max_prompt_tokens;  /* --max-prompt-tokens (default: ctx - 1) */
+    double request_timeout;     /* --request-timeout seconds for one generation (default 600) */
+    double idle_timeout;        /* --idle-timeout seconds to receive a request (default 10) */
+    int http_threads;           /* --http-threads connection workers (default 64) */
+    int log_prompts;            /* --log-prompts (default off) */
+    char config_file[1024];     /* --config */
+};
+
+/* Fills cfg from defaults, the config file, the environment (envp, NULL-terminated, may be NULL)
+ * and argv (argv[0] is the first option; no command name). Returns 0, or -1 with one sentence in
+ * err naming the setting and its source. */
+int kiri_server_config_load(struct kiri_server_config *cfg, int argc, char **argv, char **envp,
+                            char *err, size_t err_cap);
+/* Writes the flag help text. */
+void kiri_server_config_usage(char *buf, size_t cap);
+
+#endif

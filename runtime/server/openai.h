@@ -1,0 +1,137 @@
+/* The OpenAI-compatible wire format: parsing and validating request bodies of /v1/completions,
+ * /v1/chat/completions, /tokenize and /detokenize (with Jansson), and writing response bodies,
+ * stream chunks and error objects. Pure functions over memory: no I/O, no model.
+ *
+ * Parsing rules (documented for clients in docs/server.md): the body must be one JSON object,
+ * UTF-8, at most the caller's byte limit, nested at most 64 deep; unknown fields are ignored;
+ * duplicate keys: the last one wins; integers must be JSON integers in range (1.0 is refused for
+ * an integer field); NaN/Infinity are refused; invalid UTF-8 and NUL characters in strings are
+ * refused. Every refusal names the offending parameter.
+ */
+#ifndef KIRI_SERVER_OPENAI_H
+#define KIRI_SERVER_OPENAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiri.h"
+
+enum kiri_api_kind {
+    KIRI_API_COMPLETIONS,
+    KIRI_API_CHAT,
+    KIRI_API_TOKENIZE,      /* {"content": "text", "add_special": bool, "parse_special": bool} */
+    KIRI_API_DETOKENIZE     /* {"tokens": [ids]} */
+};
+
+#define KIRI_API_MAX_STOP 4
+#define KIRI_API_MAX_N 8
+#define KIRI_API_MAX_STOP_LEN 256
+
+struct kiri_api_message {
+    char *role;         /* owned: "system", "user", "assistant" or "tool" */
+    char *content;      /* owned: text (content parts of type "text" joined) */
+};
+
+struct kiri_api_limits {
+    int32_t max_tokens_cap;     /* largest max_tokens accepted (the context length) */
+    int32_t n_vocab;            /* token ids in prompts must be below this */
+    int max_messages;           /* e.g. 1024 */
+};
+
+struct kiri_api_request {
+    int kind;                       /* enum kiri_api_kind */
+    char *model;                    /* owned or NULL */
+    /* completions: either a text prompt or token ids (a string array is refused: one prompt) */
+    char *prompt;                   /* owned or NULL */
+    int32_t *prompt_tokens;         /* owned or NULL */
+    int32_t n_prompt_tokens;
+    /* chat */
+    struct kiri_api_message *messages;  /* owned array */
+    int n_messages;
+    /* tokenize / detokenize */
+    char *content;                  /* owned (tokenize) */
+    int add_special;                /* tokenize: add BOS (default 1) */
+    int parse_special;              /* tokenize: match special-token text (default 0) */
+    int32_t *tokens;                /* owned (detokenize) */
+    int32_t n_tokens;
+    /* generation */
+    int32_t max_tokens;             /* -1 when absent (generate until EOS or the context ends) */
+    struct kiri_sampling sampling;  /* OpenAI defaults when absent: temperature 1, top_p 1, no top-k,
+                                       no min-p, no penalties; seed from the request or random */
+    int has_seed;
+    int n;                          /* 1..KIRI_API_MAX_N */
+    char *stop[KIRI_API_MAX_STOP];  /* owned, non-empty, at most KIRI_API_MAX_STOP_LEN bytes each */
+    int n_stop;
+    int stream;
+    int include_usage;              /* stream_options.include_usage */
+    int logprobs;                   /* chat: bool; completions: integer N -> logprobs=1, top_logprobs=N */
+    int top_logprobs;               /* 0..20 */
+    int priority;                   /* -1000..1000, default 0 (an extension) */
+};
+
+/* An error for the client: HTTP status, OpenAI error type, the parameter at fault (may be
+ * empty), a stable code (may be empty) and one sentence. */
+struct kiri_api_error {
+    int status;
+    char type[48];
+    char param[64];
+    char code[48];
+    char message[256];
+};
+
+/* Parses a body of the given kind. On failure returns KIRI_E_INVALID_ARG and fills err (status 400,
+ * type "invalid_request_error"), or KIRI_E_NOMEM when an allocation failed (status 500, type
+ * "server_error"), and leaves *out empty; on success the caller frees *out with
+ * kiri_api_request_free. Send err->status as the HTTP status. */
+int kiri_api_parse(const char *body, size_t len, int kind, const struct kiri_api_limits *lim,
+                   struct kiri_api_request *out, struct kiri_api_error *err);
+void kiri_api_request_free(struct kiri_api_request *r);
+
+/* Fills an error record (printf-style message). */
+void kiri_api_error_set(struct kiri_api_error *e, int status, const char *type, const char *param,
+                        const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error":{"message","type","param","code"}} as an owned NUL-terminated string (kiri_mem_free);
+ * NULL only when out of memory. */
+char *kiri_api_error_json(const struct kiri_api_error *e);
+
+/* ---- responses (all return owned NUL-terminated JSON, or NULL when out of memory) ---- */
+
+struct kiri_api_choice {
+    int index;
+    const char *text;               /* generated text of this choice (UTF-8) */
+    size_t text_len;
+    const char *finish_reason;      /* "stop", "length" or NULL while streaming */
+    /* log-probabilities: one entry per token, or none */
+    int n_logprobs;
+    const char *const *lp_tokens;   /* token texts */
+    const size_t *lp_token_lens;
+    const float *lp_values;
+    int n_top;                      /* alternatives per token */
+    const char *const *top_tokens;  /* n_logprobs * n_top */
+    const size_t *top_token_lens;
+    const float *top_values;
+};
+
+struct kiri_api_usage {
+    int32_t prompt_tokens;
+    int32_t completion_tokens;
+    int32_t cached_tokens;          /* prompt_tokens_details.cached_tokens */
+};
+
+/* A whole (non-streamed) response: "text_completion" or "chat.completion". */
+char *kiri_api_response_json(int kind, const char *id, int64_t created, const char *model,
+                             const struct kiri_api_choice *choices, int n_choices,
+                             const struct kiri_api_usage *usage);
+/* One stream chunk: "text_completion" or "chat.completion.chunk" (with delta.role on the first
+ * chunk of a chat choice when first_chunk is set, delta.content otherwise). usage may be NULL;
+ * with n_choices 0 and usage set this is the final usage chunk. */
+char *kiri_api_chunk_json(int kind, const char *id, int64_t created, const char *model,
+                          const struct kiri_api_choice *choices, int n_choices, int first_chunk,
+                          const struct kiri_api_usage *usage);
+/* /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by":"kiri"}]} */
+char *kiri_api_models_json(const char *const *ids, int n, int64_t created);
+/* /tokenize: {"tokens":[...]} and /detokenize: {"content":"..."} */
+char *kiri_api_tokens_json(const int32_t *ids, int n);
+char *kiri_api_content_json(const char *text, size_t len);
+
+#endif
