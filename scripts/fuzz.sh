@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each over its seed corpus for
-# SECONDS (default 60). Finds are written to build-fuzz/crashes/ and fail the run.
+# SECONDS (default 60): the GGUF parser and, when the server is built, the OpenAI request parser.
+# Finds go to build-fuzz/crashes/ and fail the run; the summary line of each target is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKIRI_FUZZ=ON -DKIRI_TESTS=OFF >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target fuzz_gguf
-mkdir -p build-fuzz/corpus/gguf build-fuzz/crashes
-build-fuzz/fuzz_gguf -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 -timeout=5 \
-  -artifact_prefix=build-fuzz/crashes/ build-fuzz/corpus/gguf tests/fuzz/seeds/gguf 2>&1 | tail -5
+targets=(gguf)
+[ -f build/deps/install/lib/libcivetweb.a ] && targets+=(openai)
+mkdir -p build-fuzz/crashes
+for t in "${targets[@]}"; do
+  cmake --build build-fuzz -j "$(nproc)" --target "fuzz_$t" >/dev/null
+  mkdir -p "build-fuzz/corpus/$t"
+  echo "fuzz_$t: ${SECONDS_PER_TARGET}s over tests/fuzz/seeds/$t"
+  build-fuzz/"fuzz_$t" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 -timeout=5 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix=build-fuzz/crashes/ "build-fuzz/corpus/$t" "tests/fuzz/seeds/$t" \
+    2>&1 | grep -E "^(Done|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)|ERROR|SUMMARY" || true
+  if ls build-fuzz/crashes/* >/dev/null 2>&1; then
+    echo "fuzz_$t: crash inputs in build-fuzz/crashes/"; exit 1
+  fi
+done

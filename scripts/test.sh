@@ -4,7 +4,7 @@
 #   2. the same tests built with AddressSanitizer and UBSan
 #   3. outside-reference tests (pytest): llama.cpp logits and greedy outputs, tokenizer and
 #      dequantization references, the malformed-GGUF corpus through the CLI
-#   4. a short libFuzzer run of the GGUF parser over its seed corpus
+#   4. a short libFuzzer run of each parser (GGUF, OpenAI request bodies) over its seed corpus
 # and ends with one line "N passed, N failed" counting the tiers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,8 @@ build() { # dir, extra cmake args...
 }
 
 VENV=$(scripts/make-venv.sh) || { echo "test.sh: cannot build the Python venv"; exit 1; }
+# The server's TLS stack (mbedTLS, CivetWeb) from Debian's sources; seconds when cached.
+scripts/build-deps.sh || { echo "test.sh: cannot build mbedTLS/CivetWeb"; exit 1; }
 
 tier "build" build build
 tier "unit tests" ctest --test-dir build --output-on-failure
@@ -31,7 +33,7 @@ tier "asan+ubsan build" build build-asan -DKIRI_SANITIZE=ON -DCMAKE_BUILD_TYPE=D
 tier "unit tests (asan+ubsan)" env ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure
 tier "reference tests" env KIRI_BUILD="$PWD/build" "$VENV/bin/python" -m pytest -q tests
 if command -v clang >/dev/null; then
-  tier "fuzz smoke (gguf)" scripts/fuzz.sh 30
+  tier "fuzz smoke" scripts/fuzz.sh 30
 fi
 
 echo
