@@ -347,6 +347,8 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
             res.finish = KIRI_FINISH_STOP;
             break;
         }
+        if (gp->max_tokens >= 0 && res.n_generated >= gp->max_tokens)
+            break; /* the last token needs no evaluation */
         if (c->seq.n_tokens >= c->n_ctx) {
             res.finish = KIRI_FINISH_CONTEXT;
             break;

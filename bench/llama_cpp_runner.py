@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""The llama.cpp side of bench_cpu.py: one measurement per process, through llama-cpp-python's
+low-level API (the C functions, no high-level Llama object), printing one JSON line.
+
+  bench MODEL -t T [-p 512] [-n 128] [-r 2]
+      Mirrors `kiri bench`: the same pseudo-random prompt tokens (kiri's generator), prefill of
+      n_prompt tokens in one batch (n_batch = n_ubatch = 512, logits for the last token only), then
+      n_gen greedy one-token steps, starting from the last prompt token; the KV cache is cleared
+      before each repetition and the best repetition is reported. n_ctx = n_prompt + n_gen + 1.
+  ttft MODEL -t T --prompt TEXT [-c 2048]
+      What `kiri run -n 1 --temp 0` does: load, tokenize (with BOS), evaluate the prompt, pick the
+      greedy token, print its text, exit. The parent times the whole process.
+  noop
+      Imports llama_cpp and exits: the interpreter's share of ttft, which the parent subtracts.
+
+Weights are memory-mapped (use_mmap, llama.cpp's default). Threads: n_threads = n_threads_batch
+= T. Everything else is llama.cpp's default (F16 KV cache, flash attention on auto, its CPU weight
+repacking). numpy is not imported, so the interpreter adds little to the peak RSS; the JSON
+carries the RSS reached before the model was loaded (baseline_rss_bytes).
+"""
+
+import argparse
+import ctypes
+import json
+import resource
+import sys
+import time
+
+import llama_cpp as L
+
+
+def rss_peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _quiet(level, text, user):
+    if level >= 4:  # GGML_LOG_LEVEL_ERROR
+        sys.stderr.write(text.decode(errors="replace"))
+
+
+def load(path, threads, n_ctx, verbose):
+    if not verbose:
+        L.llama_log_set(_quiet, None)
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.use_mmap = True
+    t0 = time.perf_counter()
+    model = L.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        raise SystemExit(f"llama.cpp cannot load {path}")
+    cp = L.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = 512
+    cp.n_ubatch = 512
+    cp.n_seq_max = 1
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    cp.no_perf = True
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise SystemExit("llama_init_from_model failed")
+    return model, ctx, time.perf_counter() - t0
+
+
+def greedy():
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+    return chain
+
+
+def cmd_bench(a):
+    base = rss_peak()
+    model, ctx, load_s = load(a.model, a.threads, a.n_prompt + a.n_gen + 1, a.verbose)
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    smpl = greedy()
+    batch = L.llama_batch_init(a.n_prompt, 0, 1)
+    best_p = best_g = first = 0.0
+    for r in range(a.reps):
+        s = (12345 + r) & 0xFFFFFFFF
+        for i in range(a.n_prompt):  # kiri bench's token generator
+            s = (s * 1664525 + 1013904223) & 0xFFFFFFFF
+            batch.token[i] = (s >> 8) % n_vocab
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == a.n_prompt - 1
+        batch.n_tokens = a.n_prompt
+        last = batch.token[a.n_prompt - 1]
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        t0 = time.perf_counter()
+        if L.llama_decode(ctx, batch) != 0:
+            raise SystemExit("prefill failed")
+        L.llama_synchronize(ctx)
+        tp = time.perf_counter() - t0
+        if r == 0:
+            first = tp
+        tok = (L.llama_token * 1)(last)
+        t0 = time.perf_counter()
+        for _ in range(a.n_gen):
+            if L.llama_decode(ctx, L.llama_batch_get_one(tok, 1)) != 0:
+                raise SystemExit("decode failed")
+            tok[0] = L.llama_sampler_sample(smpl, ctx, -1)
+        tg = time.perf_counter() - t0
+        best_p = max(best_p, a.n_prompt / tp)
+        best_g = max(best_g, a.n_gen / tg)
+    print(json.dumps({
+        "model": a.model, "n_prompt": a.n_prompt, "n_gen": a.n_gen, "threads": a.threads,
+        "prefill_tps": best_p, "decode_tps": best_g, "peak_rss_bytes": rss_peak(),
+        "baseline_rss_bytes": base, "load_seconds": load_s, "first_prefill_seconds": first,
+    }), flush=True)
+    L.llama_batch_free(batch)
+    L.llama_sampler_free(smpl)
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+
+
+def cmd_ttft(a):
+    model, ctx, _ = load(a.model, a.threads, a.ctx, a.verbose)
+    vocab = L.llama_model_get_vocab(model)
+    text = a.prompt.encode()
+    ids = (L.llama_token * (len(text) + 8))()
+    n = L.llama_tokenize(vocab, text, len(text), ids, len(ids), True, False)
+    if n <= 0:
+        raise SystemExit("tokenize failed")
+    if L.llama_decode(ctx, L.llama_batch_get_one(ids, n)) != 0:
+        raise SystemExit("prefill failed")
+    smpl = greedy()
+    tok = L.llama_sampler_sample(smpl, ctx, -1)
+    buf = ctypes.create_string_buffer(256)
+    k = L.llama_token_to_piece(vocab, tok, buf, len(buf), 0, False)
+    sys.stdout.buffer.write(buf.raw[:max(k, 0)] + b"\n")
+    sys.stdout.flush()
+    print(json.dumps({"n_prompt": n, "token": tok}), file=sys.stderr)
+    L.llama_sampler_free(smpl)
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="llama.cpp side of bench_cpu.py")
+    ap.add_argument("mode", choices=["bench", "ttft", "noop"])
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-r", "--reps", type=int, default=2)
+    ap.add_argument("-c", "--ctx", type=int, default=2048)
+    ap.add_argument("--prompt", default="Once upon a time")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args()
+    if a.mode == "noop":
+        return 0
+    if not a.model:
+        ap.error("MODEL is required")
+    if a.mode == "bench" and not 1 <= a.n_prompt <= 512:
+        ap.error("n_prompt must be 1..512 (one batch)")
+    (cmd_bench if a.mode == "bench" else cmd_ttft)(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""Writes synthetic random-weight GGUF models at real shapes for the CPU speed benchmark.
+
+Speed and memory do not depend on what the weights mean, only on their shapes and types, so the
+benchmark uses random weights at the shapes of two real models instead of downloading them:
+
+  tinyllama   TinyLlama-1.1B: llama, n_embd 2048, 22 layers, 32 heads, 4 KV heads (head_dim 64),
+              n_ff 5632, vocab 32000, ctx 2048, rope base 10000, rms eps 1e-5, separate
+              output.weight. Tokenizer: the SentencePiece vocabulary of
+              shared/tokenizer-vectors/ggml-vocab-llama-spm.gguf (32000 tokens, the real one), its
+              tokenizer.* keys copied.
+  smollm      SmolLM-135M: llama, n_embd 576, 30 layers, 9 heads, 3 KV heads (head_dim 64),
+              n_ff 1536, ctx 2048, rope base 10000, rms eps 1e-5, tied embeddings (no
+              output.weight). Tokenizer: the gpt2 vocabulary of
+              shared/tokenizer-vectors/ggml-vocab-gpt-2.gguf. The real SmolLM vocabulary has 49152
+              tokens; this one has 50257, so the vocabulary (token_embd rows) is 50257 here, 2%
+              more embedding bytes than the real model.
+
+Each model is written once as F16 (normal weights, std 0.02, norms 1.0, one fixed seed per
+model; generated in chunks so memory stays near one tensor), then converted with
+`kiri quantize` to Q4_0, Q8_0 and Q4_K_M. SmolLM gets no Q4_K_M: its rows of 576 are not whole
+256-wide K-quant blocks, so kiri (like llama.cpp) would fall back to another type for nearly every
+matrix and the file would not be a Q4_K_M model.
+
+--check loads every quantized file in llama.cpp (llama-cpp-python) and evaluates a few tokens, so
+a file llama.cpp rejects is reported with llama.cpp's own log lines.
+
+Usage: make_models.py [--out DIR] [--kiri PATH] [--force] [--check] [NAME ...]
+  DIR defaults to <repo>/build/bench-models (ignored by git). PATH defaults to
+  /tmp/bench-build/kiri. NAME filters by file stem (e.g. tinyllama-Q4_0) or model (smollm).
+  A file that exists is kept unless --force.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import gguf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.environ.get("KIRI_SHARED_DIR", os.path.join(os.path.dirname(REPO), "shared"))
+VOCABS = os.path.join(SHARED, "tokenizer-vectors")
+DEFAULT_OUT = os.path.join(REPO, "build", "bench-models")
+DEFAULT_KIRI = "/tmp/bench-build/kiri"
+
+
+@dataclass
+class Shape:
+    name: str
+    vocab_file: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_ctx: int
+    rope_base: float
+    eps: float
+    tied: bool
+    seed: int
+    types: tuple
+
+
+SHAPES = [
+    Shape("tinyllama", "ggml-vocab-llama-spm.gguf", 32000, 2048, 22, 32, 4, 5632, 2048, 10000.0,
+          1e-5, False, 1101, ("Q4_0", "Q4_K_M", "Q8_0")),
+    Shape("smollm", "ggml-vocab-gpt-2.gguf", 50257, 576, 30, 9, 3, 1536, 2048, 10000.0,
+          1e-5, True, 135, ("Q4_0", "Q8_0")),
+]
+
+STD = 0.02
+CHUNK = 1 << 24  # values generated at a time
+
+
+def model_paths(out_dir, shape):
+    """(F16 path, {type: path}) for one shape."""
+    f16 = os.path.join(out_dir, f"{shape.name}-F16.gguf")
+    return f16, {t: os.path.join(out_dir, f"{shape.name}-{t}.gguf") for t in shape.types}
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizer metadata
+# ------------------------------------------------------------------------------------------------
+
+def copy_tokenizer(w, path, n_vocab):
+    """Copies every tokenizer.* key of a vocabulary GGUF into the writer."""
+    r = gguf.GGUFReader(path)
+    n_tokens = len(r.fields["tokenizer.ggml.tokens"].contents())
+    if n_tokens != n_vocab:
+        raise SystemExit(f"{path}: {n_tokens} tokens, the shape says {n_vocab}")
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = f.types[0]
+        val = f.contents()
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, val, vtype, sub_type=f.types[-1])
+        else:
+            w.add_key_value(key, val, vtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# F16 writer
+# ------------------------------------------------------------------------------------------------
+
+def tensor_list(s):
+    """[(name, numpy shape (rows, cols) or (n,), is_norm)] in file order."""
+    hd = s.n_embd // s.n_head
+    out = [("token_embd.weight", (s.n_vocab, s.n_embd), False)]
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        out += [
+            (p + "attn_norm.weight", (s.n_embd,), True),
+            (p + "attn_q.weight", (s.n_head * hd, s.n_embd), False),
+            (p + "attn_k.weight", (s.n_head_kv * hd, s.n_embd), False),
+            (p + "attn_v.weight", (s.n_head_kv * hd, s.n_embd), False),
+            (p + "attn_output.weight", (s.n_embd, s.n_head * hd), False),
+            (p + "ffn_norm.weight", (s.n_embd,), True),
+            (p + "ffn_gate.weight", (s.n_ff, s.n_embd), False),
+            (p + "ffn_up.weight", (s.n_ff, s.n_embd), False),
+            (p + "ffn_down.weight", (s.n_embd, s.n_ff), False),
+        ]
+    out.append(("output_norm.weight", (s.n_embd,), True))
+    if not s.tied:
+        out.append(("output.weight", (s.n_vocab, s.n_embd), False))
+    return out
+
+
+def random_f16(rng, shape):
+    n = int(np.prod(shape))
+    a = np.empty(n, dtype=np.float16)
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
+        a[lo:hi] = rng.standard_normal(hi - lo, dtype=np.float32) * STD
+    return a.reshape(shape)
+
+
+def write_f16(s, path):
+    hd = s.n_embd // s.n_head
+    tmp = path + ".tmp"
+    w = gguf.GGUFWriter(tmp, "llama")
+    w.add_name(f"{s.name}-synthetic")
+    w.add_description("random weights at real shapes, for speed benchmarks only (kiri bench/make_models.py)")
+    w.add_context_length(s.n_ctx)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(s.rope_base)
+    w.add_layer_norm_rms_eps(s.eps)
+    w.add_vocab_size(s.n_vocab)
+    w.add_file_type(1)  # MOSTLY_F16
+    copy_tokenizer(w, os.path.join(VOCABS, s.vocab_file), s.n_vocab)
+
+    tensors = tensor_list(s)
+    for name, shape, is_norm in tensors:
+        dtype = np.float32 if is_norm else np.float16
+        w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(s.seed)
+    t0 = time.time()
+    for k, (name, shape, is_norm) in enumerate(tensors):
+        a = np.ones(shape, dtype=np.float32) if is_norm else random_f16(rng, shape)
+        w.write_tensor_data(a)
+        if k % 20 == 0:
+            print(f"\r  {s.name}-F16: {k + 1}/{len(tensors)} tensors, {time.time() - t0:.0f} s",
+                  end="", file=sys.stderr, flush=True)
+    w.close()
+    print(file=sys.stderr)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Quantization and the llama.cpp check
+# ------------------------------------------------------------------------------------------------
+
+def quantize(kiri, src, dst, qtype):
+    tmp = dst + ".tmp.gguf"
+    t0 = time.time()
+    r = subprocess.run([kiri, "quantize", src, tmp, qtype], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"kiri quantize {qtype} failed:\n{r.stderr[-2000:]}")
+    os.replace(tmp, dst)
+    print(f"  {os.path.basename(dst)}: {os.path.getsize(dst) / 2**20:.0f} MiB in {time.time() - t0:.0f} s",
+          file=sys.stderr)
+
+
+def check_llama_cpp(path):
+    """Loads path in llama.cpp in a child process and evaluates 4 tokens; returns (ok, message)."""
+    code = r"""
+import sys, ctypes, llama_cpp as L
+L.llama_backend_init()
+mp = L.llama_model_default_params()
+m = L.llama_model_load_from_file(sys.argv[1].encode(), mp)
+if not m:
+    print("llama_model_load_from_file returned NULL"); sys.exit(1)
+cp = L.llama_context_default_params(); cp.n_ctx = 64; cp.n_threads = 2; cp.n_threads_batch = 2
+c = L.llama_init_from_model(m, cp)
+if not c:
+    print("llama_init_from_model returned NULL"); sys.exit(1)
+toks = (L.llama_token * 4)(1, 100, 200, 300)
+rc = L.llama_decode(c, L.llama_batch_get_one(toks, 4))
+if rc != 0:
+    print(f"llama_decode returned {rc}"); sys.exit(1)
+lg = L.llama_get_logits_ith(c, -1)
+n = L.llama_vocab_n_tokens(L.llama_model_get_vocab(m))
+v = [lg[i] for i in range(n)]
+if any(x != x for x in v):
+    print("NaN logits"); sys.exit(1)
+print(f"ok, {n} logits, max {max(v):.3f}")
+"""
+    r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True)
+    if r.returncode == 0:
+        return True, r.stdout.strip()
+    # llama.cpp logs to stderr; keep the lines that say why.
+    why = [l for l in r.stderr.splitlines() if any(k in l.lower() for k in ("error", "failed", "invalid", "unknown", "wrong"))]
+    return False, (r.stdout.strip() + "\n" + "\n".join(why[-15:])).strip()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--kiri", default=os.environ.get("KIRI_BIN", DEFAULT_KIRI))
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("names", nargs="*")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+
+    def wanted(stem, shape):
+        return not a.names or any(n == shape.name or n == stem for n in a.names)
+
+    failed = 0
+    for s in SHAPES:
+        f16, quants = model_paths(a.out, s)
+        todo = {t: p for t, p in quants.items() if wanted(os.path.basename(p)[:-5], s)}
+        if not todo:
+            continue
+        need = [t for t, p in todo.items() if a.force or not os.path.exists(p)]
+        if need and (a.force or not os.path.exists(f16)):
+            print(f"writing {f16}", file=sys.stderr)
+            write_f16(s, f16)
+        for t in need:
+            quantize(a.kiri, f16, todo[t], t)
+        if a.check:
+            for t, p in todo.items():
+                ok, msg = check_llama_cpp(p)
+                failed += not ok
+                print(f"llama.cpp {'loads' if ok else 'REJECTS'} {os.path.basename(p)}: {msg}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
