@@ -7,7 +7,23 @@ PKGS=(
   build-essential cmake pkg-config clang llvm libclang-rt-14-dev
   libpcre2-dev libjansson-dev
   python3 python3-venv
+  openssl debian-archive-keyring musl-tools
 )
+# Cross-building for 64-bit ARM (make arm64, ports/linux-arm64), installed with --arm64 or
+# KIRI_ARM64=1: the cross compiler and its C library, user-mode QEMU to run the tests, and the
+# target's static PCRE2 and Jansson (/usr/lib/aarch64-linux-gnu/libpcre2-8.a, libjansson.a) from
+# Debian multiarch, for which dpkg must know the arm64 architecture first.
+ARM_PKGS=(
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+  libpcre2-dev:arm64 libjansson-dev:arm64
+)
+if [ "${1:-}" = "--arm64" ] || [ "${KIRI_ARM64:-0}" = "1" ]; then
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    echo "install-deps: adding the arm64 architecture to dpkg"
+    if [ "$(id -u)" -eq 0 ]; then dpkg --add-architecture arm64; else sudo dpkg --add-architecture arm64; fi
+  fi
+  PKGS+=("${ARM_PKGS[@]}")
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
