@@ -28,5 +28,20 @@ test: deps
 fuzz: deps
 	scripts/fuzz.sh
 
+# Cross-build for 64-bit ARM Linux (ports/linux-arm64/README.md) and its tests under qemu-aarch64;
+# QEMU_CPU picks the emulated core (max: NEON, dotprod, i8mm; cortex-a72: NEON without dotprod).
+ARM64_BUILD ?= build-arm64
+QEMU_CPU ?= max
+.PHONY: arm64 test-arm64
+
+arm64:
+	scripts/install-deps.sh --arm64
+	cmake -S . -B $(ARM64_BUILD) -DCMAKE_TOOLCHAIN_FILE=ports/linux-arm64/toolchain.cmake \
+	      -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(ARM64_BUILD) -j $(JOBS)
+
+test-arm64: arm64
+	QEMU_CPU=$(QEMU_CPU) ctest --test-dir $(ARM64_BUILD) --output-on-failure
+
 clean:
 	rm -rf build build-asan build-fuzz

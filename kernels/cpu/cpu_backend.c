@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#if defined(__aarch64__) && defined(KIRI_CPU_NEON_KERNELS)
+#include "../neon/neon_kernels.h"
+#endif
 
 #define WORK_ALIGN 64
 
@@ -291,6 +294,10 @@ static int cpu_init(const struct kiri_backend_config *cfg, struct kiri_backend *
 #if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
     if (cfg->cpu_features & KIRI_CPU_AVX2)
         kiri_cpu_kernels_init_avx2(&be->k);
+#endif
+#if defined(__aarch64__) && defined(KIRI_CPU_NEON_KERNELS)
+    if (cfg->cpu_features & KIRI_CPU_NEON)
+        kiri_cpu_kernels_init_neon(&be->k, cfg->cpu_features);
 #endif
     *out = be;
     (void)msg;
