@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Python venv the test and bench tiers use: gguf (writes test models, independent
-# dequantizers), numpy, and llama-cpp-python (the llama.cpp reference), compiled once for this
-# CPU and cached outside the repo so every clone on the machine shares it.
+# dequantizers), numpy, llama-cpp-python (the llama.cpp reference), the openai client and
+# websocket-client (the server tests drive `kiri serve` with the real OpenAI client, and its chat
+# page in headless Chromium over the DevTools protocol), compiled once for this CPU and cached
+# outside the repo so every clone on the machine shares it.
 # llama.cpp's native build probes the CPU at compile time and enables AMX on machines that
 # advertise it but fault on it, so the flags are set explicitly from /proc/cpuinfo, AMX never.
 set -euo pipefail
@@ -10,14 +12,14 @@ VENV="${KIRI_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kiri/venv}"
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 GGUF_VERSION="0.19.0"
 
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import llama_cpp, gguf, numpy, pytest' 2>/dev/null; then
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import llama_cpp, gguf, numpy, pytest, openai, websocket, jinja2' 2>/dev/null; then
   echo "$VENV"; exit 0
 fi
 
 mkdir -p "$(dirname "$VENV")"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip >&2
-"$VENV/bin/pip" install -q numpy "gguf==$GGUF_VERSION" pytest >&2
+"$VENV/bin/pip" install -q numpy "gguf==$GGUF_VERSION" pytest "openai>=1.26" "websocket-client>=1.6" jinja2 >&2
 
 flags="-DGGML_NATIVE=OFF -DGGML_OPENMP=ON -DGGML_BLAS=OFF -DLLAMA_CURL=OFF"
 has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }

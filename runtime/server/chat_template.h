@@ -1,0 +1,87 @@
+/* Chat templates: turns a conversation into the prompt text a model was trained on, using the
+ * model's own Jinja template (GGUF key tokenizer.chat_template), rendered the way Hugging Face
+ * transformers renders it (jinja2's ImmutableSandboxedEnvironment with trim_blocks and
+ * lstrip_blocks, plus raise_exception and transformers' tojson).
+ *
+ * Only the subset of Jinja that chat templates use is implemented: {{ }}, {% if/elif/else %},
+ * {% for %} (with loop.*, an inline `if`, {% else %}, break and continue), {% set %} (names,
+ * tuples, namespace attributes and {% set %}...{% endset %} blocks), {% raw %}, {% generation %},
+ * comments, whitespace control, Python-like literals and operators, the common filters, tests and
+ * string/dict methods. Anything else (macros, includes, unknown filters...) is refused when the
+ * template is parsed, with the line and column in the message, so a caller can fall back to
+ * another template (kiri_chat_template_chatml) instead of rendering something subtly wrong.
+ *
+ * The template is untrusted input. Rendering is sandboxed: no I/O, no clock, no attribute whose
+ * name starts with '_', no mutation of lists or dicts, bounded recursion, and caps on the output
+ * size, the evaluation steps and the scratch memory (struct kiri_chat_limits), so a hostile
+ * template cannot hang or exhaust the server. A parsed template is immutable: several threads may
+ * render the same one at once.
+ */
+#ifndef KIRI_CHAT_TEMPLATE_H
+#define KIRI_CHAT_TEMPLATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kiri_status_info;
+
+/* Largest template source kiri_chat_template_init accepts, in bytes. Real chat templates are a
+ * few KiB; the biggest published ones (tool-calling ones) stay under 64 KiB. */
+#define KIRI_CHAT_TEMPLATE_MAX_SIZE ((size_t)1 << 20)
+
+/* Defaults for struct kiri_chat_limits fields left 0. */
+#define KIRI_CHAT_DEFAULT_MAX_OUTPUT ((size_t)8 << 20)
+#define KIRI_CHAT_DEFAULT_MAX_MEMORY ((size_t)64 << 20)
+#define KIRI_CHAT_DEFAULT_MAX_STEPS ((uint64_t)4000000)
+
+/* One message of a conversation. Both strings are borrowed UTF-8 (NUL-terminated) and must stay
+ * valid during kiri_chat_template_render. content may be NULL (the template then sees none, as
+ * for an assistant turn that only carries tool calls). */
+struct kiri_chat_message {
+    const char *role;
+    const char *content;
+};
+
+/* Bounds on one render; a field left 0 takes its KIRI_CHAT_DEFAULT_ value. Exceeding any of
+ * them stops the render with KIRI_E_INVALID_ARG and the limit's name in info->field.
+ * max_output counts every byte the template produces, including text captured by set blocks.
+ * max_steps counts evaluated statements and expressions plus one per 256 bytes that string
+ * operations scan or copy, so it bounds time even for templates that loop over large strings. */
+struct kiri_chat_limits {
+    size_t max_output;
+    size_t max_memory;
+    uint64_t max_steps;
+};
+
+struct kiri_chat_template;
+
+/* Parses template source src[0..len) (UTF-8; need not be NUL-terminated) into *out, to be freed
+ * with kiri_chat_template_free. Errors: KIRI_E_INVALID_ARG for a NULL argument, a source larger
+ * than KIRI_CHAT_TEMPLATE_MAX_SIZE or one that is not valid UTF-8; KIRI_E_UNSUPPORTED for a
+ * syntax error or a feature outside the subset, with "line L, column C" in the message and the
+ * byte offset (in the source after newline normalisation) in info->offset; KIRI_E_NOMEM. */
+int kiri_chat_template_init(const char *src, size_t len, struct kiri_chat_template **out,
+                            struct kiri_status_info *info);
+void kiri_chat_template_free(struct kiri_chat_template *t);
+
+/* Renders n_msgs messages. The template sees the variables transformers passes: messages (a list
+ * of {role, content} dicts), add_generation_prompt (a bool), bos_token and eos_token (undefined
+ * when NULL), and tools and documents (none); and the globals raise_exception, namespace, range
+ * and dict. limits may be NULL for the defaults.
+ * On success *out is a NUL-terminated string owned by the caller (free with kiri_mem_free) and
+ * *out_len its length. Errors: KIRI_E_INVALID_ARG for bad arguments (roles, contents and tokens
+ * must be valid UTF-8), for a limit reached (info->field names it), and when the template calls
+ * raise_exception (info->field is "raise_exception" and info->message the template's text, to
+ * show the client); KIRI_E_UNSUPPORTED when evaluation fails (a type error, an undefined
+ * variable's attribute, a refused sandbox operation); KIRI_E_NOMEM. */
+int kiri_chat_template_render(const struct kiri_chat_template *t,
+                              const struct kiri_chat_message *msgs, int n_msgs,
+                              const char *bos_token, const char *eos_token,
+                              int add_generation_prompt, const struct kiri_chat_limits *limits,
+                              char **out, size_t *out_len, struct kiri_status_info *info);
+
+/* The ChatML template (<|im_start|>role\ncontent<|im_end|>\n), the fallback for a model that has
+ * no template or whose template kiri refuses. A static string. */
+const char *kiri_chat_template_chatml(void);
+
+#endif
