@@ -23,24 +23,41 @@ struct kiri_threadpool {
     struct worker *workers;          /* owned, n - 1 entries (the caller is worker 0) */
     /* A run is published by bumping generation; workers run fn and count themselves done. */
     _Atomic uint32_t generation;
-    _Atomic int n_done;
+    _Atomic uint32_t n_done;
+    _Atomic int caller_sleeping;     /* the caller sleeps on n_done */
     _Atomic int stop;
     void (*fn)(void *, int, int);
     void *arg;
     /* Sense-reversing barrier. */
     _Atomic int barrier_count;
     _Atomic uint32_t barrier_sense;
+    _Atomic int barrier_sleepers;    /* workers asleep on barrier_sense */
 };
 
-/* Busy-waiting is cheapest while every worker has its own core; when the machine is
- * oversubscribed the thread being waited for may not be running, so after a while give it the
- * core. */
-static void pause_or_yield(int spins)
+/* Busy-waiting is cheapest while every worker has its own core. When the machine is busy with
+ * other work the thread being waited for may not be running, and spinning (or yielding) would
+ * keep it off the core: after a short spin a waiter sleeps on a futex, announcing itself in
+ * *sleepers so the thread that releases it knows to make the wake-up call (with sequentially
+ * consistent operations, either the releaser sees the sleeper or the sleeper sees the new value). */
+#define SPIN_BEFORE_SLEEP 4000
+
+static void wait_while_equal(_Atomic uint32_t *addr, uint32_t old, _Atomic int *sleepers)
 {
-    if (spins < 2000)
+    for (int spins = 0; spins < SPIN_BEFORE_SLEEP; spins++) {
+        if (atomic_load_explicit(addr, memory_order_acquire) != old)
+            return;
         kiri_platform_cpu_relax();
-    else
-        kiri_platform_yield();
+    }
+    atomic_fetch_add(sleepers, 1);
+    while (atomic_load(addr) == old)
+        kiri_platform_wait((const volatile uint32_t *)addr, old);
+    atomic_fetch_sub(sleepers, 1);
+}
+
+static void wake_sleepers(_Atomic uint32_t *addr, _Atomic int *sleepers)
+{
+    if (atomic_load(sleepers) > 0)
+        kiri_platform_wake_all((const volatile uint32_t *)addr);
 }
 
 static void worker_main(void *p)
@@ -63,7 +80,8 @@ static void worker_main(void *p)
         if (atomic_load_explicit(&tp->stop, memory_order_acquire))
             return;
         tp->fn(tp->arg, w->ith, tp->n);
-        atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_acq_rel);
+        atomic_fetch_add(&tp->n_done, 1);
+        wake_sleepers(&tp->n_done, &tp->caller_sleeping);
     }
 }
 
@@ -122,21 +140,22 @@ void kiri_threadpool_run(struct kiri_threadpool *tp, void (*fn)(void *, int, int
     atomic_fetch_add_explicit(&tp->generation, 1, memory_order_acq_rel);
     kiri_platform_wake_all((const volatile uint32_t *)&tp->generation);
     fn(arg, 0, tp->n);
-    for (int spins = 0; atomic_load_explicit(&tp->n_done, memory_order_acquire) < tp->n - 1; spins++)
-        pause_or_yield(spins);
+    uint32_t done;
+    while ((done = atomic_load(&tp->n_done)) < (uint32_t)tp->n - 1)
+        wait_while_equal(&tp->n_done, done, &tp->caller_sleeping);
 }
 
 void kiri_threadpool_barrier(struct kiri_threadpool *tp)
 {
     if (tp->n == 1)
         return;
-    uint32_t sense = atomic_load_explicit(&tp->barrier_sense, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&tp->barrier_count, 1, memory_order_acq_rel) == tp->n - 1) {
-        atomic_store_explicit(&tp->barrier_count, 0, memory_order_relaxed);
-        atomic_store_explicit(&tp->barrier_sense, sense + 1, memory_order_release);
+    const uint32_t sense = atomic_load(&tp->barrier_sense);
+    if (atomic_fetch_add(&tp->barrier_count, 1) == tp->n - 1) {
+        atomic_store(&tp->barrier_count, 0);
+        atomic_store(&tp->barrier_sense, sense + 1);
+        wake_sleepers(&tp->barrier_sense, &tp->barrier_sleepers);
     } else {
-        for (int spins = 0; atomic_load_explicit(&tp->barrier_sense, memory_order_acquire) == sense; spins++)
-            pause_or_yield(spins);
+        wait_while_equal(&tp->barrier_sense, sense, &tp->barrier_sleepers);
     }
 }
 
