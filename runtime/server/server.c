@@ -30,6 +30,7 @@
 #include "tokenizer.h"
 
 #define MAX_PIECE KIRI_DETOK_CAP
+#define AUTH_FAIL_LIMIT 20
 
 struct kiri_server {
     struct kiri_server_config cfg;
@@ -44,6 +45,12 @@ struct kiri_server {
     _Atomic int draining;
     _Atomic int active;                  /* generation requests in flight */
     _Atomic uint64_t counter;
+    /* Auth-failure rate limit (H19): failures counted per second of kiri_platform_now(); past
+     * AUTH_FAIL_LIMIT in one second every request that needs a key is answered 429 until the
+     * next second ends, so keys cannot be guessed at line rate. Racy updates only blur the count. */
+    _Atomic int64_t auth_second;
+    _Atomic int auth_failures;
+    _Atomic int64_t auth_blocked_until;
     char model_id[128];
     char bos_text[64], eos_text[64];
     int32_t n_ctx;
@@ -63,22 +70,45 @@ static const char *status_text(int status)
     case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
     case 413: return "Payload Too Large";
+    case 417: return "Expectation Failed";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
     default: return "Error";
     }
 }
 
-/* Sends a complete response. extra is more header lines ending in \r\n, or "". */
+/* The connection's user data while a request's body has been read in full (read_body). */
+static const char body_read_mark = 1;
+
+/* Does the request carry a body that no one has read? */
+static int body_unread(const struct mg_connection *c)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    return (ri->content_length > 0 || mg_get_header(c, "Transfer-Encoding") != NULL) &&
+           mg_get_user_connection_data(c) != &body_read_mark;
+}
+
+/* Sends a complete response. extra is more header lines ending in \r\n, or "". A response to a
+ * request whose body was not read (refused before reading, e.g. 401, 404, 413) closes the
+ * connection, and says so, instead of letting CivetWeb read and discard the rest of the body,
+ * which may be 10^12 bytes long or chunked without end. */
 static int send_body(struct mg_connection *c, int status, const char *type, const char *body, size_t len,
                      const char *extra)
 {
+    const int close = strstr(extra, "Connection: close") != NULL;
+    if (close || body_unread(c))
+        mg_disable_connection_keep_alive(c);
     mg_printf(c,
-              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n%s\r\n",
-              status, status_text(status), type, len, extra);
-    if (len)
+              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n%s%s\r\n",
+              status, status_text(status), type, len, extra, !close && body_unread(c) ? "Connection: close\r\n" : "");
+    const char *method = mg_get_request_info(c)->request_method; /* NULL when the request line was bad */
+    if (len && !(method && strcmp(method, "HEAD") == 0)) /* HEAD: the headers only */
         mg_write(c, body, len);
     return status;
 }
@@ -111,7 +141,22 @@ static int fail(struct mg_connection *c, int status, const char *type, const cha
  * Requests
  * ------------------------------------------------------------------------------------------- */
 
-/* Reads the body, refusing (413) anything over the limit before reading it all. */
+/* ASCII case-insensitive equality (header values such as "100-Continue"). */
+static int same_nocase(const char *a, const char *b)
+{
+    for (; *a && *b; a++, b++) {
+        const int x = *a >= 'A' && *a <= 'Z' ? *a + 32 : *a, y = *b >= 'A' && *b <= 'Z' ? *b + 32 : *b;
+        if (x != y)
+            return 0;
+    }
+    return *a == *b;
+}
+
+/* Reads the body, refusing (413) anything over the limit before reading it all: a declared
+ * Content-Length over the limit is refused unread, a chunked body as soon as it passes the limit;
+ * either way the connection is closed rather than drained. Answers "Expect: 100-continue" (which
+ * CivetWeb leaves to request handlers) once the size is known to be acceptable, and refuses any
+ * other expectation with 417. */
 static int read_body(struct kiri_server *s, struct mg_connection *c, char **out, size_t *out_len)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
@@ -119,38 +164,60 @@ static int read_body(struct kiri_server *s, struct mg_connection *c, char **out,
     if (ri->content_length > 0 && (uint64_t)ri->content_length > cap)
         return fail(c, 413, "invalid_request_error", "", "body_too_large", "the request body exceeds the size limit",
                     "Connection: close\r\n");
+    const char *expect = mg_get_header(c, "Expect");
+    if (expect) {
+        if (!same_nocase(expect, "100-continue"))
+            return fail(c, 417, "invalid_request_error", "", "expectation_failed",
+                        "only \"Expect: 100-continue\" is supported", "Connection: close\r\n");
+        if (strcmp(ri->http_version, "1.1") == 0)
+            mg_printf(c, "HTTP/1.1 100 Continue\r\n\r\n");
+    }
     size_t want = ri->content_length >= 0 ? (size_t)ri->content_length : 0, got = 0;
     size_t capb = ri->content_length >= 0 ? want + 1 : 4096;
     char *buf = kiri_mem_alloc(capb);
     if (!buf)
-        return fail(c, 500, "server_error", "", "", "out of memory", "");
+        return fail(c, 500, "server_error", "", "", "out of memory", "Connection: close\r\n");
     for (;;) {
         if (ri->content_length >= 0 && got == want)
             break;
+        if (got > cap) {
+            kiri_mem_free(buf);
+            return fail(c, 413, "invalid_request_error", "", "body_too_large",
+                        "the request body exceeds the size limit", "Connection: close\r\n");
+        }
         if (got + 1 >= capb) {
-            if (capb > cap) {
-                kiri_mem_free(buf);
-                return fail(c, 413, "invalid_request_error", "", "body_too_large",
-                            "the request body exceeds the size limit", "Connection: close\r\n");
-            }
-            char *nb = kiri_mem_realloc(buf, capb * 2);
+            /* Grow to at most cap + 2 bytes: room for one byte past the limit, and the NUL. */
+            size_t nc = capb * 2 > cap + 2 ? (size_t)cap + 2 : capb * 2;
+            char *nb = kiri_mem_realloc(buf, nc);
             if (!nb) {
                 kiri_mem_free(buf);
-                return fail(c, 500, "server_error", "", "", "out of memory", "");
+                return fail(c, 500, "server_error", "", "", "out of memory", "Connection: close\r\n");
             }
             buf = nb;
-            capb *= 2;
+            capb = nc;
         }
         const int r = mg_read(c, buf + got, capb - 1 - got);
-        if (r <= 0)
+        if (r < 0) {
+            /* A broken chunked encoding or a read error: the framing is lost. */
+            kiri_mem_free(buf);
+            return fail(c, 400, "invalid_request_error", "", "", "the request body is malformed",
+                        "Connection: close\r\n");
+        }
+        if (r == 0)
             break;
         got += (size_t)r;
+    }
+    if (got > cap) {
+        kiri_mem_free(buf);
+        return fail(c, 413, "invalid_request_error", "", "body_too_large", "the request body exceeds the size limit",
+                    "Connection: close\r\n");
     }
     if (ri->content_length >= 0 && got != want) {
         kiri_mem_free(buf);
         return fail(c, 400, "invalid_request_error", "", "", "the request body ended early", "Connection: close\r\n");
     }
     buf[got] = '\0';
+    mg_set_user_connection_data(c, (void *)&body_read_mark);
     *out = buf;
     *out_len = got;
     return 0;
@@ -353,20 +420,25 @@ struct stream {
     const char *model;
     int started;
     int broken;              /* the client went away */
+    int raw;                 /* HTTP/1.0: no chunked encoding; the end of the stream closes the connection */
 };
+
+/* Writes part of the event stream (a chunk in HTTP/1.1); marks the stream broken on failure. */
+static void stream_write(struct stream *st, const char *data, size_t len)
+{
+    if (st->broken || len == 0)
+        return;
+    if ((st->raw ? mg_write(st->c, data, len) : mg_send_chunk(st->c, data, (unsigned)len)) <= 0)
+        st->broken = 1;
+}
 
 static void stream_send(struct stream *st, char *json)
 {
-    if (!json || st->broken) {
-        kiri_mem_free(json);
-        return;
+    if (json) {
+        stream_write(st, "data: ", 6);
+        stream_write(st, json, strlen(json));
+        stream_write(st, "\n\n", 2);
     }
-    char head[8];
-    memcpy(head, "data: ", 6);
-    const size_t n = strlen(json);
-    if (mg_send_chunk(st->c, head, 6) <= 0 || mg_send_chunk(st->c, json, (unsigned)n) <= 0 ||
-        mg_send_chunk(st->c, "\n\n", 2) <= 0)
-        st->broken = 1;
     kiri_mem_free(json);
 }
 
@@ -490,10 +562,11 @@ static void run_generation(struct kiri_server *s, struct gen *g, const struct ki
                 }
             }
             const int take = n_ev <= batch_cap ? n_ev : batch_cap;
-            if (take)
+            if (take) { /* ch->q is NULL until the first event: no memmove on it (UBSan) */
                 memcpy(batch, ch->q, (size_t)take * sizeof *batch);
-            memmove(ch->q, ch->q + take, (size_t)(ch->q_len - take) * sizeof *ch->q);
-            ch->q_len -= take;
+                memmove(ch->q, ch->q + take, (size_t)(ch->q_len - take) * sizeof *ch->q);
+                ch->q_len -= take;
+            }
             kiri_platform_mutex_unlock(g->lock);
 
             for (int k = 0; k < take && !ch->done; k++) {
@@ -672,8 +745,12 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
         memcpy(st.id, id, sizeof st.id);
         st.created = created;
         st.model = s->model_id;
+        st.raw = strcmp(mg_get_request_info(c)->http_version, "1.1") != 0;
+        if (st.raw)
+            mg_disable_connection_keep_alive(c);
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "Transfer-Encoding: chunked\r\nX-Accel-Buffering: no\r\n\r\n");
+                     "%s\r\nX-Accel-Buffering: no\r\n\r\n",
+                  st.raw ? "Connection: close" : "Transfer-Encoding: chunked");
     }
     run_generation(s, g, &r, r.stream ? &st : NULL, t0 + s->cfg.request_timeout);
 
@@ -689,11 +766,10 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
     if (r.stream) {
         if (r.include_usage)
             stream_send(&st, kiri_api_chunk_json(kind, id, created, s->model_id, NULL, 0, 0, &usage));
-        if (!st.broken) {
-            const char done[] = "data: [DONE]\n\n";
-            if (mg_send_chunk(c, done, sizeof done - 1) <= 0 || mg_send_chunk(c, "", 0) < 0)
-                st.broken = 1;
-        }
+        const char done[] = "data: [DONE]\n\n";
+        stream_write(&st, done, sizeof done - 1);
+        if (!st.broken && !st.raw && mg_send_chunk(c, "", 0) < 0)
+            st.broken = 1;
         if (st.broken)
             kiri_metrics_client_disconnect(s->metrics);
         status = 200;
@@ -825,19 +901,88 @@ static const struct {
     {"/", "GET", R_PAGE},
 };
 
+/* Is v a Content-Length value as RFC 9110 spells it: digits only (trailing blanks allowed)?
+ * CivetWeb reads the number with strtoll and ignores what follows, so "0x5" would be 0 and the
+ * body would be parsed as the next request. */
+static int valid_length(const char *v)
+{
+    const char *p = v;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    if (p == v)
+        return 0;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return *p == '\0';
+}
+
+/* Refuses framing that could smuggle a second request past a proxy (H12): Content-Length
+ * together with Transfer-Encoding, Content-Length twice, or a Content-Length that is not a plain
+ * decimal number. CivetWeb keeps only the first MG_MAX_HEADERS header lines and silently drops
+ * the rest (which could be a Transfer-Encoding or an Authorization), so a request that fills the
+ * table is refused too (H13). Returns 0, or the status of the refusal it sent. */
+static int check_framing(struct mg_connection *c, const struct mg_request_info *ri)
+{
+    if (ri->num_headers >= MG_MAX_HEADERS)
+        return fail(c, 431, "invalid_request_error", "", "too_many_headers", "the request has too many header lines",
+                    "Connection: close\r\n");
+    int n_cl = 0, n_te = 0, bad_cl = 0;
+    for (int i = 0; i < ri->num_headers; i++) {
+        if (same_nocase(ri->http_headers[i].name, "Content-Length")) {
+            n_cl++;
+            bad_cl |= !valid_length(ri->http_headers[i].value);
+        }
+        n_te += same_nocase(ri->http_headers[i].name, "Transfer-Encoding");
+    }
+    if (bad_cl)
+        return fail(c, 400, "invalid_request_error", "", "bad_framing", "Content-Length must be a decimal number",
+                    "Connection: close\r\n");
+    if (n_cl > 1 || (n_cl && n_te))
+        return fail(c, 400, "invalid_request_error", "", "bad_framing",
+                    "Content-Length must appear once and not together with Transfer-Encoding", "Connection: close\r\n");
+    return 0;
+}
+
+/* Is this request refused for the auth-failure rate limit? Counts a failure when failed is set. */
+static int auth_limited(struct kiri_server *s, int failed)
+{
+    const double now = kiri_platform_now();
+    const int64_t sec = (int64_t)now;
+    if (sec < atomic_load(&s->auth_blocked_until))
+        return 1;
+    if (!failed)
+        return 0;
+    int64_t seen = atomic_load(&s->auth_second);
+    if (seen != sec && atomic_compare_exchange_strong(&s->auth_second, &seen, sec))
+        atomic_store(&s->auth_failures, 0);
+    if (atomic_fetch_add(&s->auth_failures, 1) + 1 > AUTH_FAIL_LIMIT) {
+        /* Blocked for the rest of this second and all of the next one. */
+        atomic_store(&s->auth_blocked_until, sec + 2);
+        fprintf(stderr, "kiri: more than %d API key failures in one second; refusing keyed requests for a second\n",
+                AUTH_FAIL_LIMIT);
+        return 1;
+    }
+    return 0;
+}
+
 static int handle(struct mg_connection *c, void *cbdata)
 {
     struct kiri_server *s = cbdata;
     const struct mg_request_info *ri = mg_get_request_info(c);
     const double t0 = kiri_platform_now();
-    const char *uri = ri->local_uri ? ri->local_uri : "";
+    /* Routes match the path exactly as sent (decode_url is off, dot segments are not removed):
+     * "/v1/../health" and "/health%00" name no endpoint. */
+    const char *uri = ri->local_uri_raw ? ri->local_uri_raw : ri->local_uri ? ri->local_uri : "";
     int idx = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (strcmp(uri, routes[i].path) == 0)
             idx = (int)i;
     const char *endpoint = idx >= 0 ? routes[idx].path : "other";
-    int status;
-    if (idx < 0) {
+    mg_set_user_connection_data(c, NULL); /* no body read yet (the data outlives a keep-alive request) */
+    int status = check_framing(c, ri);
+    if (status != 0) {
+        /* refused: answered by check_framing */
+    } else if (idx < 0) {
         status = fail(c, 404, "invalid_request_error", "", "not_found", "no such endpoint", "");
     } else if (strcmp(ri->request_method, routes[idx].method) != 0 &&
                !(strcmp(ri->request_method, "HEAD") == 0 && strcmp(routes[idx].method, "GET") == 0)) {
@@ -851,10 +996,16 @@ static int handle(struct mg_connection *c, void *cbdata)
     } else if (routes[idx].r == R_PAGE) {
         status = send_body(c, 200, "text/html; charset=utf-8", kiri_chat_page_html, kiri_chat_page_html_len,
                            "Content-Security-Policy: default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'\r\n");
+    } else if (s->auth && auth_limited(s, 0)) {
+        status = fail(c, 429, "invalid_request_error", "", "too_many_auth_failures",
+                      "too many requests with a wrong API key; retry later", "Retry-After: 1\r\n");
     } else if (s->auth && !kiri_auth_check(s->auth, mg_get_header(c, "Authorization"))) {
         kiri_metrics_auth_failure(s->metrics);
-        status = fail(c, 401, "invalid_request_error", "", "invalid_api_key", "a valid API key is required",
-                      "WWW-Authenticate: Bearer\r\n");
+        status = auth_limited(s, 1)
+                     ? fail(c, 429, "invalid_request_error", "", "too_many_auth_failures",
+                            "too many requests with a wrong API key; retry later", "Retry-After: 1\r\n")
+                     : fail(c, 401, "invalid_request_error", "", "invalid_api_key", "a valid API key is required",
+                            "WWW-Authenticate: Bearer\r\n");
     } else if (routes[idx].r == R_METRICS) {
         status = handle_metrics(s, c);
     } else if (!atomic_load(&s->ready)) {
@@ -876,6 +1027,18 @@ static int handle(struct mg_connection *c, void *cbdata)
     fprintf(stderr, "kiri: %s %s %s %d %.3fs\n", ri->remote_addr, ri->request_method, idx >= 0 ? endpoint : "(other)",
             status, kiri_platform_now() - t0);
     return status;
+}
+
+/* Errors CivetWeb finds itself (a malformed or timed-out request line or headers, a missing or
+ * unreadable Content-Length, an unsupported HTTP version) get the same JSON error body as ours, a
+ * log line and a metric. CivetWeb closes these connections. */
+static int http_error(struct mg_connection *c, int status, const char *msg)
+{
+    struct kiri_server *s = mg_get_user_data(mg_get_context(c));
+    fail(c, status, "invalid_request_error", "", "", msg && msg[0] ? msg : status_text(status), "Connection: close\r\n");
+    kiri_metrics_request(s->metrics, "other", status);
+    fprintf(stderr, "kiri: %s malformed request %d\n", mg_get_request_info(c)->remote_addr, status);
+    return 0;
 }
 
 static int log_message(const struct mg_connection *c, const char *message)
@@ -1008,7 +1171,7 @@ int kiri_server_start(const struct kiri_server_config *cfg, struct kiri_server *
         "max_request_size", "16384",
         "listen_backlog", "512",
         "connection_queue", "256",
-        "decode_url", "yes",
+        "decode_url", "no",
         tls ? "ssl_certificate" : NULL, tls ? s->tls_pem : NULL,
         NULL,
     };
@@ -1016,6 +1179,7 @@ int kiri_server_start(const struct kiri_server_config *cfg, struct kiri_server *
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof cb);
     cb.log_message = log_message;
+    cb.http_error = http_error;
     struct mg_init_data init = {&cb, s, options};
     struct mg_error_data errd;
     char errtext[256] = "";
