@@ -67,6 +67,11 @@ int kiri_backends_pick(const char *want, const struct kiri_backend_config *cfg,
             continue;
         }
         score[i] = table[i]->probe(cfg, why[i], sizeof why[i]);
+        /* A name forces its backend even when the probe scores it 0, which also means "usable
+         * but never preferred" (Vulkan on a software renderer); if it cannot run, its init
+         * fails and says why. */
+        if (!any && score[i] <= 0)
+            score[i] = 1;
     }
     for (;;) {
         int best = -1;

@@ -1,7 +1,8 @@
 /* The CPU backend: implements the backend interface over the kernels of this folder. Weights are
  * used in place from the model's mapping. A step runs on all workers of the runtime's pool at
  * once: every worker walks the node list, takes its share of each node's rows, and meets the
- * others at a barrier before the next node. */
+ * others at a barrier before a node that depends on what the nodes since the last barrier wrote
+ * (or overwrites what they read); the plan of barriers is made once per step, before the run. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,11 +19,25 @@ struct kiri_buffer {
     size_t size;
 };
 
+/* How a node runs, decided per step by plan_step (bits of a byte per node). */
+enum {
+    PLAN_SYNC = 1,    /* all workers meet at a barrier before the node */
+    PLAN_MINE = 2,    /* product: each worker converts the (one-token) activations into its own
+                         scratch, so no barrier separates conversion and product */
+    PLAN_REUSE = 4    /* product: the activations converted for the previous node (the same
+                         tensor, the same dot-product type) are still in place */
+};
+
 struct kiri_backend {
     struct kiri_threads threads;
     struct kiri_cpu_kernels k;
-    char *work;          /* owned scratch shared by the workers of one step */
-    size_t work_size;
+    /* Owned scratch of one step: work_shared bytes seen by all workers (converted activations of
+     * products of several tokens), then work_mine bytes for each worker (its converted one-token
+     * activations, its attention scores and slots). */
+    char *work;
+    size_t work_size, work_shared, work_mine;
+    uint8_t *plan;       /* owned, plan_cap entries: PLAN_* bits of each node of the step */
+    int plan_cap;
     /* The step being run, for the workers. */
     const struct kiri_node *nodes;
     int n_nodes;
@@ -49,6 +64,16 @@ static void split_rows(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1)
     *r1 = *r0 + per < n ? *r0 + per : n;
 }
 
+/* The rows [*r0, *r1) of n that worker ith of nth takes, in multiples of `align` rows (but the
+ * last), so workers write whole cache lines of the output and the kernels' row groups stay whole. */
+static void split_rows_aligned(int64_t n, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1)
+{
+    int64_t per = (n + nth - 1) / nth;
+    per = (per + align - 1) / align * align;
+    *r0 = per * ith < n ? per * ith : n;
+    *r1 = *r0 + per < n ? *r0 + per : n;
+}
+
 static int64_t n_rows(const struct kiri_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
 
 /* Row r of a tensor whose dimensions 1..3 are flattened into rows. */
@@ -60,22 +85,35 @@ static char *row_ptr(const struct kiri_tensor *t, int64_t r)
     return (char *)t->data + (size_t)i1 * t->nb[1] + (size_t)i2 * t->nb[2] + (size_t)i3 * t->nb[3];
 }
 
-/* Scratch bytes a node needs: quantized activations for products, per-worker score and slot
- * buffers for attention. */
-static size_t node_work_size(const struct kiri_backend *be, const struct kiri_node *nd, int nth)
+/* Attention scores per key in a worker's scratch: one per head of a group of up to 8 (see
+ * kiri_attend_group_fn). */
+#define ATTN_SCORES 8
+
+/* Scratch bytes a node needs, shared by all workers and per worker (see struct kiri_backend):
+ * converted activations for products, per-worker score and slot buffers for attention. */
+static void node_work_size(const struct kiri_node *nd, size_t *shared, size_t *mine)
 {
+    *shared = *mine = 0;
     if (nd->op == KIRI_OP_MATMUL) {
         const int vt = kiri_cpu_vec_dot_type(nd->src[0]->type);
         if (vt < 0)
-            return 0;
-        return align_up(row_bytes(vt, nd->src[1]->ne[0]) * (size_t)n_rows(nd->src[1]));
+            return;
+        const size_t act = align_up(row_bytes(vt, nd->src[1]->ne[0]) * (size_t)n_rows(nd->src[1]));
+        if (n_rows(nd->src[1]) == 1)
+            *mine = act;
+        else
+            *shared = act;
     }
     if (nd->op == KIRI_OP_ATTENTION) {
         const size_t slots = (size_t)nd->src[1]->ne[1];
-        return (size_t)nth * align_up(slots * (sizeof(float) + sizeof(int32_t)));
+        *mine = align_up(slots * (ATTN_SCORES * sizeof(float) + sizeof(int32_t)));
     }
-    (void)be;
-    return 0;
+}
+
+/* Worker ith's own scratch (work_mine bytes). */
+static char *work_mine(const struct kiri_backend *be, int ith)
+{
+    return be->work + be->work_shared + (size_t)ith * be->work_mine;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -98,14 +136,15 @@ static void run_get_rows(const struct kiri_node *nd, int ith, int nth)
     }
 }
 
-static void run_rms_norm(const struct kiri_node *nd, int ith, int nth)
+static void run_rms_norm(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
 {
     const struct kiri_tensor *x = nd->src[0], *w = nd->src[1];
+    const kiri_rms_norm_fn rms_norm = be->k.rms_norm_row ? be->k.rms_norm_row : kiri_cpu_rms_norm_row;
     int64_t r0, r1;
     split_rows(n_rows(x), ith, nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++)
-        kiri_cpu_rms_norm_row((const float *)row_ptr(x, r), w ? (const float *)w->data : NULL,
-                              (float *)row_ptr(nd->dst, r), x->ne[0], nd->p.eps);
+        rms_norm((const float *)row_ptr(x, r), w ? (const float *)w->data : NULL,
+                 (float *)row_ptr(nd->dst, r), x->ne[0], nd->p.eps);
 }
 
 static void run_binary(const struct kiri_node *nd, int ith, int nth)
@@ -127,14 +166,23 @@ static void run_binary(const struct kiri_node *nd, int ith, int nth)
     }
 }
 
-static void run_swiglu(const struct kiri_node *nd, int ith, int nth)
+static void run_swiglu(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
 {
+    const kiri_swiglu_fn swiglu = be->k.swiglu_row ? be->k.swiglu_row : kiri_cpu_swiglu_row;
+    const int64_t n = nd->src[0]->ne[0];
+    if (n_rows(nd->src[0]) == 1) { /* one token: split the row, in whole cache lines */
+        int64_t e0, e1;
+        split_rows_aligned(n, 16, ith, nth, &e0, &e1);
+        if (e1 > e0)
+            swiglu((const float *)nd->src[0]->data + e0, (const float *)nd->src[1]->data + e0,
+                   (float *)nd->dst->data + e0, e1 - e0);
+        return;
+    }
     int64_t r0, r1;
     split_rows(n_rows(nd->src[0]), ith, nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++)
-        kiri_cpu_swiglu_row((const float *)row_ptr(nd->src[0], r),
-                            (const float *)row_ptr(nd->src[1], r), (float *)row_ptr(nd->dst, r),
-                            nd->src[0]->ne[0]);
+        swiglu((const float *)row_ptr(nd->src[0], r), (const float *)row_ptr(nd->src[1], r),
+               (float *)row_ptr(nd->dst, r), n);
 }
 
 static void run_rope(const struct kiri_node *nd, int ith, int nth)
@@ -177,17 +225,19 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
     const int64_t n_tok = q->ne[2];
     const int group = p->n_head / p->n_head_kv;
     const size_t slots_cap = (size_t)kc->ne[1];
-    char *mine = be->work + (size_t)ith * align_up(slots_cap * (sizeof(float) + sizeof(int32_t)));
+    char *mine = work_mine(be, ith);
     float *scores = (float *)mine;
-    int32_t *slots = (int32_t *)(mine + slots_cap * sizeof(float));
+    int32_t *slots = (int32_t *)(mine + slots_cap * ATTN_SCORES * sizeof(float));
     const size_t kv_row = row_bytes(kc->type, (int64_t)p->head_dim);
+    const kiri_attend_fn attend = be->k.attend_head ? be->k.attend_head : kiri_cpu_attend_head;
 
-    /* Split (token, head) pairs; the slot list is rebuilt when the token changes. */
+    /* Split (token, head) pairs; the slot list is rebuilt when the token changes. The heads of a
+     * worker's share that use the same key/value head go to attend_group together. */
     int64_t j0, j1;
     split_rows(n_tok * p->n_head, ith, nth, &j0, &j1);
     int64_t built_for = -1;
     int n_kv = 0;
-    for (int64_t j = j0; j < j1; j++) {
+    for (int64_t j = j0; j < j1;) {
         const int64_t t = j / p->n_head;
         const int h = (int)(j % p->n_head);
         if (t != built_for) {
@@ -200,49 +250,88 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
             built_for = t;
         }
         const int hk = h / group;
+        int n_q = (hk + 1) * group - h; /* the rest of this key/value head's group */
+        if (j + n_q > j1)
+            n_q = (int)(j1 - j);
+        if (!be->k.attend_group)
+            n_q = 1;
         const float *qh = (const float *)((const char *)q->data + (size_t)t * q->nb[2] +
                                           (size_t)h * q->nb[1]);
         float *out = (float *)((char *)nd->dst->data + (size_t)t * nd->dst->nb[1]) +
                      (size_t)h * (size_t)p->head_dim;
-        kiri_cpu_attend_head(qh, (const char *)kc->data + (size_t)hk * kv_row, kc->nb[1],
-                             (const char *)vc->data + (size_t)hk * kv_row, vc->nb[1], kc->type,
-                             slots, n_kv, p->head_dim, p->scale, scores, out);
+        const char *k = (const char *)kc->data + (size_t)hk * kv_row;
+        const char *v = (const char *)vc->data + (size_t)hk * kv_row;
+        if (n_q > 1)
+            be->k.attend_group(qh, q->nb[1] / sizeof(float), n_q, k, kc->nb[1], v, vc->nb[1], kc->type,
+                               slots, n_kv, p->head_dim, p->scale, scores, out, (size_t)p->head_dim);
+        else
+            attend(qh, k, kc->nb[1], v, vc->nb[1], kc->type, slots, n_kv, p->head_dim, p->scale, scores, out);
+        j += n_q;
     }
 }
 
-/* Products: phase 0 converts the activation rows to the weight's dot-product type, phase 1
- * computes output rows, each worker a slice of the weight's rows across all tokens so a weight
- * row is read once per step however many tokens the step has. */
-static void run_matmul(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth, int phase)
+/* Rows of the weight per gemm call in steps of several tokens: their bytes (at most a few hundred
+ * KiB) stay in L2 while every token of the step passes over them, so the weights stream from
+ * memory once per step. */
+#define GEMM_ROWS 64
+
+/* Products: the activation rows are first converted to the weight's dot-product type (into the
+ * shared scratch by all workers, then a barrier; or, for one token, by each worker into its own
+ * scratch; or not at all when the previous product converted the same rows), then each worker
+ * computes a slice of the weight's rows across all tokens, so a weight row is read once per step
+ * however many tokens the step has. */
+static void run_matmul(struct kiri_backend *be, const struct kiri_node *nd, unsigned plan, int ith, int nth)
 {
     const struct kiri_tensor *w = nd->src[0], *x = nd->src[1];
     const int vt = kiri_cpu_vec_dot_type(w->type);
     const int64_t k = x->ne[0], n = n_rows(x);
     const size_t act_row = row_bytes(vt, k);
-    if (phase == 0) {
-        int64_t r0, r1;
-        split_rows(n, ith, nth, &r0, &r1);
+    char *act = plan & PLAN_MINE ? work_mine(be, ith) : be->work;
+    if (!(plan & PLAN_REUSE)) {
+        int64_t r0 = 0, r1 = n;
+        if (!(plan & PLAN_MINE))
+            split_rows(n, ith, nth, &r0, &r1);
         for (int64_t r = r0; r < r1; r++) {
             const float *src = (const float *)row_ptr(x, r);
             if (vt == KIRI_TYPE_F32)
-                memcpy(be->work + (size_t)r * act_row, src, (size_t)k * sizeof(float));
+                memcpy(act + (size_t)r * act_row, src, (size_t)k * sizeof(float));
             else
-                be->k.from_float[vt](src, be->work + (size_t)r * act_row, k);
+                be->k.from_float[vt](src, act + (size_t)r * act_row, k);
+        }
+        if (!(plan & PLAN_MINE))
+            be->threads.barrier(be->threads.pool);
+    }
+
+    const int64_t n_out = w->ne[1];
+    const kiri_gemm_fn gemm = be->k.gemm[w->type];
+    const struct kiri_tensor *y = nd->dst;
+    int64_t o0, o1;
+    split_rows_aligned(n_out, 16, ith, nth, &o0, &o1);
+    /* The tile kernels address output rows by one stride: the output must be a plain matrix. */
+    if (gemm && n_rows(y) == y->ne[1] && y->nb[1] % sizeof(float) == 0) {
+        const char *wr = (const char *)w->data;
+        float *yr = (float *)y->data;
+        const size_t ys = y->nb[1] / sizeof(float);
+        if (n == 1) {
+            if (o1 > o0)
+                gemm(k, wr + (size_t)o0 * w->nb[1], w->nb[1], act, act_row, yr + o0, ys, o1 - o0, 1);
+            return;
+        }
+        for (int64_t ob = o0; ob < o1; ob += GEMM_ROWS) {
+            const int64_t nr = o1 - ob < GEMM_ROWS ? o1 - ob : GEMM_ROWS;
+            gemm(k, wr + (size_t)ob * w->nb[1], w->nb[1], act, act_row, yr + ob, ys, nr, n);
         }
         return;
     }
     const kiri_vec_dot_fn dot = be->k.vec_dot[w->type];
-    const int64_t n_out = w->ne[1];
-    int64_t o0, o1;
-    split_rows(n_out, ith, nth, &o0, &o1);
     const int64_t tile = 16;
     for (int64_t ob = o0; ob < o1; ob += tile) {
         const int64_t oe = ob + tile < o1 ? ob + tile : o1;
         for (int64_t t = 0; t < n; t++) {
-            const char *a = be->work + (size_t)t * act_row;
-            float *y = (float *)row_ptr(nd->dst, t);
+            const char *a = act + (size_t)t * act_row;
+            float *yt = (float *)row_ptr(y, t);
             for (int64_t o = ob; o < oe; o++)
-                dot(k, &y[o], (const char *)w->data + (size_t)o * w->nb[1], a);
+                dot(k, &yt[o], (const char *)w->data + (size_t)o * w->nb[1], a);
         }
     }
 }
@@ -252,23 +341,123 @@ static void worker(void *arg, int ith, int nth)
     struct kiri_backend *be = arg;
     for (int i = 0; i < be->n_nodes; i++) {
         const struct kiri_node *nd = &be->nodes[i];
+        if (be->plan[i] & PLAN_SYNC)
+            be->threads.barrier(be->threads.pool);
         switch (nd->op) {
         case KIRI_OP_GET_ROWS: run_get_rows(nd, ith, nth); break;
-        case KIRI_OP_RMS_NORM: run_rms_norm(nd, ith, nth); break;
+        case KIRI_OP_RMS_NORM: run_rms_norm(be, nd, ith, nth); break;
         case KIRI_OP_ADD:
         case KIRI_OP_MUL: run_binary(nd, ith, nth); break;
-        case KIRI_OP_SWIGLU: run_swiglu(nd, ith, nth); break;
+        case KIRI_OP_SWIGLU: run_swiglu(be, nd, ith, nth); break;
         case KIRI_OP_ROPE: run_rope(nd, ith, nth); break;
         case KIRI_OP_STORE_KV: run_store_kv(be, nd, ith, nth); break;
         case KIRI_OP_ATTENTION: run_attention(be, nd, ith, nth); break;
-        case KIRI_OP_MATMUL:
-            run_matmul(be, nd, ith, nth, 0);
-            be->threads.barrier(be->threads.pool);
-            run_matmul(be, nd, ith, nth, 1);
-            break;
+        case KIRI_OP_MATMUL: run_matmul(be, nd, be->plan[i], ith, nth); break;
         default: break;
         }
-        be->threads.barrier(be->threads.pool);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The barrier plan of a step
+ * ------------------------------------------------------------------------------------------- */
+
+/* The bytes a tensor spans, [lo, hi); empty for a tensor without host data or elements. */
+struct span {
+    const char *lo, *hi;
+};
+
+static struct span tensor_span(const struct kiri_tensor *t)
+{
+    struct span s = {NULL, NULL};
+    if (!t || !t->data || t->ne[0] <= 0 || t->ne[1] <= 0 || t->ne[2] <= 0 || t->ne[3] <= 0)
+        return s;
+    size_t end = row_bytes(t->type, t->ne[0]);
+    for (int d = 1; d < KIRI_MAX_DIMS; d++)
+        end += (size_t)(t->ne[d] - 1) * t->nb[d];
+    s.lo = (const char *)t->data;
+    s.hi = s.lo + end;
+    return s;
+}
+
+static int spans_overlap(struct span a, struct span b) { return a.lo < b.hi && b.lo < a.hi; }
+
+/* What the nodes since the last barrier read and wrote. A node's reads are its sources, its
+ * write its destination; products that convert activations for all workers also write the shared
+ * scratch, and every product reads the scratch its activations are in. */
+#define PLAN_MAX_SPANS 64
+
+struct interval {
+    struct span rd[PLAN_MAX_SPANS], wr[PLAN_MAX_SPANS];
+    int n_rd, n_wr;
+    int shared_rd; /* the shared scratch (written only before a product's own barrier) */
+};
+
+static int conflicts(const struct interval *iv, const struct span *rd, int n_rd, struct span wr)
+{
+    for (int j = 0; j < iv->n_wr; j++) {
+        if (spans_overlap(wr, iv->wr[j]))
+            return 1;
+        for (int r = 0; r < n_rd; r++)
+            if (spans_overlap(rd[r], iv->wr[j]))
+                return 1;
+    }
+    for (int j = 0; j < iv->n_rd; j++)
+        if (spans_overlap(wr, iv->rd[j]))
+            return 1;
+    return 0;
+}
+
+/* Decides for every node whether a barrier must come first and how products convert their
+ * activations. Workers may run ahead into the next node only when it neither reads what a node
+ * since the last barrier wrote nor writes what such a node read or wrote: then no worker can see
+ * another's half-done rows. Worker-private scratch never conflicts; the shared scratch does. */
+static void plan_step(struct kiri_backend *be, const struct kiri_node *nodes, int n_nodes)
+{
+    struct interval iv;
+    memset(&iv, 0, sizeof iv);
+    for (int i = 0; i < n_nodes; i++) {
+        const struct kiri_node *nd = &nodes[i];
+        unsigned plan = 0;
+        struct span rd[KIRI_OP_MAX_SRC];
+        int n_rd = 0;
+        for (int j = 0; j < KIRI_OP_MAX_SRC; j++)
+            if (nd->src[j]) {
+                const struct span s = tensor_span(nd->src[j]);
+                if (s.lo)
+                    rd[n_rd++] = s;
+            }
+        const struct span wr = tensor_span(nd->dst);
+        int uses_shared = 0, writes_shared = 0;
+        if (nd->op == KIRI_OP_MATMUL) {
+            const struct kiri_node *prev = i > 0 ? &nodes[i - 1] : NULL;
+            const struct kiri_tensor *x = nd->src[1];
+            if (n_rows(x) == 1)
+                plan |= PLAN_MINE;
+            if (prev && prev->op == KIRI_OP_MATMUL && prev->src[1] && prev->src[1]->data == x->data &&
+                prev->src[1]->type == x->type && memcmp(prev->src[1]->ne, x->ne, sizeof x->ne) == 0 &&
+                memcmp(prev->src[1]->nb, x->nb, sizeof x->nb) == 0 &&
+                kiri_cpu_vec_dot_type(prev->src[0]->type) == kiri_cpu_vec_dot_type(nd->src[0]->type) &&
+                !spans_overlap(tensor_span(prev->dst), tensor_span(x)))
+                plan |= PLAN_REUSE;
+            uses_shared = !(plan & PLAN_MINE);
+            writes_shared = uses_shared && !(plan & PLAN_REUSE);
+        }
+        const int sync = i > 0 && (conflicts(&iv, rd, n_rd, wr) || (writes_shared && iv.shared_rd) ||
+                                   iv.n_rd + n_rd > PLAN_MAX_SPANS || iv.n_wr + 1 > PLAN_MAX_SPANS);
+        if (sync) {
+            plan |= PLAN_SYNC;
+            memset(&iv, 0, sizeof iv);
+        }
+        for (int r = 0; r < n_rd; r++)
+            iv.rd[iv.n_rd++] = rd[r];
+        if (wr.lo)
+            iv.wr[iv.n_wr++] = wr;
+        /* A converting product meets the others at its own barrier before it reads the shared
+         * scratch; after it, the scratch only has readers. */
+        if (uses_shared)
+            iv.shared_rd = 1;
+        be->plan[i] = (uint8_t)plan;
     }
 }
 
@@ -292,8 +481,14 @@ static int cpu_init(const struct kiri_backend_config *cfg, struct kiri_backend *
     be->threads = cfg->threads;
     kiri_cpu_kernels_init_ref(&be->k);
 #if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
-    if (cfg->cpu_features & KIRI_CPU_AVX2)
+    if (cfg->cpu_features & KIRI_CPU_AVX2) {
         kiri_cpu_kernels_init_avx2(&be->k);
+        kiri_cpu_kernels_init_gemm_avx2(&be->k);
+        kiri_cpu_kernels_init_ops_avx2(&be->k);
+        const uint32_t vnni = KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI;
+        if ((cfg->cpu_features & vnni) == vnni)
+            kiri_cpu_kernels_init_gemm_avx512(&be->k);
+    }
 #endif
 #if defined(__aarch64__) && defined(KIRI_CPU_NEON_KERNELS)
     if (cfg->cpu_features & KIRI_CPU_NEON)
@@ -310,6 +505,7 @@ static void cpu_free(struct kiri_backend *be)
     if (!be)
         return;
     free(be->work);
+    free(be->plan);
     free(be);
 }
 
@@ -362,12 +558,14 @@ static int cpu_supports(struct kiri_backend *be, const struct kiri_node *nd)
 static int cpu_compute(struct kiri_backend *be, const struct kiri_node *nodes, int n_nodes)
 {
     const int nth = be->threads.n > 0 ? be->threads.n : 1;
-    size_t need = 0;
+    size_t shared = 0, mine = 0;
     for (int i = 0; i < n_nodes; i++) {
-        const size_t s = node_work_size(be, &nodes[i], nth);
-        if (s > need)
-            need = s;
+        size_t s, m;
+        node_work_size(&nodes[i], &s, &m);
+        shared = s > shared ? s : shared;
+        mine = m > mine ? m : mine;
     }
+    const size_t need = shared + (size_t)nth * mine;
     if (need > be->work_size) {
         char *w = aligned_alloc(WORK_ALIGN, align_up(need));
         if (!w)
@@ -376,6 +574,17 @@ static int cpu_compute(struct kiri_backend *be, const struct kiri_node *nodes, i
         be->work = w;
         be->work_size = align_up(need);
     }
+    be->work_shared = shared;
+    be->work_mine = mine;
+    if (n_nodes > be->plan_cap) {
+        uint8_t *p = malloc((size_t)n_nodes);
+        if (!p)
+            return -1;
+        free(be->plan);
+        be->plan = p;
+        be->plan_cap = n_nodes;
+    }
+    plan_step(be, nodes, n_nodes);
     be->nodes = nodes;
     be->n_nodes = n_nodes;
     be->threads.run(be->threads.pool, worker, be);

@@ -43,11 +43,43 @@ typedef void (*kiri_vec_dot_fn)(int64_t n, float *s, const void *x, const void *
  * without the return value). */
 typedef void (*kiri_from_float_fn)(const float *src, void *dst, int64_t n);
 
+/* A tile of a matrix product: dst[t * dst_stride + r] = dot(weight row r, activation row t) for
+ * r in [0, nr) and t in [0, nt), k values each. Weight row r (of type T) starts at
+ * w + r * w_stride bytes, activation row t (of kiri_cpu_vec_dot_type(T), already converted) at
+ * a + t * a_stride bytes; dst_stride counts floats. Any nr, nt >= 1 work: the kernel walks its own
+ * register-sized micro-tiles inside and handles the edges, the caller picks a cache-sized tile.
+ * Results equal vec_dot's up to the order of the float additions (the integer block sums are
+ * the same). */
+typedef void (*kiri_gemm_fn)(int64_t k, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, float *dst, size_t dst_stride, int64_t nr, int64_t nt);
+
+/* One query head against cached keys and values: the contract of kiri_cpu_attend_head below. */
+typedef void (*kiri_attend_fn)(const float *q, const void *k, size_t k_stride, const void *v,
+                               size_t v_stride, int kv_type, const int32_t *slots, int n_kv,
+                               int head_dim, float scale, float *scratch, float *out);
+
+/* n_q query heads that share one key/value head (grouped-query attention), each with the result
+ * of kiri_attend_fn: head i's query at q + i * q_stride, its output at out + i * out_stride
+ * (strides in floats). scratch holds 8 * n_kv floats. */
+typedef void (*kiri_attend_group_fn)(const float *q, size_t q_stride, int n_q, const void *k,
+                                     size_t k_stride, const void *v, size_t v_stride, int kv_type,
+                                     const int32_t *slots, int n_kv, int head_dim, float scale,
+                                     float *scratch, float *out, size_t out_stride);
+
+/* Row operations with the contracts of kiri_cpu_swiglu_row and kiri_cpu_rms_norm_row below. */
+typedef void (*kiri_swiglu_fn)(const float *g, const float *u, float *y, int64_t n);
+typedef void (*kiri_rms_norm_fn)(const float *x, const float *w, float *y, int64_t n, float eps);
+
 /* The kernel table of the CPU backend: the reference entries first, then the best ones the CPU
  * offers. Indexed by enum kiri_type. */
 struct kiri_cpu_kernels {
     kiri_vec_dot_fn vec_dot[KIRI_TYPE_COUNT];       /* by weight type; NULL: unsupported */
     kiri_from_float_fn from_float[KIRI_TYPE_COUNT]; /* by activation type */
+    kiri_gemm_fn gemm[KIRI_TYPE_COUNT];             /* by weight type; NULL: use vec_dot */
+    kiri_attend_fn attend_head;                     /* NULL: kiri_cpu_attend_head */
+    kiri_attend_group_fn attend_group;              /* NULL: attend_head for each head */
+    kiri_swiglu_fn swiglu_row;                      /* NULL: kiri_cpu_swiglu_row */
+    kiri_rms_norm_fn rms_norm_row;                  /* NULL: kiri_cpu_rms_norm_row */
     const char *path;                               /* "c", "avx2", "neon+dotprod", ... */
 };
 
@@ -58,6 +90,17 @@ void kiri_cpu_kernels_init_ref(struct kiri_cpu_kernels *k);
 /* Replaces the entries that have AVX2 + FMA + F16C versions (quants_avx2.c) and sets path to
  * "avx2". Call after kiri_cpu_kernels_init_ref, and only when the CPU reports KIRI_CPU_AVX2. */
 void kiri_cpu_kernels_init_avx2(struct kiri_cpu_kernels *k);
+/* Sets the gemm entries that have AVX2 + FMA + F16C versions (gemm_avx2.c: Q4_0, Q8_0, Q4_K,
+ * Q6_K, F16, F32). Same preconditions as kiri_cpu_kernels_init_avx2. */
+void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k);
+/* Sets the row-operation entries that have AVX2 versions (ops_avx2.c: attend_head, attend_group,
+ * swiglu_row, rms_norm_row). Same
+ * preconditions as kiri_cpu_kernels_init_avx2. */
+void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k);
+/* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q8_0). Call
+ * after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports KIRI_CPU_AVX512 and
+ * KIRI_CPU_AVX512_VNNI. */
+void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k);
 #endif
 
 /* ---- element-wise and row operations (portable C) ---- */

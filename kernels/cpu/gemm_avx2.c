@@ -1,0 +1,798 @@
+/* AVX2 (with FMA and F16C) tiles of matrix products (kiri_gemm_fn) for the weight types of the
+ * common model files: Q4_0, Q8_0 (Q4_0 and Q8_0 models), Q4_K, Q6_K (Q4_K_M models), F16, F32.
+ *
+ * A product spends its time in the integer sums of 32 weights against 32 activations. The
+ * quantized kernels below compute four such sums at once, for four (weight block, activation
+ * block) pairs, and fold the four vectors of partial sums into one vector before anything else
+ * happens to them: two rounds of horizontal adds leave, in each 128-bit half, one int32 per pair
+ * ("a folded quad": [s0 s1 s2 s3 | s0 s1 s2 s3], each half holding the sum over its 16 bytes).
+ * The conversion to float, the per-block scale and the accumulation then cost one instruction
+ * per four pairs instead of one per pair. Two shapes of quad are used:
+ * - prefill (several tokens): one weight row against four tokens. Each weight block is unpacked
+ *   once and used for four tokens in registers; token-side values that do not depend on the row
+ *   (scales, sums of the activations) are computed once per token quad and reused for every row
+ *   of the tile.
+ * - decode (one token): four weight rows against the token, which shares the activation loads
+ *   and the per-block activation terms among the rows (Q4_0 takes eight rows, two per vector).
+ *   The rows of the next group are prefetched in software while a group is multiplied.
+ * Tiles whose row or token count is not a multiple of four repeat the last row or token to fill
+ * the quad and drop those results. F16 and F32 tiles are plain FMA tiles of 4 rows x 2 tokens.
+ *
+ * What must stay true:
+ * - Same contract as the reference vec_dot (quants.c): the integer sums of each block or
+ *   sub-block are exact, and only the order of the float additions across blocks differs
+ *   (tests/test_gemm.c checks every kernel against the reference on random data).
+ * - The horizontal adds work on int16 lanes only where the sums cannot overflow: a pair sum of
+ *   maddubs of a 4-bit weight (0..15) and an int8 activation is at most 2 * 15 * 127 = 3810, four
+ *   of them 15240 (and the Q4_0 decode path's eight, 30480). Q8_0 weights fold as int32; Q6_K's
+ *   6-bit pair sums (up to 16002) fold one round as int16 (32004), the second as int32.
+ * - Activations never hold -128 (the activation quantizers produce -127..127), which the sign
+ *   trick for int8 x int8 products relies on, as in quants_avx2.c.
+ *
+ * Compiled without -mavx2: each function carries a target attribute; the table entries may only
+ * be installed after the CPU and the OS reported KIRI_CPU_AVX2.
+ */
+#include "cpu_kernels.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+/* Loops over the lanes of a micro-tile must be unrolled so their accumulators live in registers;
+ * -O2 does not unroll by itself. */
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* 32-value blocks per pass over the token side of a Q4_0/Q8_0 tile: the precomputed token
+ * values of one pass take CHUNK * 64 bytes of stack. */
+#define CHUNK 128
+
+/* ---------------------------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------------------------- */
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+AVX2 static inline float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static inline __m256 bcast_f16(kiri_f16 h)
+{
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)h));
+}
+
+/* The scales of a folded quad: [h0 h1 h2 h3 h0 h1 h2 h3] as floats. */
+AVX2 static inline __m256 quad_f16(kiri_f16 h0, kiri_f16 h1, kiri_f16 h2, kiri_f16 h3)
+{
+    const __m128i v = _mm_setr_epi16((short)h0, (short)h1, (short)h2, (short)h3, (short)h0,
+                                     (short)h1, (short)h2, (short)h3);
+    return _mm256_cvtph_ps(v);
+}
+
+AVX2 static inline __m256 quad_f32(float f0, float f1, float f2, float f3)
+{
+    return _mm256_setr_ps(f0, f1, f2, f3, f0, f1, f2, f3);
+}
+
+/* Folds four vectors of 16 int16 lanes into a quad of int32 (see the top of the file). Four
+ * adjacent lanes of each input must sum without overflow. */
+AVX2 static inline __m256i fold_i16(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
+{
+    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
+    return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+}
+
+/* The same before the last widening step: [p0 p0 p1 p1 p2 p2 p3 p3] int16 per half, for callers
+ * that widen with a multiplication by a scale (madd with the scale instead of with ones). */
+AVX2 static inline __m256i fold_i16_pairs(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
+{
+    return _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
+}
+
+/* Folds four vectors of 8 int32 lanes into a quad. */
+AVX2 static inline __m256i fold_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3)
+{
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+}
+
+/* The four sums of a float quad accumulator: low half plus high half. */
+AVX2 static inline __m128 quad_sum(__m256 acc)
+{
+    return _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+}
+
+/* The 32 values of a 32-value block's nibbles in element order, 0..15 each. */
+AVX2 static inline __m256i nibbles(const uint8_t *qs)
+{
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
+}
+
+AVX2 static inline __m256i load256(const void *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+/* Stores the sums of a token quad for weight row r: out[i] is token i's output row; the first
+ * pass over k stores, later passes add. */
+AVX2 static inline void put_tokens(__m256 acc, float *const out[4], int n_tok, int64_t r, int first)
+{
+    float v[4];
+    _mm_storeu_ps(v, quad_sum(acc));
+    for (int i = 0; i < n_tok; i++)
+        out[i][r] = first ? v[i] : out[i][r] + v[i];
+}
+
+/* The same for the four rows r .. r + 3 of a row group (those below nr). */
+AVX2 static inline void put_tokens4(__m256 acc0, __m256 acc1, __m256 acc2, __m256 acc3, float *const out[4],
+                                    int n_tok, int64_t r, int64_t nr, int first)
+{
+    put_tokens(acc0, out, n_tok, r, first);
+    if (r + 1 < nr)
+        put_tokens(acc1, out, n_tok, r + 1, first);
+    if (r + 2 < nr)
+        put_tokens(acc2, out, n_tok, r + 2, first);
+    if (r + 3 < nr)
+        put_tokens(acc3, out, n_tok, r + 3, first);
+}
+
+/* Stores the sums of a row quad: rows r .. r + n - 1 of one token's output row. */
+AVX2 static inline void put_rows(__m256 acc, float *out, int64_t n)
+{
+    if (n >= 4) {
+        _mm_storeu_ps(out, quad_sum(acc));
+    } else {
+        float v[4];
+        _mm_storeu_ps(v, quad_sum(acc));
+        for (int64_t i = 0; i < n; i++)
+            out[i] = v[i];
+    }
+}
+
+/* Row i of a tile of nr rows, repeating the last row past the end. */
+static inline const char *tile_row(const void *w, size_t ws, int64_t i, int64_t nr)
+{
+    return (const char *)w + (size_t)(i < nr ? i : nr - 1) * ws;
+}
+
+/* Software prefetch for the one-token paths. While a group of g rows is multiplied, the same
+ * bytes of the next group's rows are fetched (next[i] + off, `span` bytes from there, one line
+ * per 64), so each group finds its rows in L1: the hardware prefetchers do not cover this
+ * pattern well, each row being a short stream of a few dozen lines with g of them read side by
+ * side. next is NULL for the last group. */
+AVX2 static inline void prefetch_rows(const char *const *next, int g, size_t off, size_t span)
+{
+    if (!next)
+        return;
+    UNROLL
+    for (int i = 0; i < g; i++)
+        UNROLL
+        for (size_t o = 0; o < span; o += 64)
+            _mm_prefetch(next[i] + off + o, _MM_HINT_T0);
+}
+
+/* The rows r + g .. r + 2g - 1 of a tile into next (repeating the last row), or NULL when r + g is
+ * past the end. */
+static inline const char *const *next_rows(const void *w, size_t ws, int64_t r, int g, int64_t nr,
+                                           const char **next)
+{
+    if (r + g >= nr)
+        return NULL;
+    for (int i = 0; i < g; i++)
+        next[i] = tile_row(w, ws, r + g + i, nr);
+    return next;
+}
+
+/* Splits a tile into token quads and single tokens: a quad where at least three tokens remain
+ * (the fourth is a repeat), the single-token path for the last one or two. */
+#define GEMM_DRIVER(name, tok4, rows)                                                            \
+    AVX2 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as,         \
+                          float *dst, size_t ds, int64_t nr, int64_t nt)                        \
+    {                                                                                            \
+        int64_t t = 0;                                                                           \
+        for (; nt - t >= 3; t += 4) {                                                            \
+            const void *ap[4];                                                                   \
+            float *op[4];                                                                        \
+            const int n = (int)min64(nt - t, 4);                                                 \
+            for (int i = 0; i < 4; i++) {                                                        \
+                const int64_t ti = t + (i < n ? i : n - 1);                                      \
+                ap[i] = (const char *)a + (size_t)ti * as;                                       \
+                op[i] = dst + (size_t)ti * ds;                                                   \
+            }                                                                                    \
+            tok4(k, w, ws, ap, op, n, nr);                                                       \
+        }                                                                                        \
+        for (; t < nt; t++)                                                                      \
+            rows(k, w, ws, (const char *)a + (size_t)t * as, dst + (size_t)t * ds, nr);          \
+    }
+
+/* ---------------------------------------------------------------------------------------------
+ * Q4_0 weights, Q8_0 activations: sum (q - 8) a = sum q a - 8 sum a, so the nibbles enter maddubs
+ * unsigned and the token-side term 8 sum a is subtracted from the folded quad.
+ * ------------------------------------------------------------------------------------------- */
+
+/* One Q4_0 block of one row against a token quad: a0..a3 the tokens' values, corr their terms
+ * 8 sum a (folded), dy their scales. */
+AVX2 static inline __m256 q4_0_tokens(const struct kiri_block_q4_0 *x, __m256i a0, __m256i a1, __m256i a2,
+                                      __m256i a3, __m256i corr, __m256 dy, __m256 acc)
+{
+    const __m256i u = nibbles(x->qs);
+    const __m256i s = _mm256_sub_epi32(fold_i16(_mm256_maddubs_epi16(u, a0), _mm256_maddubs_epi16(u, a1),
+                                                _mm256_maddubs_epi16(u, a2), _mm256_maddubs_epi16(u, a3)),
+                                       corr);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(bcast_f16(x->d), dy), acc);
+}
+
+AVX2 static void q4_0_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],
+                           float *const out[4], int n_tok, int64_t nr)
+{
+    const struct kiri_block_q8_0 *y[4];
+    UNROLL
+    for (int i = 0; i < 4; i++)
+        y[i] = ap[i];
+    const int64_t nb = k / KIRI_QK8_0;
+    __m256 dy[CHUNK];
+    __m256i corr[CHUNK];
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int64_t bn = min64(nb - b0, CHUNK);
+        for (int64_t b = 0; b < bn; b++) {
+            const int64_t j = b0 + b;
+            dy[b] = quad_f16(y[0][j].d, y[1][j].d, y[2][j].d, y[3][j].d);
+            corr[b] = fold_i16(_mm256_maddubs_epi16(eight, load256(y[0][j].qs)),
+                               _mm256_maddubs_epi16(eight, load256(y[1][j].qs)),
+                               _mm256_maddubs_epi16(eight, load256(y[2][j].qs)),
+                               _mm256_maddubs_epi16(eight, load256(y[3][j].qs)));
+        }
+        for (int64_t r = 0; r < nr; r += 4) {
+            const struct kiri_block_q4_0 *x[4];
+            UNROLL
+            for (int i = 0; i < 4; i++)
+                x[i] = (const struct kiri_block_q4_0 *)tile_row(w, ws, r + i, nr) + b0;
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+            __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+            for (int64_t b = 0; b < bn; b++) {
+                const int64_t j = b0 + b;
+                const __m256i a0 = load256(y[0][j].qs), a1 = load256(y[1][j].qs);
+                const __m256i a2 = load256(y[2][j].qs), a3 = load256(y[3][j].qs);
+                acc0 = q4_0_tokens(&x[0][b], a0, a1, a2, a3, corr[b], dy[b], acc0);
+                acc1 = q4_0_tokens(&x[1][b], a0, a1, a2, a3, corr[b], dy[b], acc1);
+                acc2 = q4_0_tokens(&x[2][b], a0, a1, a2, a3, corr[b], dy[b], acc2);
+                acc3 = q4_0_tokens(&x[3][b], a0, a1, a2, a3, corr[b], dy[b], acc3);
+            }
+            put_tokens4(acc0, acc1, acc2, acc3, out, n_tok, r, nr, b0 == 0);
+        }
+    }
+}
+
+/* One row quad of Q4_0 against one activation block: av its values, c the term 8 sum a in every
+ * slot, dy its scale. */
+AVX2 static inline __m256 q4_0_quad(const struct kiri_block_q4_0 *x0, const struct kiri_block_q4_0 *x1,
+                                    const struct kiri_block_q4_0 *x2, const struct kiri_block_q4_0 *x3,
+                                    __m256i av, __m256i c, __m256 dy, __m256 acc)
+{
+    const __m256i s = _mm256_sub_epi32(fold_i16(_mm256_maddubs_epi16(nibbles(x0->qs), av),
+                                                _mm256_maddubs_epi16(nibbles(x1->qs), av),
+                                                _mm256_maddubs_epi16(nibbles(x2->qs), av),
+                                                _mm256_maddubs_epi16(nibbles(x3->qs), av)),
+                                       c);
+    const __m256 d = _mm256_mul_ps(quad_f16(x0->d, x1->d, x2->d, x3->d), dy);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
+}
+
+/* 8 sum(a) over each 128-bit half of an activation block, in every slot of that half. */
+AVX2 static inline __m256i q8_0_corr(__m256i av)
+{
+    __m256i c = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), av), _mm256_set1_epi16(1));
+    c = _mm256_hadd_epi32(c, c);
+    return _mm256_hadd_epi32(c, c);
+}
+
+/* The quants of two rows' blocks side by side, [row a | row b], 16 bytes each. */
+AVX2 static inline __m256i two_rows_q4_0(const struct kiri_block_q4_0 *a, const struct kiri_block_q4_0 *b)
+{
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
+                                   _mm_loadu_si128((const __m128i *)b->qs), 1);
+}
+
+/* Products of two rows' blocks (q from two_rows_q4_0) with one activation block whose first and
+ * last 16 values are broadcast to both halves in alo and ahi: the low half holds row a's sums, the
+ * high half row b's, 8 int16 each summing 4 products (at most 4 * 15 * 127 = 7620). */
+AVX2 static inline __m256i two_rows_dot(__m256i q, __m256i alo, __m256i ahi)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
+}
+
+/* One token against rows in groups of 8. Each pair of rows shares a vector (two_rows_dot), so the
+ * nibbles of two rows unpack in one go; two rounds of horizontal adds (int16 lanes of at most
+ * 7620, then 15240, then 30480: within int16) and the widening madd leave each row's whole block
+ * sum in one int32 lane, [r0 r2 r4 r6 | r1 r3 r5 r7]. The term 8 sum a is the same for every row.
+ * A group of 4 or fewer rows at the end uses q4_0_quad. */
+AVX2 static void q4_0_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    const struct kiri_block_q8_0 *y = a;
+    const int64_t nb = k / KIRI_QK8_0;
+    int64_t r = 0;
+    for (; nr - r > 4; r += 8) {
+        const struct kiri_block_q4_0 *x[8];
+        for (int i = 0; i < 8; i++)
+            x[i] = (const struct kiri_block_q4_0 *)tile_row(w, ws, r + i, nr);
+        const char *nx[8];
+        const char *const *pf = next_rows(w, ws, r, 8, nr, nx);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if (!(b & 1)) /* two blocks are 36 bytes: every line gets one prefetch */
+                prefetch_rows(pf, 8, (size_t)b * sizeof *x[0], 1);
+            const __m256i av = load256(y[b].qs);
+            const __m256i alo = _mm256_permute2x128_si256(av, av, 0x00);
+            const __m256i ahi = _mm256_permute2x128_si256(av, av, 0x11);
+            __m256i c = q8_0_corr(av); /* per half; the whole block's in every lane: */
+            c = _mm256_add_epi32(c, _mm256_permute2x128_si256(c, c, 0x01));
+            const __m256i h0 = _mm256_hadd_epi16(two_rows_dot(two_rows_q4_0(&x[0][b], &x[1][b]), alo, ahi),
+                                                 two_rows_dot(two_rows_q4_0(&x[2][b], &x[3][b]), alo, ahi));
+            const __m256i h1 = _mm256_hadd_epi16(two_rows_dot(two_rows_q4_0(&x[4][b], &x[5][b]), alo, ahi),
+                                                 two_rows_dot(two_rows_q4_0(&x[6][b], &x[7][b]), alo, ahi));
+            const __m256i s = _mm256_sub_epi32(
+                _mm256_madd_epi16(_mm256_hadd_epi16(h0, h1), _mm256_set1_epi16(1)), c);
+            const __m128i dh = _mm_setr_epi16((short)x[0][b].d, (short)x[2][b].d, (short)x[4][b].d,
+                                              (short)x[6][b].d, (short)x[1][b].d, (short)x[3][b].d,
+                                              (short)x[5][b].d, (short)x[7][b].d);
+            const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(dh), bcast_f16(y[b].d));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
+        }
+        float v[8];
+        _mm256_storeu_ps(v, acc);
+        static const int lane_row[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+        for (int i = 0; i < 8; i++)
+            if (r + lane_row[i] < nr)
+                out[r + lane_row[i]] = v[i];
+    }
+    if (r < nr) {
+        const struct kiri_block_q4_0 *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = (const struct kiri_block_q4_0 *)tile_row(w, ws, r + i, nr);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const __m256i av = load256(y[b].qs);
+            acc = q4_0_quad(&x[0][b], &x[1][b], &x[2][b], &x[3][b], av, q8_0_corr(av),
+                            bcast_f16(y[b].d), acc);
+        }
+        put_rows(acc, out + r, nr - r);
+    }
+}
+
+GEMM_DRIVER(gemm_q4_0_avx2, q4_0_tok4, q4_0_rows)
+
+/* ---------------------------------------------------------------------------------------------
+ * Q8_0 weights, Q8_0 activations: int8 x int8 through maddubs with |w| and a carrying w's sign;
+ * pair sums reach 2 * 128 * 127, so the quads fold as int32.
+ * ------------------------------------------------------------------------------------------- */
+
+AVX2 static inline __m256i dot_i8(__m256i aw, __m256i w, __m256i a)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w)), _mm256_set1_epi16(1));
+}
+
+AVX2 static inline __m256 q8_0_tokens(const struct kiri_block_q8_0 *x, __m256i a0, __m256i a1, __m256i a2,
+                                      __m256i a3, __m256 dy, __m256 acc)
+{
+    const __m256i q = load256(x->qs);
+    const __m256i aq = _mm256_sign_epi8(q, q);
+    const __m256i s = fold_i32(dot_i8(aq, q, a0), dot_i8(aq, q, a1), dot_i8(aq, q, a2), dot_i8(aq, q, a3));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(bcast_f16(x->d), dy), acc);
+}
+
+AVX2 static void q8_0_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],
+                           float *const out[4], int n_tok, int64_t nr)
+{
+    const struct kiri_block_q8_0 *y[4];
+    UNROLL
+    for (int i = 0; i < 4; i++)
+        y[i] = ap[i];
+    const int64_t nb = k / KIRI_QK8_0;
+    __m256 dy[CHUNK];
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int64_t bn = min64(nb - b0, CHUNK);
+        for (int64_t b = 0; b < bn; b++) {
+            const int64_t j = b0 + b;
+            dy[b] = quad_f16(y[0][j].d, y[1][j].d, y[2][j].d, y[3][j].d);
+        }
+        for (int64_t r = 0; r < nr; r += 4) {
+            const struct kiri_block_q8_0 *x[4];
+            UNROLL
+            for (int i = 0; i < 4; i++)
+                x[i] = (const struct kiri_block_q8_0 *)tile_row(w, ws, r + i, nr) + b0;
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+            __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+            for (int64_t b = 0; b < bn; b++) {
+                const int64_t j = b0 + b;
+                const __m256i a0 = load256(y[0][j].qs), a1 = load256(y[1][j].qs);
+                const __m256i a2 = load256(y[2][j].qs), a3 = load256(y[3][j].qs);
+                acc0 = q8_0_tokens(&x[0][b], a0, a1, a2, a3, dy[b], acc0);
+                acc1 = q8_0_tokens(&x[1][b], a0, a1, a2, a3, dy[b], acc1);
+                acc2 = q8_0_tokens(&x[2][b], a0, a1, a2, a3, dy[b], acc2);
+                acc3 = q8_0_tokens(&x[3][b], a0, a1, a2, a3, dy[b], acc3);
+            }
+            put_tokens4(acc0, acc1, acc2, acc3, out, n_tok, r, nr, b0 == 0);
+        }
+    }
+}
+
+AVX2 static inline __m256i q8_0_row_dot(const struct kiri_block_q8_0 *x, __m256i av)
+{
+    const __m256i q = load256(x->qs);
+    return dot_i8(_mm256_sign_epi8(q, q), q, av);
+}
+
+AVX2 static inline __m256 q8_0_quad(const struct kiri_block_q8_0 *x0, const struct kiri_block_q8_0 *x1,
+                                    const struct kiri_block_q8_0 *x2, const struct kiri_block_q8_0 *x3,
+                                    __m256i av, __m256 dy, __m256 acc)
+{
+    const __m256i s = fold_i32(q8_0_row_dot(x0, av), q8_0_row_dot(x1, av), q8_0_row_dot(x2, av),
+                               q8_0_row_dot(x3, av));
+    const __m256 d = _mm256_mul_ps(quad_f16(x0->d, x1->d, x2->d, x3->d), dy);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
+}
+
+AVX2 static void q8_0_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    const struct kiri_block_q8_0 *y = a;
+    const int64_t nb = k / KIRI_QK8_0;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const struct kiri_block_q8_0 *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = (const struct kiri_block_q8_0 *)tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r, 4, nr, nx);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], 1);
+            acc = q8_0_quad(&x[0][b], &x[1][b], &x[2][b], &x[3][b], load256(y[b].qs),
+                            bcast_f16(y[b].d), acc);
+        }
+        put_rows(acc, out + r, nr - r);
+    }
+}
+
+GEMM_DRIVER(gemm_q8_0_avx2, q8_0_tok4, q8_0_rows)
+
+/* ---------------------------------------------------------------------------------------------
+ * Q4_K weights, Q8_K activations: x = d sc q - dmin m per sub-block of 32, so
+ * sum x a = d_a (d sum_j sc_j sum(q a) - dmin sum_j m_j (bsums of sub-block j)).
+ * ------------------------------------------------------------------------------------------- */
+
+/* Unpacks the 8 scales and 8 mins of a Q4_K block (6 bits each in 12 bytes, see
+ * get_scale_min_k4 in quants.c): the scales into sc as int16 (the kernels broadcast them from
+ * memory), the mins returned repeated per pair of bsums, [m0 m0 m1 m1 ... m7 m7] as int16. */
+AVX2 static inline __m256i scales_k4(const uint8_t *p, uint16_t sc[8])
+{
+    uint32_t v[3], o[4];
+    memcpy(v, p, 12);
+    o[0] = v[0] & 0x3f3f3f3fu;
+    o[1] = (v[2] & 0x0f0f0f0fu) | ((v[0] >> 2) & 0x30303030u);
+    o[2] = v[1] & 0x3f3f3f3fu;
+    o[3] = ((v[2] >> 4) & 0x0f0f0f0fu) | ((v[1] >> 2) & 0x30303030u);
+    const __m128i b = _mm_loadu_si128((const __m128i *)o);
+    _mm_storeu_si128((__m128i *)sc, _mm_cvtepu8_epi16(b));
+    return _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(b, b));
+}
+
+AVX2 static void q4_K_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],
+                           float *const out[4], int n_tok, int64_t nr)
+{
+    const struct kiri_block_q8_K *y0 = ap[0], *y1 = ap[1], *y2 = ap[2], *y3 = ap[3];
+    const int64_t nb = k / KIRI_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t r = 0; r < nr; r++) {
+        const struct kiri_block_q4_K *x = (const struct kiri_block_q4_K *)((const char *)w + (size_t)r * ws);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            uint16_t sc[8];
+            const __m256i m16 = scales_k4(x[b].scales, sc);
+            __m256i isum = _mm256_setzero_si256();
+            UNROLL
+            for (int j = 0; j < 4; j++) {
+                const __m256i q = load256(x[b].qs + 32 * j);
+                const __m256i lo = _mm256_and_si256(q, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                const int o = 64 * j;
+                const __m256i plo = fold_i16_pairs(_mm256_maddubs_epi16(lo, load256(y0[b].qs + o)),
+                                                   _mm256_maddubs_epi16(lo, load256(y1[b].qs + o)),
+                                                   _mm256_maddubs_epi16(lo, load256(y2[b].qs + o)),
+                                                   _mm256_maddubs_epi16(lo, load256(y3[b].qs + o)));
+                const __m256i phi = fold_i16_pairs(_mm256_maddubs_epi16(hi, load256(y0[b].qs + o + 32)),
+                                                   _mm256_maddubs_epi16(hi, load256(y1[b].qs + o + 32)),
+                                                   _mm256_maddubs_epi16(hi, load256(y2[b].qs + o + 32)),
+                                                   _mm256_maddubs_epi16(hi, load256(y3[b].qs + o + 32)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
+            }
+            const __m256i imin = fold_i32(_mm256_madd_epi16(load256(y0[b].bsums), m16),
+                                          _mm256_madd_epi16(load256(y1[b].bsums), m16),
+                                          _mm256_madd_epi16(load256(y2[b].bsums), m16),
+                                          _mm256_madd_epi16(load256(y3[b].bsums), m16));
+            const __m256 dy = quad_f32(y0[b].d, y1[b].d, y2[b].d, y3[b].d);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(bcast_f16(x[b].d), dy), acc);
+            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(bcast_f16(x[b].dmin), dy), acc);
+        }
+        put_tokens(acc, out, n_tok, r, 1);
+    }
+}
+
+/* One Q4_K block of one row against one activation block: the scaled integer sums (8 int32
+ * lanes) and the mins' term (8 int32 lanes), for a later fold across rows. */
+AVX2 static inline void q4_K_row(const struct kiri_block_q4_K *x, const struct kiri_block_q8_K *y,
+                                 __m256i *isum, __m256i *imin)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    uint16_t sc[8];
+    const __m256i m16 = scales_k4(x->scales, sc);
+    __m256i s = _mm256_setzero_si256();
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = load256(x->qs + 32 * j);
+        const __m256i plo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), load256(y->qs + 64 * j));
+        const __m256i phi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                                                 load256(y->qs + 64 * j + 32));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
+    }
+    *isum = s;
+    *imin = _mm256_madd_epi16(load256(y->bsums), m16);
+}
+
+AVX2 static void q4_K_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    const struct kiri_block_q8_K *y = a;
+    const int64_t nb = k / KIRI_QK_K;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const struct kiri_block_q4_K *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = (const struct kiri_block_q4_K *)tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r, 4, nr, nx);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], sizeof *x[0]);
+            __m256i s[4], m[4];
+            UNROLL
+            for (int i = 0; i < 4; i++)
+                q4_K_row(&x[i][b], &y[b], &s[i], &m[i]);
+            const __m256 dy = _mm256_set1_ps(y[b].d);
+            const __m256 d = _mm256_mul_ps(quad_f16(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d), dy);
+            const __m256 dm = _mm256_mul_ps(quad_f16(x[0][b].dmin, x[1][b].dmin, x[2][b].dmin, x[3][b].dmin), dy);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_i32(s[0], s[1], s[2], s[3])), d, acc);
+            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_i32(m[0], m[1], m[2], m[3])), dm, acc);
+        }
+        put_rows(acc, out + r, nr - r);
+    }
+}
+
+GEMM_DRIVER(gemm_q4_K_avx2, q4_K_tok4, q4_K_rows)
+
+/* ---------------------------------------------------------------------------------------------
+ * Q6_K weights, Q8_K activations: x = d sc_g (q - 32) per group of 16, q in 0..63, so
+ * sum x a = d_a d (sum_g sc_g sum(q a) - 32 sum_g sc_g bsums_g). A run of 32 values spans two
+ * groups: the low 128-bit half holds group g, the high half g + 1, and a byte shuffle spreads
+ * scale g over the low half and g + 1 over the high half.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Shuffles picking int16 scale 2k (low half) and 2k + 1 (high half) of 8 scales broadcast to both
+ * halves. */
+static const uint64_t q6_pick_idx[4][4] = {
+    {0x0100010001000100ull, 0x0100010001000100ull, 0x0302030203020302ull, 0x0302030203020302ull},
+    {0x0504050405040504ull, 0x0504050405040504ull, 0x0706070607060706ull, 0x0706070607060706ull},
+    {0x0908090809080908ull, 0x0908090809080908ull, 0x0b0a0b0a0b0a0b0aull, 0x0b0a0b0a0b0a0b0aull},
+    {0x0d0c0d0c0d0c0d0cull, 0x0d0c0d0c0d0c0d0cull, 0x0f0e0f0e0f0e0f0eull, 0x0f0e0f0e0f0e0f0eull},
+};
+
+AVX2 static inline __m256i q6_pick(__m256i scb, int kk)
+{
+    return _mm256_shuffle_epi8(scb, load256(q6_pick_idx[kk]));
+}
+
+/* The four runs of 32 quants (0..63) of half h of a Q6_K block, in element order. */
+AVX2 static inline void q6_unpack(const struct kiri_block_q6_K *x, int h, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+    const __m256i l0 = load256(x->ql + 64 * h), l1 = load256(x->ql + 64 * h + 32);
+    const __m256i hb = load256(x->qh + 32 * h);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+}
+
+/* The 8 scales of half h as int16, broadcast to both 128-bit halves. */
+AVX2 static inline __m256i q6_scales(const struct kiri_block_q6_K *x, int h)
+{
+    const __m128i s = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x->scales + 8 * h)));
+    return _mm256_broadcastsi128_si256(s);
+}
+
+AVX2 static inline __m256i q6_scales16(const struct kiri_block_q6_K *x)
+{
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+}
+
+AVX2 static void q6_K_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],
+                           float *const out[4], int n_tok, int64_t nr)
+{
+    const struct kiri_block_q8_K *y0 = ap[0], *y1 = ap[1], *y2 = ap[2], *y3 = ap[3];
+    const int64_t nb = k / KIRI_QK_K;
+    for (int64_t r = 0; r < nr; r++) {
+        const struct kiri_block_q6_K *x = (const struct kiri_block_q6_K *)((const char *)w + (size_t)r * ws);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m256i i01 = _mm256_setzero_si256(), i23 = _mm256_setzero_si256();
+            UNROLL
+            for (int h = 0; h < 2; h++) {
+                __m256i q[4];
+                q6_unpack(&x[b], h, q);
+                const __m256i scb = q6_scales(&x[b], h);
+                UNROLL
+                for (int kk = 0; kk < 4; kk++) {
+                    const int o = 128 * h + 32 * kk;
+                    const __m256i sck = q6_pick(scb, kk);
+                    const __m256i p0 = _mm256_maddubs_epi16(q[kk], load256(y0[b].qs + o));
+                    const __m256i p1 = _mm256_maddubs_epi16(q[kk], load256(y1[b].qs + o));
+                    const __m256i p2 = _mm256_maddubs_epi16(q[kk], load256(y2[b].qs + o));
+                    const __m256i p3 = _mm256_maddubs_epi16(q[kk], load256(y3[b].qs + o));
+                    i01 = _mm256_add_epi32(i01, _mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), sck));
+                    i23 = _mm256_add_epi32(i23, _mm256_madd_epi16(_mm256_hadd_epi16(p2, p3), sck));
+                }
+            }
+            const __m256i sc16 = q6_scales16(&x[b]);
+            const __m256i bias = fold_i32(_mm256_madd_epi16(load256(y0[b].bsums), sc16),
+                                          _mm256_madd_epi16(load256(y1[b].bsums), sc16),
+                                          _mm256_madd_epi16(load256(y2[b].bsums), sc16),
+                                          _mm256_madd_epi16(load256(y3[b].bsums), sc16));
+            const __m256i s = _mm256_sub_epi32(_mm256_hadd_epi32(i01, i23), _mm256_slli_epi32(bias, 5));
+            const __m256 dy = quad_f32(y0[b].d, y1[b].d, y2[b].d, y3[b].d);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(bcast_f16(x[b].d), dy), acc);
+        }
+        put_tokens(acc, out, n_tok, r, 1);
+    }
+}
+
+/* One Q6_K block of one row against one activation block: the integer sum with the -32 offset
+ * applied, as 8 int32 lanes for a later fold across rows. */
+AVX2 static inline __m256i q6_K_row(const struct kiri_block_q6_K *x, const struct kiri_block_q8_K *y)
+{
+    __m256i s = _mm256_setzero_si256();
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        __m256i q[4];
+        q6_unpack(x, h, q);
+        const __m256i scb = q6_scales(x, h);
+        UNROLL
+        for (int kk = 0; kk < 4; kk++) {
+            const __m256i p = _mm256_maddubs_epi16(q[kk], load256(y->qs + 128 * h + 32 * kk));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, q6_pick(scb, kk)));
+        }
+    }
+    const __m256i bias = _mm256_madd_epi16(load256(y->bsums), q6_scales16(x));
+    return _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5));
+}
+
+AVX2 static void q6_K_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    const struct kiri_block_q8_K *y = a;
+    const int64_t nb = k / KIRI_QK_K;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const struct kiri_block_q6_K *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = (const struct kiri_block_q6_K *)tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r, 4, nr, nx);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], sizeof *x[0]);
+            const __m256i s = fold_i32(q6_K_row(&x[0][b], &y[b]), q6_K_row(&x[1][b], &y[b]),
+                                       q6_K_row(&x[2][b], &y[b]), q6_K_row(&x[3][b], &y[b]));
+            const __m256 d = _mm256_mul_ps(quad_f16(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d),
+                                           _mm256_set1_ps(y[b].d));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
+        }
+        put_rows(acc, out + r, nr - r);
+    }
+}
+
+GEMM_DRIVER(gemm_q6_K_avx2, q6_K_tok4, q6_K_rows)
+
+/* ---------------------------------------------------------------------------------------------
+ * F32 and F16: plain FMA tiles of 4 rows x 2 tokens (8 accumulators), values widened on load;
+ * a scalar tail when k is not a multiple of 8.
+ * ------------------------------------------------------------------------------------------- */
+
+AVX2 static inline __m256 ld8_f32(const void *p, int64_t i) { return _mm256_loadu_ps((const float *)p + i); }
+static inline float ld1_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
+
+AVX2 static inline __m256 ld8_f16(const void *p, int64_t i)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const kiri_f16 *)p + i)));
+}
+
+AVX2 static inline float ld1_f16(const void *p, int64_t i) { return _cvtsh_ss(((const kiri_f16 *)p)[i]); }
+
+#define GEMM_FLOAT(name, LD8, LD1)                                                               \
+    AVX2 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as,         \
+                          float *dst, size_t ds, int64_t nr, int64_t nt)                        \
+    {                                                                                            \
+        for (int64_t t = 0; t < nt; t += 2) {                                                    \
+            const int n_tok = (int)min64(nt - t, 2);                                             \
+            const void *y[2] = {tile_row(a, as, t, nt), tile_row(a, as, t + 1, nt)};             \
+            for (int64_t r = 0; r < nr; r += 4) {                                                \
+                const void *x[4];                                                                \
+                UNROLL                                                                           \
+                for (int i = 0; i < 4; i++)                                                      \
+                    x[i] = tile_row(w, ws, r + i, nr);                                           \
+                __m256 acc[4][2];                                                                \
+                UNROLL                                                                           \
+                for (int i = 0; i < 4; i++)                                                      \
+                    acc[i][0] = acc[i][1] = _mm256_setzero_ps();                                 \
+                int64_t e = 0;                                                                   \
+                if (n_tok == 2) {                                                                \
+                    for (; e + 8 <= k; e += 8) {                                                 \
+                        const __m256 y0 = LD8(y[0], e), y1 = LD8(y[1], e);                       \
+                        UNROLL                                                                   \
+                        for (int i = 0; i < 4; i++) {                                            \
+                            const __m256 xv = LD8(x[i], e);                                      \
+                            acc[i][0] = _mm256_fmadd_ps(xv, y0, acc[i][0]);                      \
+                            acc[i][1] = _mm256_fmadd_ps(xv, y1, acc[i][1]);                      \
+                        }                                                                        \
+                    }                                                                            \
+                } else {                                                                         \
+                    for (; e + 8 <= k; e += 8) {                                                 \
+                        const __m256 y0 = LD8(y[0], e);                                          \
+                        UNROLL                                                                   \
+                        for (int i = 0; i < 4; i++)                                              \
+                            acc[i][0] = _mm256_fmadd_ps(LD8(x[i], e), y0, acc[i][0]);            \
+                    }                                                                            \
+                }                                                                                \
+                UNROLL                                                                           \
+                for (int j = 0; j < n_tok; j++)                                                  \
+                    for (int i = 0; i < 4 && r + i < nr; i++) {                                  \
+                        float s = hsum_ps(acc[i][j]);                                            \
+                        for (int64_t f = e; f < k; f++)                                          \
+                            s += LD1(x[i], f) * LD1(y[j], f);                                    \
+                        dst[(size_t)(t + j) * ds + (size_t)(r + i)] = s;                         \
+                    }                                                                            \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+GEMM_FLOAT(gemm_f32_avx2, ld8_f32, ld1_f32)
+GEMM_FLOAT(gemm_f16_avx2, ld8_f16, ld1_f16)
+
+/* ---------------------------------------------------------------------------------------------
+ * Table
+ * ------------------------------------------------------------------------------------------- */
+
+void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k)
+{
+    k->gemm[KIRI_TYPE_F32] = gemm_f32_avx2;
+    k->gemm[KIRI_TYPE_F16] = gemm_f16_avx2;
+    k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx2;
+    k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx2;
+    k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx2;
+    k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx2;
+}
+
+#else
+typedef int kiri_gemm_avx2_unused; /* an empty translation unit is not valid ISO C */
+#endif

@@ -1,0 +1,633 @@
+/* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0 and Q8_0
+ * weights against Q8_0 activations: the same contract as gemm_avx2.c, for CPUs that have them.
+ *
+ * The AVX2 kernels fold the partial sums of several (row, token) pairs with horizontal adds; here
+ * the rows of a group of 16 go in the 16 int32 lanes of a register instead, so one VNNI
+ * instruction (vpdpbusd: 4 byte products summed into each lane) advances 16 dot products by 4
+ * values each and nothing needs folding. That takes the weights of 16 rows transposed in groups
+ * of 4 bytes (lane i holding row i's bytes 4j .. 4j + 3), which a 4 x 4 transpose of 32-bit
+ * elements inside each 128-bit lane produces from four registers of four rows each; the
+ * activation's matching 4 bytes are broadcast to every lane. The weights stay where they are in
+ * the model's mapping: each group of 16 rows is transposed into registers as it is read, once
+ * per block and then used for 8 tokens (prefill) or one (decode).
+ *
+ * Integer ranges: vpdpbusd multiplies unsigned by signed bytes. Q4_0 quants enter as their
+ * nibbles 0..15 and the term 8 sum a is subtracted afterwards; Q8_0 quants w enter as w + 128
+ * (0..255) and the term 128 sum a is subtracted. Sums of 32 products stay far inside int32 (the
+ * instruction does not saturate). As everywhere, the activations hold -127..127.
+ *
+ * What must stay true: the integer block sums are exactly those of the reference vec_dot
+ * (quants.c); only the order of float additions across blocks differs (tests/test_gemm.c).
+ * Compiled without -mavx512*: each function carries a target attribute; the entries may only be
+ * installed when the CPU and the OS reported KIRI_CPU_AVX512 and KIRI_CPU_AVX512_VNNI.
+ */
+#include "cpu_kernels.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+/* Loops over the registers of a tile must be unrolled so they stay in registers. */
+#define UNROLL _Pragma("GCC unroll 8")
+/* The tile drivers take the type's quant unpacker as a constant argument: they must be inlined
+ * into each type's entry so the unpacker is inlined too. */
+#define SPECIALIZE __attribute__((always_inline))
+
+/* Blocks per pass over k: the per-pass tables of weight scales (16 rows per group) and token
+ * values (8 tokens) take at most CHUNK * 64 bytes per row group and CHUNK * 64 bytes per octet. */
+#define CHUNK 64
+/* Row groups of a tile whose scales are tabled at once (the tile is split beyond that). */
+#define MAX_GROUPS 8
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Row i of a tile of nr rows, repeating the last row past the end. */
+static inline const char *tile_row(const void *w, size_t ws, int64_t i, int64_t nr)
+{
+    return (const char *)w + (size_t)(i < nr ? i : nr - 1) * ws;
+}
+
+static inline uint16_t load_u16(const void *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Sum of the 32 activation values of a Q8_0 block. */
+AVX512 static inline int32_t sum_q8(const struct kiri_block_q8_0 *y)
+{
+    const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(h);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Transposing 16 rows
+ * ------------------------------------------------------------------------------------------- */
+
+/* 16 bytes at p[i] + off for rows i = 0..15, transposed: dword j of the result's lane i is
+ * bytes 4j .. 4j + 3 of row i (g[j] for j = 0..3). */
+AVX512 static inline void transpose16(const char *const p[16], size_t off, __m512i g[4])
+{
+    __m512i z[4];
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        z[k] = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p[k] + off)));
+        z[k] = _mm512_inserti32x4(z[k], _mm_loadu_si128((const __m128i *)(p[k + 4] + off)), 1);
+        z[k] = _mm512_inserti32x4(z[k], _mm_loadu_si128((const __m128i *)(p[k + 8] + off)), 2);
+        z[k] = _mm512_inserti32x4(z[k], _mm_loadu_si128((const __m128i *)(p[k + 12] + off)), 3);
+    }
+    /* 128-bit lane L of z[k] holds row 4L + k; transposing 4 x 4 dwords inside each lane puts
+     * row 4L + m in dword m of lane L, i.e. row i in dword i. */
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    g[0] = _mm512_unpacklo_epi64(t0, t2);
+    g[1] = _mm512_unpackhi_epi64(t0, t2);
+    g[2] = _mm512_unpacklo_epi64(t1, t3);
+    g[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* The 32 quants of block b of 16 rows as 8 registers of unsigned bytes: q[j] lane i holds row i's
+ * values 4j .. 4j + 3. Q4_0: the nibbles (values 0..15 are the low nibbles of bytes 0..15, values
+ * 16..31 the high ones). */
+AVX512 static inline void quants16_q4_0(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    __m512i g[4];
+    transpose16(rows, (size_t)b * sizeof(struct kiri_block_q4_0) + offsetof(struct kiri_block_q4_0, qs), g);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+        q[j] = _mm512_and_si512(g[j], m4);
+        q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(g[j], 4), m4);
+    }
+}
+
+/* Q8_0: the quants plus 128. */
+AVX512 static inline void quants16_q8_0(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    const size_t off = (size_t)b * sizeof(struct kiri_block_q8_0) + offsetof(struct kiri_block_q8_0, qs);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    transpose16(rows, off, q);
+    transpose16(rows, off + 16, q + 4);
+    UNROLL
+    for (int j = 0; j < 8; j++)
+        q[j] = _mm512_xor_si512(q[j], flip);
+}
+
+/* The scales of block b of 16 rows (blocks of `size` bytes whose first field is the F16 scale),
+ * as floats, one row per lane. */
+AVX512 static inline __m512 scales16(const char *const rows[16], int64_t b, size_t size)
+{
+    const __m256i h = _mm256_setr_epi16(
+        (short)load_i32(rows[0] + b * size), (short)load_i32(rows[1] + b * size), (short)load_i32(rows[2] + b * size),
+        (short)load_i32(rows[3] + b * size), (short)load_i32(rows[4] + b * size), (short)load_i32(rows[5] + b * size),
+        (short)load_i32(rows[6] + b * size), (short)load_i32(rows[7] + b * size), (short)load_i32(rows[8] + b * size),
+        (short)load_i32(rows[9] + b * size), (short)load_i32(rows[10] + b * size), (short)load_i32(rows[11] + b * size),
+        (short)load_i32(rows[12] + b * size), (short)load_i32(rows[13] + b * size), (short)load_i32(rows[14] + b * size),
+        (short)load_i32(rows[15] + b * size));
+    return _mm512_cvtph_ps(h);
+}
+
+/* The integer sums of 16 rows' block (q from quants16_*) with one activation block: lane i is
+ * sum over 32 values of q_i a. Two chains of four, so the instructions of one token overlap. */
+AVX512 static inline __m512i dot16(const __m512i q[8], const int8_t *a)
+{
+    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], _mm512_set1_epi32(load_i32(a)));
+    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], _mm512_set1_epi32(load_i32(a + 16)));
+    UNROLL
+    for (int j = 1; j < 4; j++) {
+        s0 = _mm512_dpbusd_epi32(s0, q[j], _mm512_set1_epi32(load_i32(a + 4 * j)));
+        s1 = _mm512_dpbusd_epi32(s1, q[j + 4], _mm512_set1_epi32(load_i32(a + 16 + 4 * j)));
+    }
+    return _mm512_add_epi32(s0, s1);
+}
+
+/* Stores 16 row results at out (rows below n only); the first pass over k stores, later passes
+ * add. */
+AVX512 static inline void put16(float *out, __m512 v, int64_t n, int first)
+{
+    const __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    if (!first)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, out));
+    _mm512_mask_storeu_ps(out, m, v);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tiles: token octets against row groups, single tokens against row groups
+ * ------------------------------------------------------------------------------------------- */
+
+typedef void (*quants16_fn)(const char *const rows[16], int64_t b, __m512i q[8]);
+
+/* tt tokens (8 or 16; those past nt repeat the last) from token t against up to MAX_GROUPS groups
+ * of 16 rows, over blocks b0 .. b0 + bn - 1 with the rows' scales in dw: per block and group the
+ * weights are transposed once and used for the tt tokens (tt accumulators of 16 rows). */
+AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quants16_fn quants, int bias,
+                                                 const void *a, size_t as, float *dst, size_t ds, int64_t nr,
+                                                 int64_t nt, int64_t t, int tt, int64_t b0, int64_t bn,
+                                                 __m512 dw[MAX_GROUPS][CHUNK])
+{
+    const int64_t ng = (nr + 15) / 16;
+    float dy[CHUNK][16];   /* the tokens' scales */
+    int32_t cy[CHUNK][16]; /* the tokens' bias * sum a */
+    const struct kiri_block_q8_0 *y[16];
+    for (int i = 0; i < tt; i++)
+        y[i] = (const struct kiri_block_q8_0 *)tile_row(a, as, t + i, nt) + b0;
+    for (int64_t b = 0; b < bn; b++)
+        for (int i = 0; i < tt; i++) {
+            dy[b][i] = _cvtsh_ss(y[i][b].d);
+            cy[b][i] = bias * sum_q8(&y[i][b]);
+        }
+    for (int64_t g = 0; g < ng; g++) {
+        const char *rows[16];
+        for (int i = 0; i < 16; i++)
+            rows[i] = tile_row(w, ws, 16 * g + i, nr);
+        __m512 acc[16];
+        _Pragma("GCC unroll 16")
+        for (int i = 0; i < tt; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < bn; b++) {
+            __m512i q[8];
+            quants(rows, b0 + b, q);
+            _Pragma("GCC unroll 16")
+            for (int i = 0; i < tt; i++) {
+                const __m512i s = _mm512_sub_epi32(dot16(q, y[i][b].qs), _mm512_set1_epi32(cy[b][i]));
+                const __m512 d = _mm512_mul_ps(dw[g][b], _mm512_set1_ps(dy[b][i]));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[i]);
+            }
+        }
+        for (int i = 0; i < tt && t + i < nt; i++)
+            put16(dst + (size_t)(t + i) * ds + (size_t)(16 * g), acc[i], nr - 16 * g, b0 == 0);
+    }
+}
+
+/* Up to MAX_GROUPS groups of 16 rows against every token of the tile: per pass over CHUNK blocks,
+ * the rows' scales are tabled once, then the tokens go 16 at a time (8 for a rest). */
+AVX512 SPECIALIZE static inline void tile_octets(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
+                                                 int bias, const void *a, size_t as, float *dst, size_t ds,
+                                                 int64_t nr, int64_t nt)
+{
+    const int64_t nb = k / KIRI_QK8_0;
+    const int64_t ng = (nr + 15) / 16;
+    __m512 dw[MAX_GROUPS][CHUNK]; /* the rows' scales of one pass */
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int64_t bn = min64(nb - b0, CHUNK);
+        for (int64_t g = 0; g < ng; g++) {
+            const char *rows[16];
+            for (int i = 0; i < 16; i++)
+                rows[i] = tile_row(w, ws, 16 * g + i, nr);
+            for (int64_t b = 0; b < bn; b++)
+                dw[g][b] = scales16(rows, b0 + b, bsize);
+        }
+        int64_t t = 0;
+        for (; nt - t >= 16; t += 16)
+            tile_tokens(w, ws, quants, bias, a, as, dst, ds, nr, nt, t, 16, b0, bn, dw);
+        for (; t < nt; t += 8)
+            tile_tokens(w, ws, quants, bias, a, as, dst, ds, nr, nt, t, 8, b0, bn, dw);
+    }
+}
+
+/* One token against the rows, 16 at a time, with the next group's rows prefetched (see
+ * prefetch_rows in gemm_avx2.c: each row is too short a stream for the hardware prefetcher). */
+AVX512 SPECIALIZE static inline void tile_rows(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
+                                    int bias, const void *a, float *out, int64_t nr)
+{
+    const struct kiri_block_q8_0 *y = a;
+    const int64_t nb = k / KIRI_QK8_0;
+    for (int64_t r = 0; r < nr; r += 16) {
+        const char *rows[16], *next[16];
+        for (int i = 0; i < 16; i++) {
+            rows[i] = tile_row(w, ws, r + i, nr);
+            next[i] = r + 16 < nr ? tile_row(w, ws, r + 16 + i, nr) : NULL;
+        }
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if (next[0] && (bsize >= 32 || !(b & 1))) { /* prefetches at most 64 bytes apart */
+                UNROLL
+                for (int i = 0; i < 16; i++)
+                    _mm_prefetch(next[i] + b * bsize, _MM_HINT_T0);
+            }
+            __m512i q[8];
+            quants(rows, b, q);
+            const __m512i s = _mm512_sub_epi32(dot16(q, y[b].qs), _mm512_set1_epi32(bias * sum_q8(&y[b])));
+            const __m512 d = _mm512_mul_ps(scales16(rows, b, bsize), _mm512_set1_ps(_cvtsh_ss(y[b].d)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+        }
+        put16(out + r, acc, nr - r, 1);
+    }
+}
+
+/* A tile: octets of tokens where at least three tokens remain, single tokens for the rest; the
+ * rows in pieces of MAX_GROUPS groups of 16. */
+AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants, int bias,
+                                 const void *a, size_t as, float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    int64_t t = 0;
+    if (nt >= 3) {
+        t = nt - nt % 8;
+        if (nt - t >= 3)
+            t = nt;
+        for (int64_t r = 0; r < nr; r += 16 * MAX_GROUPS)
+            tile_octets(k, (const char *)w + (size_t)r * ws, ws, bsize, quants, bias, a, as, dst + r, ds,
+                        min64(nr - r, 16 * MAX_GROUPS), t);
+    }
+    for (; t < nt; t++)
+        tile_rows(k, w, ws, bsize, quants, bias, (const char *)a + (size_t)t * as, dst + (size_t)t * ds, nr);
+}
+
+AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
+}
+
+AVX512 static void gemm_q8_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm16(k, w, ws, sizeof(struct kiri_block_q8_0), quants16_q8_0, 128, a, as, dst, ds, nr, nt);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * K-quants (Q4_K, Q6_K) against Q8_K activations. A super-block of 16 rows is unpacked once into
+ * 64 registers' worth of transposed quants (vector v: values 4v .. 4v + 3 of each row) and the
+ * rows' scales as vectors, then used for every token of an octet (or the one token).
+ * Q4_K: sum x a = d_a (d sum_s sc_s sum_32(q a) - dmin sum_s m_s (bsums of sub-block s)).
+ * Q6_K: sum x a = d_a d (sum_g sc_g sum_16(q a) - 32 sum_g sc_g bsums_g), q in 0..63.
+ * The bsum terms use vpdpwssd on int16 pairs: [m_s m_s] against bsums (2s, 2s + 1) for Q4_K,
+ * [sc_2i sc_2i+1] against bsums (2i, 2i + 1) for Q6_K.
+ * ------------------------------------------------------------------------------------------- */
+
+struct sb16 {
+    __m512i q[64];   /* transposed quants, unsigned: Q4_K 0..15, Q6_K 0..63 */
+    __m512i sc[16];  /* int32 scale of each row: Q4_K per sub-block of 32 (8), Q6_K per group of 16 */
+    __m512i mp[8];   /* int16 pairs for the bsums term */
+    __m512 d, dmin;  /* per row; dmin unused for Q6_K */
+};
+
+/* Q4_K block layout: d, dmin (F16), 12 bytes of scales and mins, 128 bytes of nibbles (chunk j of
+ * 32 bytes: low nibbles values 64j .. 64j + 31, high nibbles 64j + 32 ..). The scales of u. */
+AVX512 static inline void scales16_q4_K(const char *const rows[16], int64_t b, struct sb16 *u)
+{
+    const size_t base = (size_t)b * sizeof(struct kiri_block_q4_K);
+    __m512i g[4];
+    /* Bytes 0..15: [d dmin] [scales 0-3] [4-7] [8-11], one dword each. */
+    transpose16(rows, base, g);
+    u->d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g[0]));
+    u->dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g[0], 16)));
+    /* The word operations of get_scale_min_k4 (quants.c), on 16 rows at once. */
+    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m4 = _mm512_set1_epi32(0x0f0f0f0f),
+                  h2 = _mm512_set1_epi32(0x30303030);
+    const __m512i sc03 = _mm512_and_si512(g[1], m6);
+    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(g[3], m4), _mm512_and_si512(_mm512_srli_epi32(g[1], 2), h2));
+    const __m512i mn03 = _mm512_and_si512(g[2], m6);
+    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(g[3], 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi32(g[2], 2), h2));
+    const __m512i byte = _mm512_set1_epi32(0xFF);
+    UNROLL
+    for (int s = 0; s < 4; s++) {
+        u->sc[s] = _mm512_and_si512(_mm512_srli_epi32(sc03, 8 * s), byte);
+        u->sc[s + 4] = _mm512_and_si512(_mm512_srli_epi32(sc47, 8 * s), byte);
+        const __m512i m0 = _mm512_and_si512(_mm512_srli_epi32(mn03, 8 * s), byte);
+        const __m512i m1 = _mm512_and_si512(_mm512_srli_epi32(mn47, 8 * s), byte);
+        u->mp[s] = _mm512_or_si512(m0, _mm512_slli_epi32(m0, 16));
+        u->mp[s + 4] = _mm512_or_si512(m1, _mm512_slli_epi32(m1, 16));
+    }
+}
+
+/* The quants of chunk j (values 64j .. 64j + 63) into q[0..15] (vector v: values 64j + 4v ..). */
+AVX512 static inline void quants16_q4_K(const char *const rows[16], int64_t b, int j, __m512i q[16])
+{
+    const size_t qs = (size_t)b * sizeof(struct kiri_block_q4_K) + offsetof(struct kiri_block_q4_K, qs) + 32 * (size_t)j;
+    const __m512i m4b = _mm512_set1_epi8(0x0F);
+    __m512i g[4];
+    transpose16(rows, qs, g);
+    UNROLL
+    for (int m = 0; m < 4; m++) {
+        q[m] = _mm512_and_si512(g[m], m4b);
+        q[8 + m] = _mm512_and_si512(_mm512_srli_epi16(g[m], 4), m4b);
+    }
+    transpose16(rows, qs + 16, g);
+    UNROLL
+    for (int m = 0; m < 4; m++) {
+        q[4 + m] = _mm512_and_si512(g[m], m4b);
+        q[12 + m] = _mm512_and_si512(_mm512_srli_epi16(g[m], 4), m4b);
+    }
+}
+
+AVX512 static inline void unpack16_q4_K(const char *const rows[16], int64_t b, struct sb16 *u)
+{
+    scales16_q4_K(rows, b, u);
+    UNROLL
+    for (int j = 0; j < 4; j++)
+        quants16_q4_K(rows, b, j, u->q + 16 * j);
+}
+
+/* Q6_K block layout: ql (128), qh (64), scales (16 int8), d (F16). Half h of 128 values: value
+ * 128h + 32c + l (c = 0..3, l = 0..31) has its low 4 bits in ql[64h + l + 32 (c & 1)] (low nibble
+ * for c < 2, high for c >= 2) and its high 2 bits at bit 2c of qh[32h + l]. */
+/* The quants of values 128h + 32c + 16 part + 4m (c, m = 0..3) into q[4c + m]: the groups of 16
+ * values 8h + 2c + part. */
+AVX512 static inline void quants16_q6_K(const char *const rows[16], int64_t b, int h, int part, __m512i q[16])
+{
+    const size_t base = (size_t)b * sizeof(struct kiri_block_q6_K);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512i la[4], lb[4], hb[4];
+    transpose16(rows, base + 64 * (size_t)h + 16 * (size_t)part, la);
+    transpose16(rows, base + 64 * (size_t)h + 32 + 16 * (size_t)part, lb);
+    transpose16(rows, base + offsetof(struct kiri_block_q6_K, qh) + 32 * (size_t)h + 16 * (size_t)part, hb);
+    UNROLL
+    for (int m = 0; m < 4; m++) {
+        q[m] = _mm512_or_si512(_mm512_and_si512(la[m], m4), _mm512_and_si512(_mm512_slli_epi16(hb[m], 4), m30));
+        q[4 + m] = _mm512_or_si512(_mm512_and_si512(lb[m], m4), _mm512_and_si512(_mm512_slli_epi16(hb[m], 2), m30));
+        q[8 + m] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(la[m], 4), m4), _mm512_and_si512(hb[m], m30));
+        q[12 + m] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lb[m], 4), m4),
+                                    _mm512_and_si512(_mm512_srli_epi16(hb[m], 2), m30));
+    }
+}
+
+/* The scales of u (Q6_K). */
+AVX512 static inline void scales16_q6_K(const char *const rows[16], int64_t b, struct sb16 *u)
+{
+    const size_t base = (size_t)b * sizeof(struct kiri_block_q6_K);
+    __m512i g[4];
+    transpose16(rows, base + offsetof(struct kiri_block_q6_K, scales), g);
+    UNROLL
+    for (int c = 0; c < 4; c++) {
+        UNROLL
+        for (int i = 0; i < 4; i++) /* scale 4c + i: byte i of dword c, sign-extended */
+            u->sc[4 * c + i] = _mm512_srai_epi32(_mm512_slli_epi32(g[c], 24 - 8 * i), 24);
+        /* Words [sc_4c sc_4c+1] and [sc_4c+2 sc_4c+3], each sign-extended. */
+        const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(g[c], 8), 8); /* [s0 s2] */
+        const __m512i odd = _mm512_srai_epi16(g[c], 8);                         /* [s1 s3] */
+        u->mp[2 * c] = _mm512_mask_blend_epi16(0xAAAAAAAA, even, _mm512_slli_epi32(odd, 16));
+        u->mp[2 * c + 1] = _mm512_mask_blend_epi16(0xAAAAAAAA, _mm512_srli_epi32(even, 16), odd);
+    }
+    const size_t od = base + offsetof(struct kiri_block_q6_K, d);
+    const __m256i dh = _mm256_setr_epi16(
+        (short)load_u16(rows[0] + od), (short)load_u16(rows[1] + od), (short)load_u16(rows[2] + od),
+        (short)load_u16(rows[3] + od), (short)load_u16(rows[4] + od), (short)load_u16(rows[5] + od),
+        (short)load_u16(rows[6] + od), (short)load_u16(rows[7] + od), (short)load_u16(rows[8] + od),
+        (short)load_u16(rows[9] + od), (short)load_u16(rows[10] + od), (short)load_u16(rows[11] + od),
+        (short)load_u16(rows[12] + od), (short)load_u16(rows[13] + od), (short)load_u16(rows[14] + od),
+        (short)load_u16(rows[15] + od));
+    u->d = _mm512_cvtph_ps(dh);
+    u->dmin = _mm512_setzero_ps();
+}
+
+AVX512 static inline void unpack16_q6_K(const char *const rows[16], int64_t b, struct sb16 *u)
+{
+    scales16_q6_K(rows, b, u);
+    UNROLL
+    for (int h = 0; h < 2; h++)
+        UNROLL
+        for (int part = 0; part < 2; part++) {
+            __m512i q[16];
+            quants16_q6_K(rows, b, h, part, q);
+            UNROLL
+            for (int c = 0; c < 4; c++)
+                UNROLL
+                for (int m = 0; m < 4; m++) /* values 128h + 32c + 16 part + 4m */
+                    u->q[32 * h + 8 * c + 4 * part + m] = q[4 * c + m];
+        }
+}
+
+/* The sum over n vectors of the transposed quants from vector v0 on, against the activation
+ * values from 4 v0 on: lane i is row i's integer sum. Two chains. */
+AVX512 static inline __m512i dot_k(const __m512i *q, const int8_t *a, int n)
+{
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    UNROLL
+    for (int v = 0; v < n; v += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, q[v], _mm512_set1_epi32(load_i32(a + 4 * v)));
+        s1 = _mm512_dpbusd_epi32(s1, q[v + 1], _mm512_set1_epi32(load_i32(a + 4 * v + 4)));
+    }
+    return _mm512_add_epi32(s0, s1);
+}
+
+/* The bsums term and the float update of one token (integer sums isum) into acc. */
+AVX512 static inline __m512 finish_k(const struct sb16 *u, const struct kiri_block_q8_K *y, int q6, __m512i isum, __m512 acc)
+{
+    __m512i ib = _mm512_setzero_si512();
+    UNROLL
+    for (int i = 0; i < 8; i++)
+        ib = _mm512_dpwssd_epi32(ib, u->mp[i], _mm512_set1_epi32(load_i32(y->bsums + 2 * i)));
+    const __m512 dy = _mm512_set1_ps(y->d);
+    if (q6) {
+        const __m512i s = _mm512_sub_epi32(isum, _mm512_slli_epi32(ib, 5));
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(u->d, dy), acc);
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(u->d, dy), acc);
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_mul_ps(u->dmin, dy), acc);
+}
+
+/* One token against super-block b of 16 rows with the quants unpacked straight into registers
+ * (nothing to share with other tokens): u receives only the scales. */
+AVX512 static inline __m512 token1_q4_K(const char *const rows[16], int64_t b, const struct kiri_block_q8_K *y,
+                                        struct sb16 *u, __m512 acc)
+{
+    scales16_q4_K(rows, b, u);
+    __m512i isum = _mm512_setzero_si512();
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+        __m512i q[16];
+        quants16_q4_K(rows, b, j, q);
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_k(q, y->qs + 64 * j, 8), u->sc[2 * j]));
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_k(q + 8, y->qs + 64 * j + 32, 8), u->sc[2 * j + 1]));
+    }
+    return finish_k(u, y, 0, isum, acc);
+}
+
+AVX512 static inline __m512 token1_q6_K(const char *const rows[16], int64_t b, const struct kiri_block_q8_K *y,
+                                        struct sb16 *u, __m512 acc)
+{
+    scales16_q6_K(rows, b, u);
+    __m512i isum = _mm512_setzero_si512();
+    UNROLL
+    for (int h = 0; h < 2; h++)
+        UNROLL
+        for (int part = 0; part < 2; part++) {
+            __m512i q[16];
+            quants16_q6_K(rows, b, h, part, q);
+            UNROLL
+            for (int c = 0; c < 4; c++) {
+                const int g = 8 * h + 2 * c + part;
+                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_k(q + 4 * c, y->qs + 16 * g, 4), u->sc[g]));
+            }
+        }
+    return finish_k(u, y, 1, isum, acc);
+}
+
+/* n tokens (8 or 16) against an unpacked super-block: for each group of quants (held in
+ * registers) every token's sum, so the quants are loaded once per group, not once per token. */
+AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct kiri_block_q8_K *const *y, int64_t b,
+                                              int n, int q6, __m512 *acc)
+{
+    __m512i isum[16];
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < n; i++)
+        isum[i] = _mm512_setzero_si512();
+    const int ng = q6 ? 16 : 8, per = q6 ? 4 : 8;
+    UNROLL
+    for (int g = 0; g < ng; g++) {
+        __m512i q[8];
+        UNROLL
+        for (int v = 0; v < per; v++)
+            q[v] = u->q[per * g + v];
+        _Pragma("GCC unroll 16")
+        for (int i = 0; i < n; i++)
+            isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(dot_k(q, y[i][b].qs + 4 * per * g, per), u->sc[g]));
+    }
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < n; i++)
+        acc[i] = finish_k(u, &y[i][b], q6, isum[i], acc[i]);
+}
+
+typedef void (*unpack16_fn)(const char *const rows[16], int64_t b, struct sb16 *u);
+typedef __m512 (*token1_fn)(const char *const rows[16], int64_t b, const struct kiri_block_q8_K *y,
+                            struct sb16 *u, __m512 acc);
+
+/* A tile of K-quant rows: per group of 16 rows and super-block, one unpack serves an octet of
+ * tokens (or the single tokens left over, 1 or 2). */
+AVX512 SPECIALIZE static inline void gemm16_k(int64_t k, const void *w, size_t ws, size_t bsize, unpack16_fn unpack,
+                                              token1_fn token1, int q6, const void *a, size_t as, float *dst, size_t ds,
+                                              int64_t nr, int64_t nt)
+{
+    const int64_t nb = k / KIRI_QK_K;
+    struct sb16 u;
+    int64_t t_oct = nt < 3 ? 0 : nt - nt % 8;
+    if (nt >= 3 && nt - t_oct >= 3)
+        t_oct = nt;
+    for (int64_t r = 0; r < nr; r += 16) {
+        const char *rows[16], *next[16];
+        for (int i = 0; i < 16; i++) {
+            rows[i] = tile_row(w, ws, r + i, nr);
+            next[i] = r + 16 < nr ? tile_row(w, ws, r + 16 + i, nr) : NULL;
+        }
+        int64_t t = 0;
+        for (; t_oct - t >= 16; t += 16) { /* 16 tokens per unpack while they last */
+            const struct kiri_block_q8_K *y[16];
+            for (int i = 0; i < 16; i++)
+                y[i] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t + i) * as);
+            __m512 acc[16];
+            UNROLL
+            for (int i = 0; i < 16; i++)
+                acc[i] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                unpack(rows, b, &u);
+                tokens_k(&u, y, b, 16, q6, acc);
+            }
+            for (int i = 0; i < 16; i++)
+                put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, 1);
+        }
+        for (; t < t_oct; t += 8) {
+            const struct kiri_block_q8_K *y[8];
+            for (int i = 0; i < 8; i++)
+                y[i] = (const struct kiri_block_q8_K *)tile_row(a, as, t + i, t_oct);
+            __m512 acc[8];
+            UNROLL
+            for (int i = 0; i < 8; i++)
+                acc[i] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                unpack(rows, b, &u);
+                tokens_k(&u, y, b, 8, q6, acc);
+            }
+            for (int i = 0; i < 8 && t + i < t_oct; i++)
+                put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, 1);
+        }
+        for (t = t_oct; t < nt; t++) {
+            const struct kiri_block_q8_K *y = (const struct kiri_block_q8_K *)((const char *)a + (size_t)t * as);
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                if (next[0] && t == t_oct) {
+                    UNROLL
+                    for (int i = 0; i < 16; i++)
+                        for (size_t o = 0; o < bsize; o += 64)
+                            _mm_prefetch(next[i] + (size_t)b * bsize + o, _MM_HINT_T0);
+                }
+                acc = token1(rows, b, &y[b], &u, acc);
+            }
+            put16(dst + (size_t)t * ds + (size_t)r, acc, nr - r, 1);
+        }
+    }
+}
+
+AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm16_k(k, w, ws, sizeof(struct kiri_block_q4_K), unpack16_q4_K, token1_q4_K, 0, a, as, dst, ds, nr, nt);
+}
+
+AVX512 static void gemm_q6_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm16_k(k, w, ws, sizeof(struct kiri_block_q6_K), unpack16_q6_K, token1_q6_K, 1, a, as, dst, ds, nr, nt);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Table
+ * ------------------------------------------------------------------------------------------- */
+
+void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
+{
+    k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx512;
+    k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx512;
+    k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx512;
+    k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx512;
+    k->path = "avx2+avx512vnni";
+}
+
+#else
+typedef int kiri_gemm_avx512_unused; /* an empty translation unit is not valid ISO C */
+#endif

@@ -1,0 +1,372 @@
+/* AVX2 (with FMA and F16C) versions of the row operations of ops.c that cost time in a step:
+ * attention over an F16 or F32 key/value cache, one head or a group of heads sharing a key/value
+ * head (the per-token cost of decoding grows with the context through it, and prefill's with the
+ * square of the prompt).
+ *
+ * What must stay true: the same numerics as kiri_cpu_attend_head in ops.c (the query rounded to
+ * F16 for an F16 cache, scores scaled after the dot product, the softmax denominator summed in
+ * double, the attention weights rounded to F16 for an F16 cache), differing only in the order of
+ * float additions and in exp, which is a polynomial within 2 ulp of expf. Other cache types and
+ * head sizes that are not a multiple of 8 go to the reference kernel.
+ *
+ * Compiled without -mavx2: each function carries a target attribute; the table entries may only
+ * be installed after the CPU and the OS reported KIRI_CPU_AVX2.
+ */
+#include "cpu_kernels.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <math.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+/* Loops over the registers of a tile must be unrolled so their accumulators stay in registers. */
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* ---------------------------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------------------------- */
+
+/* e^x for x <= 0 (scores minus their maximum): x = n ln2 + r with |r| <= ln2 / 2, e^r by its
+ * Taylor polynomial to degree 7 (truncation below 1e-8 relative), 2^n put into the exponent.
+ * Results below the smallest normal float flush to 0. NaN propagates. */
+AVX2 static inline __m256 exp_neg(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(lo, x); /* a NaN x is kept (max returns its second operand then) */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    const __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    return _mm256_andnot_ps(under, y);
+}
+
+/* 8 values of a cache row (F16 or F32) at element i, as floats. */
+AVX2 static inline __m256 load_kv(const void *row, int f16, int i)
+{
+    if (f16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const kiri_f16 *)row + i)));
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+/* Rounds 8 floats through F16 and back, as an F16 cache's products do. */
+AVX2 static inline __m256 round_f16(__m256 v)
+{
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention
+ * ------------------------------------------------------------------------------------------- */
+
+/* Scores of keys j .. j + 3 (rows k0..k3) against qr: [s0 s1 s2 s3], unscaled. */
+AVX2 static inline __m128 scores4(const float *qr, const void *k0, const void *k1, const void *k2,
+                                  const void *k3, int f16, int d)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(qr + i);
+        a0 = _mm256_fmadd_ps(qv, load_kv(k0, f16, i), a0);
+        a1 = _mm256_fmadd_ps(qv, load_kv(k1, f16, i), a1);
+        a2 = _mm256_fmadd_ps(qv, load_kv(k2, f16, i), a2);
+        a3 = _mm256_fmadd_ps(qv, load_kv(k3, f16, i), a3);
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+AVX2 static void attend_head_avx2(const float *q, const void *k, size_t k_stride, const void *v,
+                                  size_t v_stride, int kv_type, const int32_t *slots, int n_kv,
+                                  int head_dim, float scale, float *scratch, float *out)
+{
+    const int d = head_dim;
+    if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 8 != 0 || d > 1024 || d <= 0) {
+        kiri_cpu_attend_head(q, k, k_stride, v, v_stride, kv_type, slots, n_kv, head_dim, scale,
+                             scratch, out);
+        return;
+    }
+    const int f16 = kv_type == KIRI_TYPE_F16;
+    float qr[1024];
+    for (int i = 0; i < d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        _mm256_storeu_ps(qr + i, f16 ? round_f16(qv) : qv);
+    }
+#define KROW(j) ((const char *)k + (size_t)slots[j] * k_stride)
+#define VROW(j) ((const char *)v + (size_t)slots[j] * v_stride)
+
+    /* Scores, scaled, and their maximum. */
+    const __m128 sc = _mm_set1_ps(scale);
+    __m128 vmax = _mm_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 4 <= n_kv; j += 4) {
+        const __m128 s = _mm_mul_ps(scores4(qr, KROW(j), KROW(j + 1), KROW(j + 2), KROW(j + 3), f16, d), sc);
+        _mm_storeu_ps(scratch + j, s);
+        vmax = _mm_max_ps(vmax, s);
+    }
+    if (j < n_kv) {
+        const int l = n_kv - 1;
+        const __m128 s = _mm_mul_ps(scores4(qr, KROW(j), KROW(j + 1 <= l ? j + 1 : l),
+                                            KROW(j + 2 <= l ? j + 2 : l), KROW(l), f16, d),
+                                    sc);
+        float t[4];
+        _mm_storeu_ps(t, s);
+        for (int i = 0; j + i < n_kv; i++) {
+            scratch[j + i] = t[i];
+            vmax = _mm_max_ss(vmax, _mm_set_ss(t[i]));
+        }
+    }
+    vmax = _mm_max_ps(vmax, _mm_movehl_ps(vmax, vmax));
+    vmax = _mm_max_ss(vmax, _mm_movehdup_ps(vmax));
+    const float max = _mm_cvtss_f32(vmax);
+
+    /* Softmax numerators in place, their sum in double. */
+    const __m256 m8 = _mm256_set1_ps(max);
+    __m256d sum4 = _mm256_setzero_pd();
+    j = 0;
+    for (; j + 8 <= n_kv; j += 8) {
+        const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scratch + j), m8));
+        _mm256_storeu_ps(scratch + j, e);
+        sum4 = _mm256_add_pd(sum4, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)),
+                                                 _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1))));
+    }
+    double sum = 0.0;
+    {
+        double t[4];
+        _mm256_storeu_pd(t, sum4);
+        sum = (t[0] + t[1]) + (t[2] + t[3]);
+    }
+    for (; j < n_kv; j++) {
+        const float e = expf(scratch[j] - max);
+        scratch[j] = e;
+        sum += (double)e;
+    }
+    const float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+
+    /* Weights (rounded to F16 for an F16 cache), then the weighted sum of value rows, 64 values
+     * of the head at a time in registers. */
+    const __m256 inv8 = _mm256_set1_ps(inv);
+    j = 0;
+    for (; j + 8 <= n_kv; j += 8) {
+        const __m256 w = _mm256_mul_ps(_mm256_loadu_ps(scratch + j), inv8);
+        _mm256_storeu_ps(scratch + j, f16 ? round_f16(w) : w);
+    }
+    for (; j < n_kv; j++) {
+        const float w = scratch[j] * inv;
+        scratch[j] = f16 ? _cvtsh_ss(_cvtss_sh(w, _MM_FROUND_TO_NEAREST_INT)) : w;
+    }
+    for (int c0 = 0; c0 < d; c0 += 64) {
+        const int nc = d - c0 < 64 ? (d - c0) / 8 : 8;
+        __m256 o[8];
+        UNROLL
+        for (int c = 0; c < 8; c++)
+            o[c] = _mm256_setzero_ps();
+        if (nc == 8) {
+            for (j = 0; j < n_kv; j++) {
+                const __m256 w = _mm256_broadcast_ss(scratch + j);
+                const char *vr = VROW(j);
+                UNROLL
+                for (int c = 0; c < 8; c++)
+                    o[c] = _mm256_fmadd_ps(w, load_kv(vr, f16, c0 + 8 * c), o[c]);
+            }
+        } else {
+            for (j = 0; j < n_kv; j++) {
+                const __m256 w = _mm256_broadcast_ss(scratch + j);
+                const char *vr = VROW(j);
+                for (int c = 0; c < nc; c++)
+                    o[c] = _mm256_fmadd_ps(w, load_kv(vr, f16, c0 + 8 * c), o[c]);
+            }
+        }
+        for (int c = 0; c < nc; c++)
+            _mm256_storeu_ps(out + c0 + 8 * c, o[c]);
+    }
+#undef KROW
+#undef VROW
+}
+
+/* The 8 lanes' sums of 8 vectors, in order: [sum(a0) .. sum(a7)]. */
+AVX2 static inline __m256 fold8(const __m256 a[8])
+{
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+}
+
+/* Up to 8 query heads sharing one key/value head (grouped-query attention), each with the result
+ * of attend_head_avx2: every key and value row is read and widened once for all of them.
+ * scratch holds n_kv * 8 floats: the scores, then the weights, of key j for head i at 8j + i.
+ * Heads past n_q repeat the last one (their results are dropped). head_dim is a multiple of 16,
+ * at most 256; the cache F16 or F32. */
+AVX2 static void attend_group8(const float *q, size_t q_stride, int n_q, const void *k, size_t k_stride,
+                               const void *v, size_t v_stride, int f16, const int32_t *slots, int n_kv,
+                               int d, float scale, float *scratch, float *out, size_t out_stride)
+{
+    float qr[8][256];
+    for (int h = 0; h < 8; h++) {
+        const float *qh = q + (size_t)(h < n_q ? h : n_q - 1) * q_stride;
+        for (int i = 0; i < d; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(qh + i);
+            _mm256_storeu_ps(&qr[h][i], f16 ? round_f16(qv) : qv);
+        }
+    }
+#define KROW(j) ((const char *)k + (size_t)slots[j] * k_stride)
+#define VROW(j) ((const char *)v + (size_t)slots[j] * v_stride)
+    /* Scores of key j for the 8 heads, scaled, and their maxima per head. */
+    const __m256 sc = _mm256_set1_ps(scale);
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int j = 0; j < n_kv; j++) {
+        const char *kr = KROW(j);
+        __m256 acc[8];
+        UNROLL
+        for (int h = 0; h < 8; h++)
+            acc[h] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8) {
+            const __m256 kv = load_kv(kr, f16, i);
+            UNROLL
+            for (int h = 0; h < 8; h++)
+                acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(&qr[h][i]), kv, acc[h]);
+        }
+        const __m256 s = _mm256_mul_ps(fold8(acc), sc);
+        _mm256_storeu_ps(scratch + 8 * (size_t)j, s);
+        vmax = _mm256_max_ps(vmax, s);
+    }
+    /* Softmax numerators, their sums in double, then the weights. */
+    __m256d sum_lo = _mm256_setzero_pd(), sum_hi = _mm256_setzero_pd();
+    for (int j = 0; j < n_kv; j++) {
+        const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scratch + 8 * (size_t)j), vmax));
+        _mm256_storeu_ps(scratch + 8 * (size_t)j, e);
+        sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double sums[8];
+    _mm256_storeu_pd(sums, sum_lo);
+    _mm256_storeu_pd(sums + 4, sum_hi);
+    float invs[8];
+    for (int h = 0; h < 8; h++)
+        invs[h] = sums[h] > 0.0 ? (float)(1.0 / sums[h]) : 0.0f;
+    const __m256 inv = _mm256_loadu_ps(invs);
+    for (int j = 0; j < n_kv; j++) {
+        const __m256 w = _mm256_mul_ps(_mm256_loadu_ps(scratch + 8 * (size_t)j), inv);
+        _mm256_storeu_ps(scratch + 8 * (size_t)j, f16 ? round_f16(w) : w);
+    }
+    /* Weighted sums of the value rows: 4 heads x 16 values in registers per pass over the keys. */
+    for (int h0 = 0; h0 < n_q && h0 < 8; h0 += 4) {
+        for (int c = 0; c < d; c += 16) {
+            __m256 o[4][2];
+            UNROLL
+            for (int h = 0; h < 4; h++)
+                o[h][0] = o[h][1] = _mm256_setzero_ps();
+            for (int j = 0; j < n_kv; j++) {
+                const char *vr = VROW(j);
+                const __m256 v0 = load_kv(vr, f16, c), v1 = load_kv(vr, f16, c + 8);
+                UNROLL
+                for (int h = 0; h < 4; h++) {
+                    const __m256 w = _mm256_broadcast_ss(scratch + 8 * (size_t)j + h0 + h);
+                    o[h][0] = _mm256_fmadd_ps(w, v0, o[h][0]);
+                    o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
+                }
+            }
+            for (int h = 0; h < 4 && h0 + h < n_q; h++) {
+                _mm256_storeu_ps(out + (size_t)(h0 + h) * out_stride + c, o[h][0]);
+                _mm256_storeu_ps(out + (size_t)(h0 + h) * out_stride + c + 8, o[h][1]);
+            }
+        }
+    }
+#undef KROW
+#undef VROW
+}
+
+/* n_q query heads sharing one key/value head: groups of up to 8 through attend_group8 where that
+ * pays (4 or more heads, a supported cache type and head size), else one head at a time. */
+AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, const void *k, size_t k_stride,
+                                   const void *v, size_t v_stride, int kv_type, const int32_t *slots,
+                                   int n_kv, int head_dim, float scale, float *scratch, float *out,
+                                   size_t out_stride)
+{
+    const int ok = (kv_type == KIRI_TYPE_F16 || kv_type == KIRI_TYPE_F32) && head_dim % 16 == 0 &&
+                   head_dim > 0 && head_dim <= 256;
+    int h = 0;
+    if (ok)
+        for (; n_q - h >= 4; h += 8)
+            attend_group8(q + (size_t)h * q_stride, q_stride, n_q - h < 8 ? n_q - h : 8, k, k_stride, v,
+                          v_stride, kv_type == KIRI_TYPE_F16, slots, n_kv, head_dim, scale, scratch,
+                          out + (size_t)h * out_stride, out_stride);
+    for (; h < n_q; h++)
+        attend_head_avx2(q + (size_t)h * q_stride, k, k_stride, v, v_stride, kv_type, slots, n_kv, head_dim,
+                         scale, scratch, out + (size_t)h * out_stride);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Element-wise rows
+ * ------------------------------------------------------------------------------------------- */
+
+/* y = silu(g) u with silu(g) = g sigmoid(g); sigmoid from t = e^-|g| (never overflows) as 1/(1+t)
+ * for g >= 0 and t/(1+t) below: within a few ulp of the reference's g / (1 + expf(-g)). */
+AVX2 static void swiglu_row_avx2(const float *g, const float *u, float *y, int64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 t = exp_neg(_mm256_or_ps(gv, sign)); /* e^-|g| */
+        const __m256 den = _mm256_add_ps(one, t);
+        const __m256 neg = _mm256_cmp_ps(gv, _mm256_setzero_ps(), _CMP_LT_OQ);
+        const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, t, neg), den);
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+    }
+    if (i < n)
+        kiri_cpu_swiglu_row(g + i, u + i, y + i, n - i);
+}
+
+/* The reference's numerics: squares in float, their sum in double, the scale in float. */
+AVX2 static void rms_norm_row_avx2(const float *x, const float *w, float *y, int64_t n, float eps)
+{
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 sq = _mm256_mul_ps(v, v);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+    }
+    double t[4];
+    _mm256_storeu_pd(t, _mm256_add_pd(s0, s1));
+    double sum = (t[0] + t[1]) + (t[2] + t[3]);
+    for (int64_t j = i; j < n; j++)
+        sum += (double)(x[j] * x[j]);
+    const float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sc);
+        _mm256_storeu_ps(y + i, w ? _mm256_mul_ps(v, _mm256_loadu_ps(w + i)) : v);
+    }
+    for (; i < n; i++)
+        y[i] = (x[i] * scale) * (w ? w[i] : 1.0f);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Table
+ * ------------------------------------------------------------------------------------------- */
+
+void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k)
+{
+    k->attend_head = attend_head_avx2;
+    k->attend_group = attend_group_avx2;
+    k->swiglu_row = swiglu_row_avx2;
+    k->rms_norm_row = rms_norm_row_avx2;
+}
+
+#else
+typedef int kiri_ops_avx2_unused; /* an empty translation unit is not valid ISO C */
+#endif

@@ -1,0 +1,268 @@
+/* Tests of the gemm kernels (kernels/cpu/gemm_avx2.c, gemm_avx512.c): every tile entry against the reference
+ * vec_dot of quants.c, one dot per (row, token), on random rows quantized by the reference
+ * quantizers. The shapes cover the kernels' micro-tile edges (rows and tokens that are not
+ * multiples of four, single tokens and single rows), several passes over the token side (k
+ * beyond one chunk of 128 blocks), padded row strides and a padded output stride whose padding
+ * must stay untouched; data patterns include rows at the extremes of the integer ranges (the
+ * largest 4-bit and 6-bit quants against activations of 127) and Q8_0 weights holding -128.
+ *
+ * Tolerance: the kernels compute the same integer block sums as the reference and add the
+ * blocks' float contributions in another order, so they may differ by a few float roundings of
+ * the sum of the magnitudes; the bound used is 1e-4 of sum |w_i| |a_i| (dequantized weights,
+ * float activations) plus 1e-5 of |reference|. A wrong block, scale or lane is off by far more. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "../kernels/cpu/cpu_kernels.h"
+#include "../runtime/platform.h"
+#include "test.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+
+static uint64_t rnd_u64(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rnd_sym(void) /* [-1, 1) */
+{
+    return (float)((double)(rnd_u64() >> 11) / 4503599627370496.0 - 1.0);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "test_gemm: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static size_t row_bytes(int type, int64_t k)
+{
+    return (size_t)(k / kiri_type_block_size(type)) * kiri_type_size(type);
+}
+
+enum pattern {
+    PATTERN_RANDOM,  /* uniform values, some blocks scaled down by 1000 */
+    PATTERN_EXTREME  /* activations all 1 (quantized to 127); weights at the ends of their range */
+};
+
+static void fill(float *x, int64_t n, enum pattern p, int is_weight)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (p == PATTERN_EXTREME)
+            /* One value of -1 per 16 and the rest 7/8: Q4_0 then holds nibbles 0 and 15. */
+            x[i] = !is_weight ? 1.0f : (i % 16 == 0 ? -1.0f : 0.875f);
+        else
+            x[i] = rnd_sym() * ((i / 32) % 7 == 3 ? 0.001f : 1.0f);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The check
+ * ------------------------------------------------------------------------------------------- */
+
+struct shape {
+    int64_t nr, nt;
+};
+
+static const struct shape shapes[] = {
+    {1, 1}, {3, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {13, 1}, {1, 2}, {4, 2}, {7, 3},
+    {1, 4}, {4, 4}, {5, 4}, {8, 5}, {3, 6}, {16, 7}, {17, 8}, {2, 9}, {9, 13},
+};
+
+/* Runs gemm on an (nr, nt) tile of k and compares with the reference; returns the number of
+ * mismatches (each also a failed check). */
+static int check_tile(int type, kiri_gemm_fn gemm, const struct kiri_cpu_kernels *ref, int64_t k,
+                      struct shape s, enum pattern p)
+{
+    const int vt = kiri_cpu_vec_dot_type(type);
+    const size_t w_pad = 32, a_pad = 64, d_pad = 3;
+    const size_t ws = row_bytes(type, k) + w_pad, as = row_bytes(vt, k) + a_pad;
+    const size_t ds = (size_t)s.nr + d_pad;
+    float *wf = xmalloc((size_t)(s.nr * k) * sizeof *wf);
+    float *af = xmalloc((size_t)(s.nt * k) * sizeof *af);
+    float *deq = xmalloc((size_t)k * sizeof *deq);
+    unsigned char *w = xmalloc(ws * (size_t)s.nr);
+    unsigned char *a = xmalloc(as * (size_t)s.nt);
+    float *dst = xmalloc(ds * (size_t)s.nt * sizeof *dst);
+    fill(wf, s.nr * k, p, 1);
+    fill(af, s.nt * k, p, 0);
+    memset(w, 0xA5, ws * (size_t)s.nr);
+    memset(a, 0x5A, as * (size_t)s.nt);
+    for (int64_t r = 0; r < s.nr; r++) {
+        CHECK(kiri_cpu_quantize_row(type, wf + r * k, w + (size_t)r * ws, k) == row_bytes(type, k));
+        if (type == KIRI_TYPE_Q8_0 && p == PATTERN_RANDOM) { /* weights (not activations) may hold -128 */
+            struct kiri_block_q8_0 *b = (struct kiri_block_q8_0 *)(w + (size_t)r * ws);
+            b[0].qs[(r * 5) % 32] = -128;
+        }
+    }
+    for (int64_t t = 0; t < s.nt; t++)
+        CHECK(kiri_cpu_quantize_row(vt, af + t * k, a + (size_t)t * as, k) == row_bytes(vt, k));
+    for (size_t i = 0; i < ds * (size_t)s.nt; i++)
+        dst[i] = NAN;
+
+    gemm(k, w, ws, a, as, dst, ds, s.nr, s.nt);
+
+    int bad = 0;
+    for (int64_t r = 0; r < s.nr; r++) {
+        kiri_cpu_dequantize_row(type, w + (size_t)r * ws, deq, k);
+        for (int64_t t = 0; t < s.nt; t++) {
+            float want;
+            ref->vec_dot[type](k, &want, w + (size_t)r * ws, a + (size_t)t * as);
+            double mag = 0;
+            for (int64_t i = 0; i < k; i++)
+                mag += fabs((double)deq[i] * (double)af[t * k + i]);
+            const double tol = 1e-4 * mag + 1e-5 * fabs((double)want) + 1e-30;
+            const float got = dst[(size_t)t * ds + (size_t)r];
+            if (!(fabs((double)got - (double)want) <= tol)) {
+                if (bad++ < 3)
+                    fprintf(stderr, "  %s k=%lld tile %lldx%lld pattern %d: row %lld token %lld\n",
+                            kiri_type_name(type), (long long)k, (long long)s.nr, (long long)s.nt,
+                            (int)p, (long long)r, (long long)t);
+                CHECK_NEAR(got, want, tol);
+            }
+        }
+    }
+    for (int64_t t = 0; t < s.nt; t++)
+        for (size_t i = (size_t)s.nr; i < ds; i++)
+            if (!isnan(dst[(size_t)t * ds + i])) {
+                bad++;
+                CHECK(isnan(dst[(size_t)t * ds + i])); /* padding written */
+            }
+    free(wf);
+    free(af);
+    free(deq);
+    free(w);
+    free(a);
+    free(dst);
+    return bad;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tests
+ * ------------------------------------------------------------------------------------------- */
+
+struct type_case {
+    int type;
+    int64_t k[5]; /* 0 ends the list */
+};
+
+static const struct type_case type_cases[] = {
+    {KIRI_TYPE_Q4_0, {32, 96, 2048, 32 * 133, 0}},
+    {KIRI_TYPE_Q8_0, {32, 160, 2048, 32 * 130, 0}},
+    {KIRI_TYPE_Q4_K, {256, 768, 2048, 256 * 17, 0}},
+    {KIRI_TYPE_Q6_K, {256, 768, 2048, 256 * 17, 0}},
+    {KIRI_TYPE_F16, {1, 7, 33, 100, 2048}},
+    {KIRI_TYPE_F32, {1, 8, 31, 257, 2048}},
+};
+
+static void test_gemm_avx2(void)
+{
+#if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
+    if (!(kiri_platform_cpu_features() & KIRI_CPU_AVX2)) {
+        fprintf(stderr, "test_gemm_avx2: SKIPPED: this CPU lacks AVX2, FMA or F16C\n");
+        return;
+    }
+    struct kiri_cpu_kernels ref, fast;
+    kiri_cpu_kernels_init_ref(&ref);
+    kiri_cpu_kernels_init_ref(&fast);
+    kiri_cpu_kernels_init_avx2(&fast);
+    kiri_cpu_kernels_init_gemm_avx2(&fast);
+    int n_kernels = 0;
+    for (size_t c = 0; c < sizeof type_cases / sizeof type_cases[0]; c++) {
+        const struct type_case *tc = &type_cases[c];
+        const kiri_gemm_fn gemm = fast.gemm[tc->type];
+        CHECK(gemm != NULL);
+        if (!gemm)
+            continue;
+        n_kernels++;
+        int bad = 0;
+        for (int ki = 0; ki < 5 && tc->k[ki]; ki++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                bad += check_tile(tc->type, gemm, &ref, tc->k[ki], shapes[si], PATTERN_RANDOM);
+                if (si % 4 == 0)
+                    bad += check_tile(tc->type, gemm, &ref, tc->k[ki], shapes[si], PATTERN_EXTREME);
+            }
+        if (bad)
+            fprintf(stderr, "test_gemm_avx2: %s: %d mismatches\n", kiri_type_name(tc->type), bad);
+    }
+    /* Types without a gemm entry fall back to vec_dot in the backend. */
+    CHECK(fast.gemm[KIRI_TYPE_Q5_0] == NULL);
+    CHECK(ref.gemm[KIRI_TYPE_Q4_0] == NULL);
+    fprintf(stderr, "test_gemm_avx2: %d gemm kernels checked against the reference\n", n_kernels);
+#else
+    fprintf(stderr, "test_gemm_avx2: SKIPPED: no AVX2 kernels in this build\n");
+#endif
+}
+
+/* The extreme pattern really reaches the ends of the ranges the kernels' folds rely on. */
+static void test_extreme_pattern(void)
+{
+    float x[32];
+    struct kiri_block_q4_0 b;
+    struct kiri_block_q8_0 a;
+    fill(x, 32, PATTERN_EXTREME, 1);
+    CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q4_0, x, &b, 32) == sizeof b);
+    CHECK_EQ_INT(b.qs[0] & 0xF, 0);
+    CHECK_EQ_INT(b.qs[1] & 0xF, 15);
+    fill(x, 32, PATTERN_EXTREME, 0);
+    CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q8_0, x, &a, 32) == sizeof a);
+    CHECK_EQ_INT(a.qs[7], 127);
+}
+
+/* The AVX-512 kernels group rows by 16 and tokens by 16 or 8, pass over k in chunks of 64 blocks (Q4_0,
+ * Q8_0) and split tiles beyond 128 rows: shapes around those sizes besides the common ones. k is
+ * a multiple of 256 so the same sizes serve the K-quants. */
+static const struct shape shapes_avx512[] = {
+    {16, 8}, {15, 3}, {33, 11}, {130, 9}, {17, 2}, {31, 16}, {20, 35},
+};
+
+static void test_gemm_avx512(void)
+{
+#if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
+    const uint32_t need = KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI;
+    if ((kiri_platform_cpu_features() & need) != need) {
+        fprintf(stderr, "test_gemm_avx512: SKIPPED: this CPU lacks AVX-512 (F, BW, VL) or VNNI\n");
+        return;
+    }
+    struct kiri_cpu_kernels ref, fast;
+    kiri_cpu_kernels_init_ref(&ref);
+    kiri_cpu_kernels_init_ref(&fast);
+    kiri_cpu_kernels_init_gemm_avx512(&fast);
+    static const int types[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q6_K};
+    static const int64_t ks[] = {256, 2048, 32 * 136};
+    for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+        const kiri_gemm_fn gemm = fast.gemm[types[c]];
+        CHECK(gemm != NULL);
+        if (!gemm)
+            continue;
+        int bad = 0;
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+                bad += check_tile(types[c], gemm, &ref, ks[ki], shapes[si], si % 4 ? PATTERN_RANDOM : PATTERN_EXTREME);
+            for (size_t si = 0; si < sizeof shapes_avx512 / sizeof shapes_avx512[0]; si++)
+                bad += check_tile(types[c], gemm, &ref, ks[ki], shapes_avx512[si], PATTERN_RANDOM);
+        }
+        if (bad)
+            fprintf(stderr, "test_gemm_avx512: %s: %d mismatches\n", kiri_type_name(types[c]), bad);
+    }
+    fprintf(stderr, "test_gemm_avx512: %zu gemm kernels checked against the reference\n",
+            sizeof types / sizeof types[0]);
+#else
+    fprintf(stderr, "test_gemm_avx512: SKIPPED: no x86 kernels in this build\n");
+#endif
+}
+
+TEST_MAIN(test_gemm_avx2, test_gemm_avx512, test_extreme_pattern)
