@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKIRI_FUZZ=ON -DKIRI_TESTS=OFF >/dev/null
 targets=(gguf)
-[ -f build/deps/install/lib/libcivetweb.a ] && targets+=(openai)
+[ -f build/deps/install/lib/libcivetweb.a ] && targets+=(openai manifest)
 mkdir -p build-fuzz/crashes
 for t in "${targets[@]}"; do
   cmake --build build-fuzz -j "$(nproc)" --target "fuzz_$t" >/dev/null

@@ -9,6 +9,7 @@
 #include "kiri.h"
 #ifdef KIRI_WITH_SERVER
 #include "config.h"
+#include "fleet_cli.h"
 #include "platform.h"
 #include "server.h"
 #endif
@@ -69,6 +70,9 @@ static void usage(FILE *f)
             "  -r, --repetitions N     bench runs to average (default 3)\n"
             "\n"
             "TYPE for quantize: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q4_K_M Q5_K Q6_K F16 BF16 F32\n");
+#ifdef KIRI_WITH_SERVER
+    fprintf(f, "\nfleet commands (docs/fleet.md):\n%s", kiri_fleet_cli_usage());
+#endif
 }
 
 /* Parses a whole decimal integer in [lo, hi]. */
@@ -496,6 +500,10 @@ int main(int argc, char **argv)
 #ifdef KIRI_WITH_SERVER
     if (strcmp(argv[1], "serve") == 0)
         return cmd_serve(argc, argv);
+    if (strcmp(argv[1], "pull") == 0)
+        return kiri_fleet_cli_pull(argc, argv);
+    if (strcmp(argv[1], "fleet") == 0)
+        return kiri_fleet_cli_fleet(argc, argv);
 #endif
     struct options o;
     if (parse_args(argc, argv, &o) != 0)
