@@ -660,7 +660,7 @@ static void test_oci_refs(void)
     CHECK_STR(r.tag, "");
     static const char *const bad[] = {"library/ubuntu", "localhost:5000/", "localhost:5000/M/x", "localhost:5000/a//b",
                                       "localhost:5000/a/../b", "localhost:5000/a:", "localhost:5000/a@sha256:abc",
-                                      "localhost:5000/a@md5:" SHA_A, "localhost:99999/a", "localhost:5000/a:-x",
+                                      ("localhost:5000/a@md5:" SHA_A), "localhost:99999/a", "localhost:5000/a:-x",
                                       "host.example/a/", "ho st.example/a"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = kiri_oci_parse_ref(bad[i], &r);
