@@ -8,6 +8,7 @@ PKGS=(
   libpcre2-dev libjansson-dev
   python3 python3-venv
   openssl debian-archive-keyring musl-tools curl chromium ca-certificates nginx docker-registry
+  glslc libvulkan-dev mesa-vulkan-drivers
 )
 # Cross-building for 64-bit ARM (make arm64, ports/linux-arm64), installed with --arm64 or
 # KIRI_ARM64=1: the cross compiler and its C library, user-mode QEMU to run the tests, and the

@@ -1,5 +1,6 @@
 /* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0 and Q8_0
- * weights against Q8_0 activations: the same contract as gemm_avx2.c, for CPUs that have them.
+ * weights against Q8_0 activations and Q4_K and Q6_K weights against Q8_K activations: the same
+ * contract as gemm_avx2.c, for CPUs that have them.
  *
  * The AVX2 kernels fold the partial sums of several (row, token) pairs with horizontal adds; here
  * the rows of a group of 16 go in the 16 int32 lanes of a register instead, so one VNNI
@@ -9,12 +10,16 @@
  * elements inside each 128-bit lane produces from four registers of four rows each; the
  * activation's matching 4 bytes are broadcast to every lane. The weights stay where they are in
  * the model's mapping: each group of 16 rows is transposed into registers as it is read, once
- * per block and then used for 8 tokens (prefill) or one (decode).
+ * per block and then used for 16 or 8 tokens (prefill) or one (decode). K-quant super-blocks are
+ * transposed whole into a stack buffer, with their scales as vectors of 16 rows, and then used
+ * for every token of the group (for a single token, straight from registers).
  *
  * Integer ranges: vpdpbusd multiplies unsigned by signed bytes. Q4_0 quants enter as their
  * nibbles 0..15 and the term 8 sum a is subtracted afterwards; Q8_0 quants w enter as w + 128
- * (0..255) and the term 128 sum a is subtracted. Sums of 32 products stay far inside int32 (the
- * instruction does not saturate). As everywhere, the activations hold -127..127.
+ * (0..255) and the term 128 sum a is subtracted; Q4_K (0..15) and Q6_K (0..63) quants are
+ * unsigned already. Sums of 32 products stay far inside int32 (the instruction does not
+ * saturate), and so do the K-quants' sums scaled by their 6- or 8-bit scales (vpmulld). As
+ * everywhere, the activations hold -127..127.
  *
  * What must stay true: the integer block sums are exactly those of the reference vec_dot
  * (quants.c); only the order of float additions across blocks differs (tests/test_gemm.c).
@@ -35,8 +40,8 @@
  * into each type's entry so the unpacker is inlined too. */
 #define SPECIALIZE __attribute__((always_inline))
 
-/* Blocks per pass over k: the per-pass tables of weight scales (16 rows per group) and token
- * values (8 tokens) take at most CHUNK * 64 bytes per row group and CHUNK * 64 bytes per octet. */
+/* Blocks per pass over k (Q4_0, Q8_0): the per-pass tables of weight scales (16 rows per group)
+ * and token values (16 tokens) take CHUNK * 64 bytes per row group and CHUNK * 128 bytes. */
 #define CHUNK 64
 /* Row groups of a tile whose scales are tabled at once (the tile is split beyond that). */
 #define MAX_GROUPS 8
@@ -131,13 +136,14 @@ AVX512 static inline void quants16_q8_0(const char *const rows[16], int64_t b, _
  * as floats, one row per lane. */
 AVX512 static inline __m512 scales16(const char *const rows[16], int64_t b, size_t size)
 {
+    const size_t o = (size_t)b * size;
     const __m256i h = _mm256_setr_epi16(
-        (short)load_i32(rows[0] + b * size), (short)load_i32(rows[1] + b * size), (short)load_i32(rows[2] + b * size),
-        (short)load_i32(rows[3] + b * size), (short)load_i32(rows[4] + b * size), (short)load_i32(rows[5] + b * size),
-        (short)load_i32(rows[6] + b * size), (short)load_i32(rows[7] + b * size), (short)load_i32(rows[8] + b * size),
-        (short)load_i32(rows[9] + b * size), (short)load_i32(rows[10] + b * size), (short)load_i32(rows[11] + b * size),
-        (short)load_i32(rows[12] + b * size), (short)load_i32(rows[13] + b * size), (short)load_i32(rows[14] + b * size),
-        (short)load_i32(rows[15] + b * size));
+        (short)load_u16(rows[0] + o), (short)load_u16(rows[1] + o), (short)load_u16(rows[2] + o),
+        (short)load_u16(rows[3] + o), (short)load_u16(rows[4] + o), (short)load_u16(rows[5] + o),
+        (short)load_u16(rows[6] + o), (short)load_u16(rows[7] + o), (short)load_u16(rows[8] + o),
+        (short)load_u16(rows[9] + o), (short)load_u16(rows[10] + o), (short)load_u16(rows[11] + o),
+        (short)load_u16(rows[12] + o), (short)load_u16(rows[13] + o), (short)load_u16(rows[14] + o),
+        (short)load_u16(rows[15] + o));
     return _mm512_cvtph_ps(h);
 }
 
@@ -257,7 +263,7 @@ AVX512 SPECIALIZE static inline void tile_rows(int64_t k, const void *w, size_t 
             if (next[0] && (bsize >= 32 || !(b & 1))) { /* prefetches at most 64 bytes apart */
                 UNROLL
                 for (int i = 0; i < 16; i++)
-                    _mm_prefetch(next[i] + b * bsize, _MM_HINT_T0);
+                    _mm_prefetch(next[i] + (size_t)b * bsize, _MM_HINT_T0);
             }
             __m512i q[8];
             quants(rows, b, q);
@@ -337,10 +343,10 @@ AVX512 static inline void scales16_q4_K(const char *const rows[16], int64_t b, s
     const __m512i byte = _mm512_set1_epi32(0xFF);
     UNROLL
     for (int s = 0; s < 4; s++) {
-        u->sc[s] = _mm512_and_si512(_mm512_srli_epi32(sc03, 8 * s), byte);
-        u->sc[s + 4] = _mm512_and_si512(_mm512_srli_epi32(sc47, 8 * s), byte);
-        const __m512i m0 = _mm512_and_si512(_mm512_srli_epi32(mn03, 8 * s), byte);
-        const __m512i m1 = _mm512_and_si512(_mm512_srli_epi32(mn47, 8 * s), byte);
+        u->sc[s] = _mm512_and_si512(_mm512_srli_epi32(sc03, (unsigned)(8 * s)), byte);
+        u->sc[s + 4] = _mm512_and_si512(_mm512_srli_epi32(sc47, (unsigned)(8 * s)), byte);
+        const __m512i m0 = _mm512_and_si512(_mm512_srli_epi32(mn03, (unsigned)(8 * s)), byte);
+        const __m512i m1 = _mm512_and_si512(_mm512_srli_epi32(mn47, (unsigned)(8 * s)), byte);
         u->mp[s] = _mm512_or_si512(m0, _mm512_slli_epi32(m0, 16));
         u->mp[s + 4] = _mm512_or_si512(m1, _mm512_slli_epi32(m1, 16));
     }
@@ -407,7 +413,7 @@ AVX512 static inline void scales16_q6_K(const char *const rows[16], int64_t b, s
     for (int c = 0; c < 4; c++) {
         UNROLL
         for (int i = 0; i < 4; i++) /* scale 4c + i: byte i of dword c, sign-extended */
-            u->sc[4 * c + i] = _mm512_srai_epi32(_mm512_slli_epi32(g[c], 24 - 8 * i), 24);
+            u->sc[4 * c + i] = _mm512_srai_epi32(_mm512_slli_epi32(g[c], (unsigned)(24 - 8 * i)), 24);
         /* Words [sc_4c sc_4c+1] and [sc_4c+2 sc_4c+3], each sign-extended. */
         const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(g[c], 8), 8); /* [s0 s2] */
         const __m512i odd = _mm512_srai_epi16(g[c], 8);                         /* [s1 s3] */
