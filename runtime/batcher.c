@@ -53,7 +53,6 @@ struct kiri_batcher {
     /* Step scratch, sized at init. */
     int32_t *b_tokens, *b_pos, *b_slots, *b_nkv, *b_toff, *b_tables, *b_rows;
     struct seq **b_out_seq;
-    float *scratch_logits;          /* n_vocab, for log-probabilities */
     /* Threading. */
     struct kiri_mutex *lock;        /* owned: guards waiting, running membership, stats, flags */
     struct kiri_cond *wake;         /* owned */
@@ -139,9 +138,8 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
         b->b_tables = kiri_mem_array(tables, sizeof(int32_t));
         b->b_rows = kiri_mem_array((size_t)p.max_seqs, sizeof(int32_t));
         b->b_out_seq = kiri_mem_calloc((size_t)p.max_seqs, sizeof *b->b_out_seq);
-        b->scratch_logits = kiri_mem_array((size_t)m->hp.n_vocab, sizeof(float));
         if (!b->running || !b->b_tokens || !b->b_pos || !b->b_slots || !b->b_nkv || !b->b_toff || !b->b_tables ||
-            !b->b_rows || !b->b_out_seq || !b->scratch_logits)
+            !b->b_rows || !b->b_out_seq)
             rc = KIRI_E_NOMEM;
     }
     if (rc == 0)
@@ -686,7 +684,6 @@ void kiri_batcher_free(struct kiri_batcher *b)
     kiri_mem_free(b->b_tables);
     kiri_mem_free(b->b_rows);
     kiri_mem_free(b->b_out_seq);
-    kiri_mem_free(b->scratch_logits);
     kiri_platform_cond_free(b->wake);
     kiri_platform_cond_free(b->idle);
     kiri_platform_mutex_free(b->lock);
