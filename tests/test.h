@@ -5,7 +5,9 @@
 #define KIRI_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int test_failures;
@@ -52,6 +54,38 @@ static int test_checks;
                     #a, #b, va_ ? va_ : "(null)", vb_ ? vb_ : "(null)");                     \
         }                                                                                    \
     } while (0)
+
+/* Deterministic random numbers (splitmix64); a test file may pick its own sequence by defining
+ * TEST_RNG_SEED before including this header. */
+#ifndef TEST_RNG_SEED
+#define TEST_RNG_SEED 0x9E3779B97F4A7C15ull
+#endif
+static uint64_t test_rng_state = TEST_RNG_SEED;
+
+static inline uint64_t test_rand_u64(void)
+{
+    uint64_t z = (test_rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static inline float test_rand_sym(void)
+{
+    return (float)((double)(test_rand_u64() >> 11) / 4503599627370496.0 - 1.0);
+}
+
+/* malloc that ends the test program when memory runs out. */
+static inline void *test_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    return p;
+}
 
 typedef void (*test_fn)(void);
 

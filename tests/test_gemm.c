@@ -17,36 +17,13 @@
 
 #include "../kernels/cpu/cpu_kernels.h"
 #include "../runtime/platform.h"
+#define TEST_RNG_SEED 0x2545F4914F6CDD1Dull
 #include "test.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Helpers
  * ------------------------------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-
-static uint64_t rnd_u64(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rnd_sym(void) /* [-1, 1) */
-{
-    return (float)((double)(rnd_u64() >> 11) / 4503599627370496.0 - 1.0);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "test_gemm: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
 
 static size_t row_bytes(int type, int64_t k)
 {
@@ -65,7 +42,7 @@ static void fill(float *x, int64_t n, enum pattern p, int is_weight)
             /* One value of -1 per 16 and the rest 7/8: Q4_0 then holds nibbles 0 and 15. */
             x[i] = !is_weight ? 1.0f : (i % 16 == 0 ? -1.0f : 0.875f);
         else
-            x[i] = rnd_sym() * ((i / 32) % 7 == 3 ? 0.001f : 1.0f);
+            x[i] = test_rand_sym() * ((i / 32) % 7 == 3 ? 0.001f : 1.0f);
     }
 }
 
@@ -91,12 +68,12 @@ static int check_tile(int type, kiri_gemm_fn gemm, const struct kiri_cpu_kernels
     const size_t w_pad = 32, a_pad = 64, d_pad = 3;
     const size_t ws = row_bytes(type, k) + w_pad, as = row_bytes(vt, k) + a_pad;
     const size_t ds = (size_t)s.nr + d_pad;
-    float *wf = xmalloc((size_t)(s.nr * k) * sizeof *wf);
-    float *af = xmalloc((size_t)(s.nt * k) * sizeof *af);
-    float *deq = xmalloc((size_t)k * sizeof *deq);
-    unsigned char *w = xmalloc(ws * (size_t)s.nr);
-    unsigned char *a = xmalloc(as * (size_t)s.nt);
-    float *dst = xmalloc(ds * (size_t)s.nt * sizeof *dst);
+    float *wf = test_xmalloc((size_t)(s.nr * k) * sizeof *wf);
+    float *af = test_xmalloc((size_t)(s.nt * k) * sizeof *af);
+    float *deq = test_xmalloc((size_t)k * sizeof *deq);
+    unsigned char *w = test_xmalloc(ws * (size_t)s.nr);
+    unsigned char *a = test_xmalloc(as * (size_t)s.nt);
+    float *dst = test_xmalloc(ds * (size_t)s.nt * sizeof *dst);
     fill(wf, s.nr * k, p, 1);
     fill(af, s.nt * k, p, 0);
     memset(w, 0xA5, ws * (size_t)s.nr);

@@ -15,40 +15,17 @@
 
 #include "../kernels/cpu/cpu_kernels.h"
 #include "../runtime/platform.h"
+#define TEST_RNG_SEED 0x853C49E6748FEA9Bull
 #include "test.h"
 
-static uint64_t rng_state = 0x853C49E6748FEA9Bull;
-
-static uint64_t rnd_u64(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rnd_sym(void) /* [-1, 1) */
-{
-    return (float)((double)(rnd_u64() >> 11) / 4503599627370496.0 - 1.0);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "test_ops_avx2: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
 
 /* Fills n_slots cache rows of type kv_type (head_dim values each) with random values. */
 static void fill_cache(void *cache, int kv_type, int n_slots, int head_dim, size_t stride)
 {
-    float *row = xmalloc((size_t)head_dim * sizeof *row);
+    float *row = test_xmalloc((size_t)head_dim * sizeof *row);
     for (int s = 0; s < n_slots; s++) {
         for (int i = 0; i < head_dim; i++)
-            row[i] = rnd_sym();
+            row[i] = test_rand_sym();
         CHECK(kiri_cpu_quantize_row(kv_type, row, (char *)cache + (size_t)s * stride, head_dim) > 0);
     }
     free(row);
@@ -86,17 +63,17 @@ static void test_attend_head(void)
         const int d = tc->head_dim, n_slots = tc->n_kv + 11;
         const size_t row = (size_t)(d / kiri_type_block_size(tc->kv_type)) * kiri_type_size(tc->kv_type);
         const size_t stride = row + 32; /* rows of other heads sit between */
-        void *kc = xmalloc(stride * (size_t)n_slots), *vc = xmalloc(stride * (size_t)n_slots);
+        void *kc = test_xmalloc(stride * (size_t)n_slots), *vc = test_xmalloc(stride * (size_t)n_slots);
         fill_cache(kc, tc->kv_type, n_slots, d, stride);
         fill_cache(vc, tc->kv_type, n_slots, d, stride);
-        int32_t *slots = xmalloc((size_t)tc->n_kv * sizeof *slots);
+        int32_t *slots = test_xmalloc((size_t)tc->n_kv * sizeof *slots);
         for (int j = 0; j < tc->n_kv; j++) /* distinct, scattered */
             slots[j] = (int32_t)((j * 7 + 3) % n_slots);
-        float *q = xmalloc((size_t)d * sizeof *q);
+        float *q = test_xmalloc((size_t)d * sizeof *q);
         for (int i = 0; i < d; i++)
-            q[i] = rnd_sym() * tc->q_scale;
-        float *s_ref = xmalloc((size_t)tc->n_kv * sizeof(float)), *s_fast = xmalloc((size_t)tc->n_kv * sizeof(float));
-        float *o_ref = xmalloc((size_t)d * sizeof(float)), *o_fast = xmalloc((size_t)d * sizeof(float));
+            q[i] = test_rand_sym() * tc->q_scale;
+        float *s_ref = test_xmalloc((size_t)tc->n_kv * sizeof(float)), *s_fast = test_xmalloc((size_t)tc->n_kv * sizeof(float));
+        float *o_ref = test_xmalloc((size_t)d * sizeof(float)), *o_fast = test_xmalloc((size_t)d * sizeof(float));
         const float scale = 1.0f / sqrtf((float)d);
         kiri_cpu_attend_head(q, kc, stride, vc, stride, tc->kv_type, slots, tc->n_kv, d, scale, s_ref, o_ref);
         fast.attend_head(q, kc, stride, vc, stride, tc->kv_type, slots, tc->n_kv, d, scale, s_fast, o_fast);
@@ -157,20 +134,20 @@ static void test_attend_group(void)
         const size_t row = (size_t)(d / kiri_type_block_size(tc->kv_type)) * kiri_type_size(tc->kv_type);
         const size_t stride = row * 3; /* two other key/value heads between rows */
         const size_t q_stride = (size_t)d + 8, out_stride = (size_t)d + 16;
-        void *kc = xmalloc(stride * (size_t)n_slots), *vc = xmalloc(stride * (size_t)n_slots);
+        void *kc = test_xmalloc(stride * (size_t)n_slots), *vc = test_xmalloc(stride * (size_t)n_slots);
         fill_cache(kc, tc->kv_type, n_slots, d, stride);
         fill_cache(vc, tc->kv_type, n_slots, d, stride);
-        int32_t *slots = xmalloc((size_t)tc->n_kv * sizeof *slots);
+        int32_t *slots = test_xmalloc((size_t)tc->n_kv * sizeof *slots);
         for (int j = 0; j < tc->n_kv; j++)
             slots[j] = (int32_t)((j * 3 + 1) % n_slots);
-        float *q = xmalloc(q_stride * (size_t)tc->n_q * sizeof *q);
+        float *q = test_xmalloc(q_stride * (size_t)tc->n_q * sizeof *q);
         for (size_t i = 0; i < q_stride * (size_t)tc->n_q; i++)
-            q[i] = rnd_sym() * tc->q_scale;
-        float *out = xmalloc(out_stride * (size_t)tc->n_q * sizeof *out);
+            q[i] = test_rand_sym() * tc->q_scale;
+        float *out = test_xmalloc(out_stride * (size_t)tc->n_q * sizeof *out);
         for (size_t i = 0; i < out_stride * (size_t)tc->n_q; i++)
             out[i] = NAN;
-        float *scratch = xmalloc((size_t)tc->n_kv * 8 * sizeof(float));
-        float *s_ref = xmalloc((size_t)tc->n_kv * sizeof(float)), *o_ref = xmalloc((size_t)d * sizeof(float));
+        float *scratch = test_xmalloc((size_t)tc->n_kv * 8 * sizeof(float));
+        float *s_ref = test_xmalloc((size_t)tc->n_kv * sizeof(float)), *o_ref = test_xmalloc((size_t)d * sizeof(float));
         const float scale = 1.0f / sqrtf((float)d);
         fast.attend_group(q, q_stride, tc->n_q, kc, stride, vc, stride, tc->kv_type, slots, tc->n_kv, d, scale,
                           scratch, out, out_stride);
@@ -226,13 +203,13 @@ static void test_rows(void)
     for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
         for (size_t si = 0; si < sizeof spreads / sizeof spreads[0]; si++) {
             const int64_t n = lens[li];
-            float *g = xmalloc((size_t)n * sizeof *g), *u = xmalloc((size_t)n * sizeof *u);
-            float *w = xmalloc((size_t)n * sizeof *w);
-            float *a = xmalloc((size_t)n * sizeof *a), *b = xmalloc((size_t)n * sizeof *b);
+            float *g = test_xmalloc((size_t)n * sizeof *g), *u = test_xmalloc((size_t)n * sizeof *u);
+            float *w = test_xmalloc((size_t)n * sizeof *w);
+            float *a = test_xmalloc((size_t)n * sizeof *a), *b = test_xmalloc((size_t)n * sizeof *b);
             for (int64_t i = 0; i < n; i++) {
-                g[i] = rnd_sym() * spreads[si];
-                u[i] = rnd_sym();
-                w[i] = rnd_sym() * 2.0f;
+                g[i] = test_rand_sym() * spreads[si];
+                u[i] = test_rand_sym();
+                w[i] = test_rand_sym() * 2.0f;
             }
             kiri_cpu_swiglu_row(g, u, a, n);
             fast.swiglu_row(g, u, b, n);

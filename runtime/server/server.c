@@ -524,6 +524,17 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* Hands text of a choice to the client: a stream chunk, or the accumulated response. */
+static void deliver(struct stream *st, struct gen *g, struct choice *ch, const char *text, size_t len)
+{
+    if (!len)
+        return;
+    if (st)
+        stream_text(st, g, ch, text, len, NULL);
+    else
+        append_text(ch, text, len);
+}
+
 /* Processes queued events of every choice; returns when all choices are done. */
 static void run_generation(struct kiri_server *s, struct gen *g, const struct kiri_api_request *r, struct stream *st,
                            double deadline)
@@ -587,10 +598,7 @@ static void run_generation(struct kiri_server *s, struct gen *g, const struct ki
                         const char *out;
                         size_t out_len;
                         const int hit = kiri_stopper_push(&ch->stopper, piece, pn > 0 ? (size_t)pn : 0, &out, &out_len);
-                        if (st && out_len)
-                            stream_text(st, g, ch, out, out_len, NULL);
-                        else if (!st)
-                            append_text(ch, out, out_len);
+                        deliver(st, g, ch, out, out_len);
                         if (r->logprobs && !st)
                             record_logprobs(g, ch, e);
                         if (hit == 1) {
@@ -607,19 +615,10 @@ static void run_generation(struct kiri_server *s, struct gen *g, const struct ki
                         const int pn = kiri_detok_flush(&ch->ds, piece, sizeof piece);
                         const char *out;
                         size_t out_len;
-                        if (pn > 0 && kiri_stopper_push(&ch->stopper, piece, (size_t)pn, &out, &out_len) == 0 && out_len) {
-                            if (st)
-                                stream_text(st, g, ch, out, out_len, NULL);
-                            else
-                                append_text(ch, out, out_len);
-                        }
+                        if (pn > 0 && kiri_stopper_push(&ch->stopper, piece, (size_t)pn, &out, &out_len) == 0)
+                            deliver(st, g, ch, out, out_len);
                         kiri_stopper_flush(&ch->stopper, &out, &out_len);
-                        if (out_len) {
-                            if (st)
-                                stream_text(st, g, ch, out, out_len, NULL);
-                            else
-                                append_text(ch, out, out_len);
-                        }
+                        deliver(st, g, ch, out, out_len);
                     }
                     if (st)
                         stream_text(st, g, ch, "", 0, finish_reason(ch->finish, ch->stop_hit));
