@@ -535,6 +535,8 @@ static int step(struct kiri_batcher *b)
     b->stats.prefix_hit_blocks = kiri_kvcache_prefix_hits(b->kv);
     b->stats.last_batch_tokens = n_tok;
     b->stats.last_batch_seqs = n_planned;
+    if (n_planned > b->stats.peak_batch_seqs)
+        b->stats.peak_batch_seqs = n_planned;
     kiri_platform_mutex_unlock(b->lock);
 
     /* Sample for every sequence whose pending tokens are all computed. */

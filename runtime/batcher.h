@@ -81,6 +81,7 @@ struct kiri_batcher_stats {
     uint64_t preemptions;
     int32_t last_batch_tokens;    /* tokens in the last step */
     int32_t last_batch_seqs;      /* sequences in the last step */
+    int32_t peak_batch_seqs;      /* most sequences in one step since init */
     uint64_t prompt_tokens;       /* totals since init */
     uint64_t generated_tokens;
 };

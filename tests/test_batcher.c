@@ -148,22 +148,7 @@ static void run_concurrent(int32_t chunk, size_t kv_memory, int expect_preemptio
     n_done = 0;
     for (int i = 0; i < N_REQ; i++)
         CHECK_EQ_INT(submit(b, prompts[i], MAX_GEN, 0, i == 0 ? 5 : 0, &res[i], NULL), 0);
-    int max_batch = 0;
     CHECK_EQ_INT(kiri_batcher_start(b), 0);
-    for (int spin = 0; spin < 2000; spin++) {
-        struct kiri_batcher_stats st;
-        kiri_batcher_get_stats(b, &st);
-        if (st.last_batch_seqs > max_batch)
-            max_batch = st.last_batch_seqs;
-        kiri_platform_mutex_lock(lock);
-        const int d = n_done;
-        kiri_platform_mutex_unlock(lock);
-        if (d == N_REQ)
-            break;
-        kiri_platform_mutex_lock(lock);
-        kiri_platform_cond_timed_wait(done_cond, lock, 0.001);
-        kiri_platform_mutex_unlock(lock);
-    }
     wait_done(N_REQ);
     for (int i = 0; i < N_REQ; i++) {
         CHECK_EQ_INT(res[i].finish, KIRI_FINISH_LENGTH);
@@ -176,10 +161,10 @@ static void run_concurrent(int32_t chunk, size_t kv_memory, int expect_preemptio
         CHECK(same);
         CHECK_EQ_INT(res[i].logprob_bad, 0);
     }
-    CHECK(max_batch > 1);
     struct kiri_batcher_stats st;
     CHECK_EQ_INT(kiri_batcher_wait_idle(b, 30), 0);
     kiri_batcher_get_stats(b, &st);
+    CHECK(st.peak_batch_seqs > 1); /* all were queued before the loop started: they ran together */
     if (expect_preemption)
         CHECK(st.preemptions > 0);
     CHECK_EQ_INT(st.kv_blocks_used, 0); /* everything returned (cached prefix blocks are reusable) */

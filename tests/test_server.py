@@ -239,9 +239,10 @@ def test_batching_changes_nothing(server):
         assert got["text"] == want["text"]
     generated = sum(r.json["usage"]["completion_tokens"] for r in results)
     steps = m1["kiri_batch_steps_total"] - m0["kiri_batch_steps_total"]
-    assert max(seen_batch) > 1, seen_batch
-    assert max(seen_batch) <= 4   # --parallel 4
+    # Fewer steps than tokens proves steps held several sequences; the sampled gauge may miss them.
     assert steps < generated, (steps, generated)
+    assert 1 < m1["kiri_batch_size_sequences_peak"] <= 4, m1   # --parallel 4
+    assert max(seen_batch) <= 4
 
 
 def test_prefix_reuse_lowers_ttft(start_server):

@@ -369,6 +369,7 @@ static struct kiri_batcher_stats sample_stats(void)
     s.preemptions = 4;
     s.last_batch_tokens = 37;
     s.last_batch_seqs = 3;
+    s.peak_batch_seqs = 4;
     return s;
 }
 
@@ -394,6 +395,7 @@ static const struct {
     {"kiri_prefix_cache_hit_blocks_total", "counter"},
     {"kiri_batch_size_tokens", "gauge"},
     {"kiri_batch_size_sequences", "gauge"},
+    {"kiri_batch_size_sequences_peak", "gauge"},
     {"kiri_batch_steps_total", "counter"},
     {"kiri_preemptions_total", "counter"},
     {"vllm:num_requests_running", "gauge"},
@@ -488,6 +490,7 @@ static void test_metrics_render(void)
     CHECK_EQ_INT(get("kiri_prefix_cache_hit_blocks_total", NULL), 7);
     CHECK_EQ_INT(get("kiri_batch_size_tokens", NULL), 37);
     CHECK_EQ_INT(get("kiri_batch_size_sequences", NULL), 3);
+    CHECK_EQ_INT(get("kiri_batch_size_sequences_peak", NULL), 4);
     CHECK_EQ_INT(get("kiri_batch_steps_total", NULL), 1000);
     CHECK_EQ_INT(get("kiri_preemptions_total", NULL), 4);
 

@@ -447,6 +447,8 @@ static void render_batcher(struct sb *b, const struct kiri_batcher_stats *s, dou
             s->prefix_hit_blocks);
     gauge_int(b, "kiri_batch_size_tokens", "Tokens in the last batch step.", s->last_batch_tokens);
     gauge_int(b, "kiri_batch_size_sequences", "Sequences in the last batch step.", s->last_batch_seqs);
+    gauge_int(b, "kiri_batch_size_sequences_peak", "Most sequences in one batch step since start.",
+              s->peak_batch_seqs);
     counter(b, "kiri_batch_steps_total", "Batch steps (forward passes) run.", s->steps);
     counter(b, "kiri_preemptions_total",
             "Sequences preempted for lack of KV blocks (recomputed later).", s->preemptions);
