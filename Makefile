@@ -22,26 +22,31 @@ deps:
 demo: deps $(BUILD)/kiri
 	$(BUILD)/kiri run -m $(MODEL) -p "Once upon a time" -n 200 --temp 0
 
-test: deps
+test:
+	scripts/install-deps.sh --arm64
 	scripts/test.sh
 
 fuzz: deps
 	scripts/fuzz.sh
 
-# Cross-build for 64-bit ARM Linux (ports/linux-arm64/README.md) and its tests under qemu-aarch64;
-# QEMU_CPU picks the emulated core (max: NEON, dotprod, i8mm; cortex-a72: NEON without dotprod).
+# Cross-build for 64-bit ARM Linux (ports/linux-arm64/README.md): `make arm64` gives
+# build-arm64/kiri, one fully static aarch64 binary (musl; runtime, server, TLS);
+# `make test-arm64` also runs every test under qemu-aarch64 (QEMU_CPU picks the emulated core for
+# the unit tests: max has NEON, dotprod and i8mm).
 ARM64_BUILD ?= build-arm64
 QEMU_CPU ?= max
 .PHONY: arm64 test-arm64
 
 arm64:
 	scripts/install-deps.sh --arm64
-	cmake -S . -B $(ARM64_BUILD) -DCMAKE_TOOLCHAIN_FILE=ports/linux-arm64/toolchain.cmake \
+	scripts/build-deps.sh --arch arm64 --musl
+	cmake -S . -B $(ARM64_BUILD) -DCMAKE_TOOLCHAIN_FILE=ports/linux-arm64/toolchain-musl.cmake \
 	      -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build $(ARM64_BUILD) -j $(JOBS)
 
-test-arm64: arm64
-	QEMU_CPU=$(QEMU_CPU) ctest --test-dir $(ARM64_BUILD) --output-on-failure
+test-arm64:
+	scripts/install-deps.sh --arm64
+	BUILD=$(ARM64_BUILD) QEMU_CPU=$(QEMU_CPU) scripts/test-arm64.sh
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -6,12 +6,17 @@
 # line saying how to get them, and the rest of kiri builds as before.
 #
 # KIRI_DEPS_DIR names the install folder; by default the one build-deps.sh fills for this
-# toolchain: build/deps/install-arm64 when cross-compiling for aarch64, build/deps/install-musl
-# when the C compiler is musl-gcc, build/deps/install otherwise.
+# toolchain: build/deps/install-arm64-musl when cross-compiling for aarch64 with musl,
+# build/deps/install-arm64 with glibc, build/deps/install-musl when the C compiler is musl-gcc,
+# build/deps/install otherwise.
 
 option(KIRI_SERVER "Build the HTTPS server (needs the TLS libraries from scripts/build-deps.sh)" ON)
 
-if(CMAKE_CROSSCOMPILING AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+if(CMAKE_CROSSCOMPILING AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$"
+   AND CMAKE_C_COMPILER MATCHES "musl")
+  set(_kiri_deps_default "${CMAKE_SOURCE_DIR}/build/deps/install-arm64-musl")
+  set(_kiri_deps_flag " --arch arm64 --musl")
+elseif(CMAKE_CROSSCOMPILING AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
   set(_kiri_deps_default "${CMAKE_SOURCE_DIR}/build/deps/install-arm64")
   set(_kiri_deps_flag " --arch arm64")
 elseif(CMAKE_C_COMPILER MATCHES "musl")

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds kiri's TLS stack, mbedTLS and CivetWeb, as static libraries from Debian trixie's source
-# packages, into build/deps/install{,-arm64,-musl}/{include,lib}.
+# packages, into build/deps/install{,-arm64,-musl,-arm64-musl}/{include,lib}. The musl variants
+# also get PCRE2 and Jansson (Debian's static libraries are built for glibc).
 #
 #   scripts/build-deps.sh [--arch arm64] [--musl] [--latest] [--force]
 #
 #   --arch arm64  cross-build with aarch64-linux-gnu-gcc into build/deps/install-arm64
-#   --musl        build with musl-gcc (Debian's musl-tools) into build/deps/install-musl
+#   --musl        build with musl-gcc (Debian's musl-tools) into build/deps/install-musl; with
+#                 --arch arm64, with aarch64-linux-musl-gcc (Debian's musl-dev:arm64) into
+#                 build/deps/install-arm64-musl
 #   --latest      take the newest trixie versions instead of the pinned ones below (to bump them)
 #   --force       rebuild even when the stamp says the install is up to date
 #
@@ -39,6 +42,8 @@ set -euo pipefail
 
 MBEDTLS_VERSION="3.6.6-0.1~deb13u1"
 CIVETWEB_VERSION="1.16+dfsg-2+deb13u1"
+PCRE2_VERSION="10.46-1~deb13u3"
+JANSSON_VERSION="2.14-2"
 SUITE=trixie
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,9 +79,8 @@ case $arch in
   *) die "unsupported --arch $arch (supported: arm64)" ;;
 esac
 if [ "$musl" = 1 ]; then
-  [ "$arch" = native ] || die "--musl is only supported for the native architecture \
-(Debian has no aarch64 musl toolchain)"
-  cc=musl-gcc; prefix="$DEPS/install-musl"
+  if [ "$arch" = native ]; then cc=musl-gcc; prefix="$DEPS/install-musl"
+  else cc=aarch64-linux-musl-gcc; prefix="$DEPS/install-arm64-musl"; fi
 fi
 command -v "$cc" >/dev/null || die "compiler $cc not found (install-deps.sh installs it)"
 for tool in cmake python3 xz bzip2 patch apt-get sha256sum flock; do
@@ -124,6 +128,7 @@ setup_apt() {
   done < <(system_mirrors)
   mirror=${mirror:-http://deb.debian.org/debian}
   security=${security:-${mirror%/debian}/debian-security}
+  APT_MIRROR=$mirror APT_SECURITY=$security
   local keyring=/usr/share/keyrings/debian-archive-keyring.gpg
   [ -f "$keyring" ] || die "$keyring not found (package debian-archive-keyring)"
 
@@ -189,8 +194,20 @@ and check scripts/patches still apply."
   # .dsc); what counts is that the tarballs arrive and match the signed index.
   (cd "$DL" && apt-get "${apt_opts[@]}" -qq --download-only source "$pkg=$ver" >&2) ||
     log "apt-get source $pkg=$ver reported errors; checking what arrived"
-  grep -q '\.orig\.tar\.' "$sums.new" && grep -q '\.debian\.tar\.' "$sums.new" ||
-    die "$pkg $ver is not a \"3.0 (quilt)\" source package (no .orig/.debian tarballs)"
+  # A mirror may list a security update in both indexes yet keep its files only in the security
+  # pool: fetch what is missing from either pool (the checksums below decide what is kept).
+  local f sub
+  sub=$(case $pkg in lib*) echo "${pkg:0:4}" ;; *) echo "${pkg:0:1}" ;; esac)
+  while read -r _ f; do
+    case $f in *.dsc) continue ;; esac
+    [ -s "$DL/$f" ] && continue
+    for base in "$APT_SECURITY/pool/updates/main" "$APT_MIRROR/pool/main"; do
+      curl -fsS -o "$DL/$f.part" "$base/$sub/$pkg/$f" 2>/dev/null && mv "$DL/$f.part" "$DL/$f" && break
+      rm -f "$DL/$f.part"
+    done
+  done < "$sums.new"
+  grep -q '\.orig\.tar\.' "$sums.new" && grep -qE '\.debian\.tar\.|\.diff\.gz$' "$sums.new" ||
+    die "$pkg $ver has no .orig tarball with a .debian tarball or .diff.gz"
   (cd "$DL" && grep -v '\.dsc$' "$sums.new" | sha256sum --check --quiet -) ||
     die "$pkg $ver: downloaded files do not match the signed Sources index"
   mv "$sums.new" "$sums"
@@ -210,14 +227,20 @@ unpack_source() {
     return 0
   fi
   orig=$(ls "$DL/${pkg}_${uver}".orig.tar.* | head -n 1)
-  deb=$(ls "$DL/${pkg}_${ver}".debian.tar.* | head -n 1)
   ls "$DL/${pkg}_${uver}".orig-*.tar.* >/dev/null 2>&1 &&
     die "$pkg $ver has component tarballs; teach unpack_source about them"
   rm -rf "$dir" && mkdir -p "$dir"
   tar -xf "$orig" -C "$dir" --strip-components=1
-  tar -xf "$deb" -C "$dir"
-  [ "$(cat "$dir/debian/source/format" 2>/dev/null)" = "3.0 (quilt)" ] ||
-    die "$pkg $ver: source format is not \"3.0 (quilt)\""
+  if [ -f "$DL/${pkg}_${ver}.diff.gz" ]; then
+    # "1.0": one diff carries debian/ and any change to the upstream files.
+    zcat "$DL/${pkg}_${ver}.diff.gz" | patch -d "$dir" -p1 --batch --forward --quiet ||
+      die "$pkg $ver: the Debian diff does not apply"
+  else
+    deb=$(ls "$DL/${pkg}_${ver}".debian.tar.* | head -n 1)
+    tar -xf "$deb" -C "$dir"
+    [ "$(cat "$dir/debian/source/format" 2>/dev/null)" = "3.0 (quilt)" ] ||
+      die "$pkg $ver: source format is not \"3.0 (quilt)\""
+  fi
   if [ -f "$dir/debian/patches/series" ]; then
     local name opt
     while read -r name opt; do
@@ -304,13 +327,31 @@ build_civetweb() { # source dir, build dir, prefix, mbedTLS prefix
     > "$3/lib/civetweb.features"
 }
 
+# PCRE2 (8-bit, with JIT) and Jansson for the musl variants, static, without programs or tests.
+build_pcre2() { # source dir, build dir, prefix
+  cmake_common "$1" "$2" "$3" "" \
+    -DPCRE2_BUILD_PCRE2_8=ON -DPCRE2_BUILD_PCRE2_16=OFF -DPCRE2_BUILD_PCRE2_32=OFF \
+    -DPCRE2_SUPPORT_JIT=ON -DPCRE2_SUPPORT_UNICODE=ON -DPCRE2_BUILD_PCRE2GREP=OFF \
+    -DPCRE2_BUILD_TESTS=OFF -DPCRE2_SUPPORT_LIBBZ2=OFF -DPCRE2_SUPPORT_LIBZ=OFF \
+    -DPCRE2_SUPPORT_LIBEDIT=OFF -DPCRE2_SUPPORT_LIBREADLINE=OFF
+}
+
+build_jansson() { # source dir, build dir, prefix
+  cmake_common "$1" "$2" "$3" "" \
+    -DJANSSON_BUILD_SHARED_LIBS=OFF -DJANSSON_BUILD_DOCS=OFF -DJANSSON_EXAMPLES=OFF \
+    -DJANSSON_WITHOUT_TESTS=ON -DJANSSON_COVERAGE=OFF
+}
+
 # ---- Main --------------------------------------------------------------------------------------
 
 if [ "$latest" = 1 ]; then
   setup_apt; apt_ready=1
   MBEDTLS_VERSION=$(newest_version mbedtls)
   CIVETWEB_VERSION=$(newest_version civetweb)
-  [ -n "$MBEDTLS_VERSION" ] && [ -n "$CIVETWEB_VERSION" ] || die "no versions in the index"
+  PCRE2_VERSION=$(newest_version pcre2)
+  JANSSON_VERSION=$(newest_version jansson)
+  [ -n "$MBEDTLS_VERSION" ] && [ -n "$CIVETWEB_VERSION" ] && [ -n "$PCRE2_VERSION" ] &&
+    [ -n "$JANSSON_VERSION" ] || die "no versions in the index"
 fi
 
 kiri_patches=()
@@ -320,12 +361,14 @@ stamp_file="$prefix/kiri-deps.stamp"
 stamp="variant $variant ($cc)
 mbedtls $MBEDTLS_VERSION
 civetweb $CIVETWEB_VERSION
+$([ "$musl" = 1 ] && echo "pcre2 $PCRE2_VERSION, jansson $JANSSON_VERSION" || true)
 kiri-patches $(for p in "${kiri_patches[@]}"; do basename "$p"; done | tr '\n' ' ')
 inputs $(cat "$0" "${kiri_patches[@]}" | sha256sum | cut -c1-16)"
 
 report() {
   echo "build-deps ($variant): mbedTLS $MBEDTLS_VERSION, CivetWeb $CIVETWEB_VERSION" \
-       "+ ${#kiri_patches[@]} kiri patch(es), in ${prefix#"$ROOT"/}"
+       "+ ${#kiri_patches[@]} kiri patch(es)$([ "$musl" = 1 ] && echo ", PCRE2 $PCRE2_VERSION, Jansson $JANSSON_VERSION" || true)," \
+       "in ${prefix#"$ROOT"/}"
   local a
   for a in "$prefix"/lib/lib*.a; do
     printf '  %-18s %8d bytes\n' "$(basename "$a")" "$(stat -c %s "$a")"
@@ -338,6 +381,10 @@ fi
 
 fetch_source mbedtls "$MBEDTLS_VERSION"
 fetch_source civetweb "$CIVETWEB_VERSION"
+if [ "$musl" = 1 ]; then
+  fetch_source pcre2 "$PCRE2_VERSION"
+  fetch_source jansson "$JANSSON_VERSION"
+fi
 
 mb_src="$DEPS/src/mbedtls-$MBEDTLS_VERSION"
 cw_src="$DEPS/src/civetweb-$CIVETWEB_VERSION"
@@ -351,6 +398,16 @@ log "building mbedTLS $MBEDTLS_VERSION ($variant, $cc)"
 build_mbedtls "$mb_src" "$obj/mbedtls" "$prefix"
 log "building CivetWeb $CIVETWEB_VERSION ($variant, $cc)"
 build_civetweb "$cw_src" "$obj/civetweb" "$prefix" "$prefix"
+if [ "$musl" = 1 ]; then
+  pc_src="$DEPS/src/pcre2-$PCRE2_VERSION"
+  ja_src="$DEPS/src/jansson-$JANSSON_VERSION"
+  unpack_source pcre2 "$PCRE2_VERSION" "$pc_src"
+  unpack_source jansson "$JANSSON_VERSION" "$ja_src"
+  log "building PCRE2 $PCRE2_VERSION ($variant, $cc)"
+  build_pcre2 "$pc_src" "$obj/pcre2" "$prefix"
+  log "building Jansson $JANSSON_VERSION ($variant, $cc)"
+  build_jansson "$ja_src" "$obj/jansson" "$prefix"
+fi
 
 if [ "$variant" = native ]; then
   # The control for tests/test_tls_handshake.py: Debian's CivetWeb without kiri's patches.

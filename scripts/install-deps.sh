@@ -10,12 +10,13 @@ PKGS=(
   openssl debian-archive-keyring musl-tools curl chromium ca-certificates nginx docker-registry
   glslc libvulkan-dev mesa-vulkan-drivers
 )
-# Cross-building for 64-bit ARM (make arm64, ports/linux-arm64), installed with --arm64 or
-# KIRI_ARM64=1: the cross compiler and its C library, user-mode QEMU to run the tests, and the
-# target's static PCRE2 and Jansson (/usr/lib/aarch64-linux-gnu/libpcre2-8.a, libjansson.a) from
-# Debian multiarch, for which dpkg must know the arm64 architecture first.
+# Cross-building for 64-bit ARM (make arm64, ports/linux-arm64; `make test` runs the aarch64
+# tests too), installed with --arm64 or KIRI_ARM64=1: the cross compiler and its C library,
+# musl for aarch64 (the static binary: aarch64-linux-musl-gcc), user-mode QEMU to run the tests,
+# and, for a glibc build (ports/linux-arm64/toolchain.cmake, ports/jetson), the target's static
+# PCRE2 and Jansson from Debian multiarch, for which dpkg must know the arm64 architecture first.
 ARM_PKGS=(
-  gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user file musl-dev:arm64
   libpcre2-dev:arm64 libjansson-dev:arm64
 )
 if [ "${1:-}" = "--arm64" ] || [ "${KIRI_ARM64:-0}" = "1" ]; then

@@ -5,6 +5,8 @@
 #   3. outside-reference tests (pytest): llama.cpp logits and greedy outputs, tokenizer and
 #      dequantization references, the malformed-GGUF corpus through the CLI
 #   4. a short libFuzzer run of each parser (GGUF, OpenAI request bodies) over its seed corpus
+#   5. the static aarch64 build under qemu-aarch64 (scripts/test-arm64.sh): every unit test, the
+#      NEON kernels on two emulated cores, the CLI and the server against llama.cpp's outputs
 # and ends with one line "N passed, N failed" counting the tiers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +41,12 @@ tier "vulkan (asan+ubsan)" env ASAN_OPTIONS=detect_leaks=1 ctest --test-dir buil
 tier "reference tests" env KIRI_BUILD="$PWD/build" "$VENV/bin/python" -m pytest -q tests
 if command -v clang >/dev/null; then
   tier "fuzz smoke" scripts/fuzz.sh 30
+fi
+if command -v qemu-aarch64 >/dev/null && command -v aarch64-linux-musl-gcc >/dev/null; then
+  tier "arm64 (qemu)" scripts/test-arm64.sh
+else
+  echo "==== arm64 (qemu): not run (scripts/install-deps.sh --arm64 installs what it needs)"
+  failed=$((failed + 1)); failed_names+=("arm64 (qemu): missing packages")
 fi
 
 echo
