@@ -85,7 +85,7 @@ elseif(KIRI_VULKAN)
   if(KIRI_TESTS)
     # Every op against the CPU reference and whole-model greedy equality on a Vulkan device
     # (lavapipe will do); exits 77 (skipped) where there is none.
-    add_executable(test_vulkan tests/test_vulkan.c)
+    add_executable(test_vulkan tests/test_vulkan.c tests/backend_check.c)
     target_link_libraries(test_vulkan PRIVATE kiri)
     target_compile_definitions(test_vulkan PRIVATE KIRI_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
     add_test(NAME test_vulkan COMMAND test_vulkan WORKING_DIRECTORY ${CMAKE_BINARY_DIR})

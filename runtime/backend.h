@@ -278,6 +278,9 @@ struct kiri_backend_config {
      * the platform has none. */
     void *(*dl_open)(const char *name);
     void *(*dl_sym)(void *lib, const char *sym);
+    /* Set while probing for the automatic choice: a probe may then skip work that could not lead
+     * to its backend being picked (loading a GPU driver on a machine without a GPU). */
+    int automatic;
 };
 
 struct kiri_backend;

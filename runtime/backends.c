@@ -60,13 +60,15 @@ int kiri_backends_pick(const char *want, const struct kiri_backend_config *cfg,
     /* Probe all, then try them best score first; ties keep table order (GPUs before the CPU). */
     int score[8] = {0};
     char why[8][160];
+    struct kiri_backend_config probe_cfg = *cfg;
+    probe_cfg.automatic = any;
     for (int i = 0; i < kiri_backends_count() && i < 8; i++) {
         why[i][0] = '\0';
         if (!any && strcmp(table[i]->name, want) != 0) {
             snprintf(why[i], sizeof why[i], "not requested");
             continue;
         }
-        score[i] = table[i]->probe(cfg, why[i], sizeof why[i]);
+        score[i] = table[i]->probe(&probe_cfg, why[i], sizeof why[i]);
         /* A name forces its backend even when the probe scores it 0, which also means "usable
          * but never preferred" (Vulkan on a software renderer); if it cannot run, its init
          * fails and says why. */
@@ -100,6 +102,9 @@ int kiri_backends_pick(const char *want, const struct kiri_backend_config *cfg,
     }
     for (int i = 0; i < kiri_backends_count() && i < 8; i++)
         append(report, report_cap, "%s: skipped (%s)\n", table[i]->name, why[i]);
-    return kiri_error_set(info, KIRI_E_BACKEND, "no usable backend%s%s", any ? "" : " named ",
-                          any ? "" : want);
+    if (!any)
+        for (int i = 0; i < kiri_backends_count() && i < 8; i++)
+            if (strcmp(table[i]->name, want) == 0)
+                return kiri_error_set(info, KIRI_E_BACKEND, "backend %s cannot run here: %s", want, why[i]);
+    return kiri_error_set(info, KIRI_E_BACKEND, "no usable backend");
 }

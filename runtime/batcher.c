@@ -124,8 +124,7 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->accepting = 1;
     const int32_t max_tok = p.chunk + p.max_seqs;
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
-    int rc = kiri_kvcache_init(m->iface, m->be, m->hp.n_layer, (int64_t)m->hp.n_head_kv * m->hp.head_dim,
-                               p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, &b->kv);
+    int rc = kiri_model_kvcache_init(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, &b->kv);
     if (rc == 0)
         rc = kiri_graph_init(m, max_tok, p.max_seqs, (int32_t)tables, &b->graph);
     if (rc == 0) {

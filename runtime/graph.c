@@ -35,16 +35,28 @@ enum {
     T_COUNT
 };
 
+/* The scratch of one backend: a buffer laid out by plan() and the descriptors of one step. */
+struct side {
+    const struct kiri_backend_iface *iface;   /* borrowed */
+    struct kiri_backend *be;                  /* borrowed */
+    struct kiri_buffer *buffer;               /* owned */
+    void *host;                               /* host address of buffer, or NULL */
+    size_t offsets[T_COUNT];
+    struct kiri_tensor t[T_COUNT];
+};
+
 struct kiri_graph {
     struct kiri_model *model;             /* borrowed */
     int32_t max_tokens, max_outputs, max_table_entries;
-    struct kiri_buffer *buffer;           /* owned, on the model's backend */
-    void *host;                           /* host address of buffer, or NULL */
-    size_t offsets[T_COUNT];
-    struct kiri_tensor t[T_COUNT];
+    /* main: the model's main backend, which runs everything without a split. off: the offload
+     * backend's layers of a split model (no head tensors: xo, logits, token ids, output rows are
+     * empty); unused, with no buffer, otherwise. */
+    struct side main, off;
     struct kiri_node *nodes;              /* owned */
     int max_nodes;
-    float *logits_host;                   /* owned copy when the backend is not host-visible */
+    float *logits_host;                   /* owned copy when the main scratch is not host-visible */
+    int32_t *meta_host;                   /* owned (2, max_tokens) staging for a scratch that is not
+                                             host-visible, else NULL */
 };
 
 struct layout {
@@ -54,7 +66,9 @@ struct layout {
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_t entries, struct layout *l)
+/* Lays out the scratch of n tokens; with_head adds the token ids and what produces the logits. */
+static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_t entries, int with_head,
+                 struct layout *l)
 {
     const size_t E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * (size_t)hp->head_dim;
     const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim, F = (size_t)hp->n_ff;
@@ -64,12 +78,15 @@ static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_
     bytes[T_K] = bytes[T_V] = KV * (size_t)n * 4;
     bytes[T_ATT] = Q * (size_t)n * 4;
     bytes[T_GATE] = bytes[T_UP] = F * (size_t)n * 4;
-    bytes[T_XO] = E * (size_t)n_out * 4;
-    bytes[T_LOGITS] = (size_t)hp->n_vocab * (size_t)n_out * 4;
-    bytes[T_TOKENS] = bytes[T_POS] = bytes[T_SLOTS] = (size_t)n * 4;
+    if (with_head) {
+        bytes[T_XO] = E * (size_t)n_out * 4;
+        bytes[T_LOGITS] = (size_t)hp->n_vocab * (size_t)n_out * 4;
+        bytes[T_TOKENS] = (size_t)n * 4;
+        bytes[T_OUT_ROWS] = (size_t)n_out * 4;
+    }
+    bytes[T_POS] = bytes[T_SLOTS] = (size_t)n * 4;
     bytes[T_META] = (size_t)n * 8;
     bytes[T_TABLES] = (size_t)entries * 4;
-    bytes[T_OUT_ROWS] = (size_t)n_out * 4;
     size_t off = 0;
     for (int i = 0; i < T_COUNT; i++) {
         l->off[i] = off;
@@ -84,9 +101,26 @@ static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_
 uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens, int32_t max_outputs,
                                   int32_t max_table_entries)
 {
-    struct layout l;
-    plan(&m->hp, max_tokens, max_outputs, max_table_entries, &l);
-    return l.total;
+    struct layout l, lo;
+    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, &l);
+    if (!m->n_offload)
+        return l.total;
+    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 0, &lo);
+    return (uint64_t)l.total + lo.total;
+}
+
+static int side_init(struct side *s, const struct kiri_backend_iface *iface, struct kiri_backend *be,
+                     const struct layout *l)
+{
+    s->iface = iface;
+    s->be = be;
+    memcpy(s->offsets, l->off, sizeof l->off);
+    if (iface->buffer_alloc(be, l->total, &s->buffer, &s->host) != 0) {
+        s->buffer = NULL;
+        s->host = NULL;
+        return KIRI_E_NOMEM;
+    }
+    return KIRI_OK;
 }
 
 int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_outputs, int32_t max_table_entries,
@@ -102,21 +136,23 @@ int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_output
     g->max_outputs = max_outputs;
     g->max_table_entries = max_table_entries;
     struct layout l;
-    plan(&m->hp, max_tokens, max_outputs, max_table_entries, &l);
-    memcpy(g->offsets, l.off, sizeof l.off);
+    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, &l);
     g->max_nodes = m->hp.n_layer * 24 + 8;
     g->nodes = kiri_mem_calloc((size_t)g->max_nodes, sizeof *g->nodes);
-    if (!g->nodes || m->iface->buffer_alloc(m->be, l.total, &g->buffer, &g->host) != 0) {
-        g->buffer = NULL;
-        kiri_graph_free(g);
-        return KIRI_E_NOMEM;
+    int rc = g->nodes ? side_init(&g->main, m->iface, m->be, &l) : KIRI_E_NOMEM;
+    if (rc == KIRI_OK && m->n_offload) {
+        plan(&m->hp, max_tokens, max_outputs, max_table_entries, 0, &l);
+        rc = side_init(&g->off, m->off_iface, m->off_be, &l);
     }
-    if (!g->host) {
-        g->logits_host = kiri_mem_array((size_t)m->hp.n_vocab * (size_t)max_outputs, sizeof(float));
-        if (!g->logits_host) {
-            kiri_graph_free(g);
-            return KIRI_E_NOMEM;
-        }
+    if (rc == KIRI_OK && !g->main.host &&
+        !(g->logits_host = kiri_mem_array((size_t)m->hp.n_vocab * (size_t)max_outputs, sizeof(float))))
+        rc = KIRI_E_NOMEM;
+    if (rc == KIRI_OK && (!g->main.host || (m->n_offload && !g->off.host)) &&
+        !(g->meta_host = kiri_mem_array((size_t)max_tokens * 2, sizeof(int32_t))))
+        rc = KIRI_E_NOMEM;
+    if (rc != KIRI_OK) {
+        kiri_graph_free(g);
+        return rc;
     }
     *out = g;
     return KIRI_OK;
@@ -126,17 +162,20 @@ void kiri_graph_free(struct kiri_graph *g)
 {
     if (!g)
         return;
-    if (g->buffer)
-        g->model->iface->buffer_free(g->model->be, g->buffer);
+    if (g->main.buffer)
+        g->main.iface->buffer_free(g->main.be, g->main.buffer);
+    if (g->off.buffer)
+        g->off.iface->buffer_free(g->off.be, g->off.buffer);
     kiri_mem_free(g->nodes);
     kiri_mem_free(g->logits_host);
+    kiri_mem_free(g->meta_host);
     kiri_mem_free(g);
 }
 
 /* Shapes a scratch descriptor: contiguous rows of ne0 elements of type. */
-static struct kiri_tensor *shape(struct kiri_graph *g, int id, int type, int64_t ne0, int64_t ne1, int64_t ne2)
+static struct kiri_tensor *shape(struct side *s, int id, int type, int64_t ne0, int64_t ne1, int64_t ne2)
 {
-    struct kiri_tensor *t = &g->t[id];
+    struct kiri_tensor *t = &s->t[id];
     memset(t, 0, sizeof *t);
     t->type = type;
     t->ne[0] = ne0;
@@ -147,19 +186,71 @@ static struct kiri_tensor *shape(struct kiri_graph *g, int id, int type, int64_t
     t->nb[1] = t->nb[0] * (size_t)ne0;
     t->nb[2] = t->nb[1] * (size_t)ne1;
     t->nb[3] = t->nb[2] * (size_t)ne2;
-    t->buffer = g->buffer;
-    t->offset = g->offsets[id];
-    t->data = g->host ? (char *)g->host + g->offsets[id] : NULL;
+    t->buffer = s->buffer;
+    t->offset = s->offsets[id];
+    t->data = s->host ? (char *)s->host + s->offsets[id] : NULL;
     return t;
 }
 
-static int upload(struct kiri_graph *g, struct kiri_tensor *t, const void *src, size_t size)
+static int upload(struct side *s, struct kiri_tensor *t, const void *src, size_t size)
 {
     if (t->data) {
         memcpy(t->data, src, size);
         return 0;
     }
-    return g->model->iface->tensor_set(g->model->be, t, src, 0, size);
+    return s->iface->tensor_set(s->be, t, src, 0, size);
+}
+
+/* Shapes the activations of a step of n tokens (and n_out logit rows on the side with the head). */
+static void shape_step(const struct kiri_hparams *hp, struct side *s, int32_t n, int32_t n_out, int with_head)
+{
+    const int64_t E = hp->n_embd, D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv, F = hp->n_ff;
+    const int f32 = KIRI_TYPE_F32;
+    shape(s, T_X, f32, E, n, 1);
+    shape(s, T_XN, f32, E, n, 1);
+    shape(s, T_Q, f32, D * H, n, 1);
+    shape(s, T_Q3, f32, D, H, n);
+    shape(s, T_QH, f32, D, H * n, 1);
+    shape(s, T_K, f32, D * Hkv, n, 1);
+    shape(s, T_K3, f32, D, Hkv, n);
+    shape(s, T_KH, f32, D, Hkv * n, 1);
+    shape(s, T_V, f32, D * Hkv, n, 1);
+    shape(s, T_ATT, f32, D * H, n, 1);
+    shape(s, T_GATE, f32, F, n, 1);
+    shape(s, T_UP, f32, F, n, 1);
+    if (with_head) {
+        shape(s, T_XO, f32, E, n_out, 1);
+        shape(s, T_LOGITS, f32, hp->n_vocab, n_out, 1);
+    }
+}
+
+/* Shapes and fills the per-token inputs every layer reads (and, with the head, the token ids and
+ * output rows). */
+static int upload_inputs(struct kiri_graph *g, struct side *s, const struct kiri_batch *b, int with_head)
+{
+    const int32_t n = b->n_tokens, n_out = b->n_outputs;
+    struct kiri_tensor *pos = shape(s, T_POS, KIRI_TYPE_I32, n, 1, 1);
+    struct kiri_tensor *slots = shape(s, T_SLOTS, KIRI_TYPE_I32, n, 1, 1);
+    struct kiri_tensor *meta = shape(s, T_META, KIRI_TYPE_I32, 2, n, 1);
+    struct kiri_tensor *tables = shape(s, T_TABLES, KIRI_TYPE_I32, b->n_table_entries, 1, 1);
+    int rc = 0;
+    if (with_head) {
+        struct kiri_tensor *tokens = shape(s, T_TOKENS, KIRI_TYPE_I32, n, 1, 1);
+        struct kiri_tensor *rows = shape(s, T_OUT_ROWS, KIRI_TYPE_I32, n_out, 1, 1);
+        rc |= upload(s, tokens, b->tokens, (size_t)n * 4);
+        rc |= upload(s, rows, b->out_rows, (size_t)n_out * 4);
+    }
+    rc |= upload(s, pos, b->pos, (size_t)n * 4);
+    rc |= upload(s, slots, b->slots, (size_t)n * 4);
+    rc |= upload(s, tables, b->tables, (size_t)b->n_table_entries * 4);
+    int32_t *mt = meta->data ? meta->data : g->meta_host;
+    for (int32_t i = 0; i < n; i++) {
+        mt[2 * i] = b->n_kv[i];
+        mt[2 * i + 1] = b->table_off[i];
+    }
+    if (!meta->data)
+        rc |= s->iface->tensor_set(s->be, meta, mt, 0, (size_t)n * 8);
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -183,36 +274,23 @@ static struct kiri_node *add(struct builder *b, int op, struct kiri_tensor *dst,
     return nd;
 }
 
-static void build(struct kiri_graph *g, struct kiri_kvcache *kv, int32_t n, int32_t n_out, struct builder *b)
+/* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared. */
+static void build_layers(const struct kiri_model *m, struct side *s, struct kiri_kvcache *kv,
+                         struct kiri_tensor *rope_freqs, int l0, int l1, struct builder *b)
 {
-    const struct kiri_model *m = g->model;
     const struct kiri_hparams *hp = &m->hp;
-    const int64_t E = hp->n_embd, D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv, F = hp->n_ff;
-    const int f32 = KIRI_TYPE_F32;
-    struct kiri_tensor *x = shape(g, T_X, f32, E, n, 1);
-    struct kiri_tensor *xn = shape(g, T_XN, f32, E, n, 1);
-    struct kiri_tensor *q = shape(g, T_Q, f32, D * H, n, 1);
-    struct kiri_tensor *q3 = shape(g, T_Q3, f32, D, H, n);
-    struct kiri_tensor *qh = shape(g, T_QH, f32, D, H * n, 1);
-    struct kiri_tensor *k = shape(g, T_K, f32, D * Hkv, n, 1);
-    struct kiri_tensor *k3 = shape(g, T_K3, f32, D, Hkv, n);
-    struct kiri_tensor *kh = shape(g, T_KH, f32, D, Hkv * n, 1);
-    struct kiri_tensor *v = shape(g, T_V, f32, D * Hkv, n, 1);
-    struct kiri_tensor *att = shape(g, T_ATT, f32, D * H, n, 1);
-    struct kiri_tensor *gate = shape(g, T_GATE, f32, F, n, 1);
-    struct kiri_tensor *up = shape(g, T_UP, f32, F, n, 1);
-    struct kiri_tensor *xo = shape(g, T_XO, f32, E, n_out, 1);
-    struct kiri_tensor *logits = shape(g, T_LOGITS, f32, hp->n_vocab, n_out, 1);
-    struct kiri_tensor *tokens = &g->t[T_TOKENS], *pos = &g->t[T_POS], *slots = &g->t[T_SLOTS];
-    struct kiri_tensor *meta = &g->t[T_META], *tables = &g->t[T_TABLES], *rows = &g->t[T_OUT_ROWS];
-
+    const int64_t D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
+    struct kiri_tensor *x = &s->t[T_X], *xn = &s->t[T_XN], *q = &s->t[T_Q], *q3 = &s->t[T_Q3];
+    struct kiri_tensor *qh = &s->t[T_QH], *k = &s->t[T_K], *k3 = &s->t[T_K3], *kh = &s->t[T_KH];
+    struct kiri_tensor *v = &s->t[T_V], *att = &s->t[T_ATT], *gate = &s->t[T_GATE], *up = &s->t[T_UP];
+    struct kiri_tensor *pos = &s->t[T_POS], *slots = &s->t[T_SLOTS], *meta = &s->t[T_META];
+    struct kiri_tensor *tables = &s->t[T_TABLES];
     const struct kiri_rope_params rope = {hp->rope_mode, hp->n_rot, hp->rope_freq_base, hp->rope_freq_scale};
     const struct kiri_attn_params attn = {(int)H, (int)Hkv, (int)D, kiri_kvcache_block_size(kv),
                                           1.0f / sqrtf((float)D)};
     struct kiri_node *nd;
 
-    add(b, KIRI_OP_GET_ROWS, x, m->tok_embd, tokens);
-    for (int l = 0; l < hp->n_layer; l++) {
+    for (int l = l0; l < l1; l++) {
         const struct kiri_layer *L = &m->layers[l];
         nd = add(b, KIRI_OP_RMS_NORM, xn, x, L->attn_norm);
         nd->p.eps = hp->rms_eps;
@@ -234,10 +312,10 @@ static void build(struct kiri_graph *g, struct kiri_kvcache *kv, int32_t n, int3
             nd->p.eps = hp->rms_eps;
         }
         nd = add(b, KIRI_OP_ROPE, q3, q3, pos);
-        nd->src[2] = m->rope_freqs;
+        nd->src[2] = rope_freqs;
         nd->p.rope = rope;
         nd = add(b, KIRI_OP_ROPE, k3, k3, pos);
-        nd->src[2] = m->rope_freqs;
+        nd->src[2] = rope_freqs;
         nd->p.rope = rope;
         add(b, KIRI_OP_STORE_KV, kiri_kvcache_k(kv, l), k, slots);
         add(b, KIRI_OP_STORE_KV, kiri_kvcache_v(kv, l), v, slots);
@@ -256,16 +334,84 @@ static void build(struct kiri_graph *g, struct kiri_kvcache *kv, int32_t n, int3
         add(b, KIRI_OP_MATMUL, xn, L->w_down, gate);
         add(b, KIRI_OP_ADD, x, x, xn);
     }
-    /* Only the rows that need logits go through the output norm and the vocabulary product. */
-    add(b, KIRI_OP_GET_ROWS, xo, x, rows);
-    nd = add(b, KIRI_OP_RMS_NORM, xo, xo, m->output_norm);
-    nd->p.eps = hp->rms_eps;
-    add(b, KIRI_OP_MATMUL, logits, m->output, xo);
+}
+
+/* Only the rows that need logits go through the output norm and the vocabulary product. */
+static void build_head(const struct kiri_model *m, struct side *s, struct builder *b)
+{
+    struct kiri_tensor *xo = &s->t[T_XO];
+    add(b, KIRI_OP_GET_ROWS, xo, &s->t[T_X], &s->t[T_OUT_ROWS]);
+    struct kiri_node *nd = add(b, KIRI_OP_RMS_NORM, xo, xo, m->output_norm);
+    nd->p.eps = m->hp.rms_eps;
+    add(b, KIRI_OP_MATMUL, &s->t[T_LOGITS], m->output, xo);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Running
  * ------------------------------------------------------------------------------------------- */
+
+static int run_nodes(const struct side *s, const struct kiri_node *nodes, int n)
+{
+    int rc = s->iface->compute(s->be, nodes, n);
+    if (rc == 0 && s->iface->synchronize)
+        rc = s->iface->synchronize(s->be);
+    return rc;
+}
+
+/* Copies the residual stream (E, n) from one side's scratch to the other's. The main side of a
+ * split is the CPU, so one of the two is host-visible. */
+static int cross(struct side *from, struct side *to, size_t bytes)
+{
+    struct kiri_tensor *src = &from->t[T_X], *dst = &to->t[T_X];
+    if (src->data)
+        return upload(to, dst, src->data, bytes);
+    if (dst->data)
+        return from->iface->tensor_get(from->be, src, dst->data, 0, bytes);
+    return -1;
+}
+
+/* A cache made for the model as a whole (by a caller that did not ask kiri_model_kvcache_init)
+ * moves to the split model's placement before its first step, once. */
+static int place_cache(const struct kiri_model *m, struct kiri_kvcache *kv)
+{
+    if (kiri_kvcache_n_first(kv) == m->n_offload && kiri_kvcache_backend(kv, 0) == m->off_be &&
+        kiri_kvcache_backend(kv, m->hp.n_layer - 1) == m->be)
+        return KIRI_OK;
+    return kiri_kvcache_place(kv, m->n_offload, m->off_iface, m->off_be, m->iface, m->be);
+}
+
+/* One step of a split model: the embedding on the main side, layers [0, n_offload) on the
+ * offload side, then the other layers and the head on the main side; the residual stream
+ * crosses over and back. */
+static int run_split(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b)
+{
+    struct kiri_model *m = g->model;
+    const int n_off = m->n_offload, n_layer = m->hp.n_layer;
+    int rc = upload_inputs(g, &g->main, b, 1);
+    rc |= upload_inputs(g, &g->off, b, 0);
+    shape_step(&m->hp, &g->main, b->n_tokens, b->n_outputs, 1);
+    shape_step(&m->hp, &g->off, b->n_tokens, b->n_outputs, 0);
+    struct kiri_tensor *rope_off = m->rope_freqs ? &m->rope_freqs_off : NULL;
+    struct builder bl = {g->nodes, 0, g->max_nodes};
+    add(&bl, KIRI_OP_GET_ROWS, &g->main.t[T_X], m->tok_embd, &g->main.t[T_TOKENS]);
+    const int n_embed = bl.n;
+    build_layers(m, &g->off, kv, rope_off, 0, n_off, &bl);
+    const int n_first = bl.n;
+    build_layers(m, &g->main, kv, m->rope_freqs, n_off, n_layer, &bl);
+    build_head(m, &g->main, &bl);
+    const size_t xbytes = (size_t)m->hp.n_embd * (size_t)b->n_tokens * sizeof(float);
+    if (rc == 0)
+        rc = run_nodes(&g->main, g->nodes, n_embed);
+    if (rc == 0)
+        rc = cross(&g->main, &g->off, xbytes);
+    if (rc == 0)
+        rc = run_nodes(&g->off, g->nodes + n_embed, n_first - n_embed);
+    if (rc == 0)
+        rc = cross(&g->off, &g->main, xbytes);
+    if (rc == 0)
+        rc = run_nodes(&g->main, g->nodes + n_first, bl.n - n_first);
+    return rc;
+}
 
 int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b,
                    const float **logits, struct kiri_status_info *info)
@@ -287,47 +433,33 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
         if (b->out_rows[i] < 0 || b->out_rows[i] >= n)
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "output row %d is outside the batch", b->out_rows[i]);
 
-    struct kiri_tensor *tokens = shape(g, T_TOKENS, KIRI_TYPE_I32, n, 1, 1);
-    struct kiri_tensor *pos = shape(g, T_POS, KIRI_TYPE_I32, n, 1, 1);
-    struct kiri_tensor *slots = shape(g, T_SLOTS, KIRI_TYPE_I32, n, 1, 1);
-    struct kiri_tensor *meta = shape(g, T_META, KIRI_TYPE_I32, 2, n, 1);
-    struct kiri_tensor *tables = shape(g, T_TABLES, KIRI_TYPE_I32, b->n_table_entries, 1, 1);
-    struct kiri_tensor *rows = shape(g, T_OUT_ROWS, KIRI_TYPE_I32, n_out, 1, 1);
-
     kiri_platform_mutex_lock(m->compute_lock);
-    int rc = 0;
-    rc |= upload(g, tokens, b->tokens, (size_t)n * 4);
-    rc |= upload(g, pos, b->pos, (size_t)n * 4);
-    rc |= upload(g, slots, b->slots, (size_t)n * 4);
-    rc |= upload(g, tables, b->tables, (size_t)b->n_table_entries * 4);
-    rc |= upload(g, rows, b->out_rows, (size_t)n_out * 4);
-    if (meta->data) {
-        int32_t *mt = meta->data;
-        for (int32_t i = 0; i < n; i++) {
-            mt[2 * i] = b->n_kv[i];
-            mt[2 * i + 1] = b->table_off[i];
+    int rc;
+    if (m->n_offload) {
+        if ((rc = place_cache(m, kv)) < 0) {
+            kiri_platform_mutex_unlock(m->compute_lock);
+            return kiri_error_set(info, rc, "cannot move the KV cache to the backends of its layers (%s)",
+                                  kiri_status_name(rc));
         }
+        rc = run_split(g, kv, b);
     } else {
-        int32_t tmp[2];
-        for (int32_t i = 0; i < n && rc == 0; i++) {
-            tmp[0] = b->n_kv[i];
-            tmp[1] = b->table_off[i];
-            rc |= m->iface->tensor_set(m->be, meta, tmp, (size_t)i * 8, 8);
-        }
+        rc = upload_inputs(g, &g->main, b, 1);
+        shape_step(&m->hp, &g->main, n, n_out, 1);
+        struct builder bl = {g->nodes, 0, g->max_nodes};
+        add(&bl, KIRI_OP_GET_ROWS, &g->main.t[T_X], m->tok_embd, &g->main.t[T_TOKENS]);
+        build_layers(m, &g->main, kv, m->rope_freqs, 0, m->hp.n_layer, &bl);
+        build_head(m, &g->main, &bl);
+        if (rc == 0)
+            rc = run_nodes(&g->main, g->nodes, bl.n);
     }
-    struct builder bl = {g->nodes, 0, g->max_nodes};
-    build(g, kv, n, n_out, &bl);
-    if (rc == 0)
-        rc = m->iface->compute(m->be, g->nodes, bl.n);
-    if (rc == 0 && m->iface->synchronize)
-        rc = m->iface->synchronize(m->be);
-    const struct kiri_tensor *lt = &g->t[T_LOGITS];
+    const struct kiri_tensor *lt = &g->main.t[T_LOGITS];
     const size_t lbytes = (size_t)m->hp.n_vocab * (size_t)n_out * sizeof(float);
     if (rc == 0 && !lt->data)
-        rc = m->iface->tensor_get(m->be, lt, g->logits_host, 0, lbytes);
+        rc = g->main.iface->tensor_get(g->main.be, lt, g->logits_host, 0, lbytes);
     kiri_platform_mutex_unlock(m->compute_lock);
     if (rc != 0)
-        return kiri_error_set(info, KIRI_E_BACKEND, "backend %s failed to run a step", m->iface->name);
+        return kiri_error_set(info, KIRI_E_BACKEND, "backend %s failed to run a step",
+                              m->n_offload ? m->off_iface->name : m->iface->name);
     *logits = lt->data ? lt->data : g->logits_host;
     return KIRI_OK;
 }

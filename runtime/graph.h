@@ -3,7 +3,9 @@
  * model's weights and the paged KV cache, runs it, and returns the logits of the rows asked for.
  *
  * Invariants: a graph's scratch buffer is sized at init for max_tokens tokens and max_outputs
- * logit rows and never grows; a batch larger than that is refused, not truncated.
+ * logit rows and never grows; a batch larger than that is refused, not truncated. A model split
+ * by gpu_layers gets a second scratch buffer on its GPU backend (the layers' activations and
+ * inputs only); the residual stream crosses to it and back once per step.
  */
 #ifndef KIRI_GRAPH_H
 #define KIRI_GRAPH_H
@@ -39,7 +41,9 @@ uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens
                                   int32_t max_table_entries);
 
 /* Runs one step. *logits (n_vocab * n_outputs floats, row i for out_rows[i]) is owned by the
- * graph and valid until the next run. */
+ * graph and valid until the next run. For a split model, a cache whose layers are not on the
+ * backends that run them (one made with kiri_kvcache_init on the model's main backend) is moved
+ * there by the first run (kiri_kvcache_place); kiri_model_kvcache_init makes it there at once. */
 int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b,
                    const float **logits, struct kiri_status_info *info);
 

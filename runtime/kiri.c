@@ -128,6 +128,9 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     appendf(buf, cap, &u, "memory needed: %.2f MiB resident at the trained context (weights + kv + %.2f MiB scratch)\n",
             ((double)m->weight_bytes + (double)kv_tok * hp->n_ctx_train + (double)scratch) / mib,
             (double)scratch / mib);
+    char placement[320];
+    kiri_model_describe_placement(m, placement, sizeof placement);
+    appendf(buf, cap, &u, "placement:     %s\n", placement);
     appendf(buf, cap, &u, "threads:       %d\n", m->threads.n);
     appendf(buf, cap, &u, "backends:\n%s", m->backend_report);
 }
@@ -177,7 +180,6 @@ int kiri_context_init(struct kiri_model *m, const struct kiri_context_params *pa
     const int kv_type = params->kv_type;
     if (kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32 && kv_type != KIRI_TYPE_Q8_0)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "kv_type must be F32 (0), F16 (1) or Q8_0 (8)");
-    const int64_t kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
     if (kv_type == KIRI_TYPE_Q8_0 && m->hp.head_dim % KIRI_QK8_0)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "a Q8_0 cache needs a head size that is a multiple of 32");
     int32_t n_ctx = params->n_ctx > 0 ? params->n_ctx : m->hp.n_ctx_train;
@@ -197,7 +199,7 @@ int kiri_context_init(struct kiri_model *m, const struct kiri_context_params *pa
     c->n_batch = n_batch;
     c->kv_type = kv_type;
     const int32_t n_blocks = (n_ctx + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
-    int rc = kiri_kvcache_init(m->iface, m->be, m->hp.n_layer, kv_dim, kv_type, KV_BLOCK_SIZE, n_blocks, &c->kv);
+    int rc = kiri_model_kvcache_init(m, kv_type, KV_BLOCK_SIZE, n_blocks, &c->kv);
     if (rc == 0)
         rc = kiri_graph_init(m, n_batch, 1, n_blocks, &c->graph);
     if (rc == 0 && !(c->scratch = kiri_mem_array((size_t)n_batch * 4, sizeof(int32_t))))

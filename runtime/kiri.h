@@ -50,7 +50,11 @@ struct kiri_context;
 struct kiri_model_params {
     const char *backend;   /* "auto" (NULL), "cpu", "vulkan" or "cuda" */
     int n_threads;         /* <= 0: one per core */
-    int gpu_layers;        /* layers to offload to a GPU backend; < 0: all */
+    int gpu_layers;        /* with a GPU backend picked: the first gpu_layers layers (and their KV
+                              cache) run there, the others, the token embedding and the output
+                              head on the CPU, their weights used in place from the mapping;
+                              0: the CPU runs everything; < 0 or >= the layer count: all on the
+                              GPU, head included. Ignored when the CPU backend is picked. */
     int vocab_only;        /* load only the tokenizer (a GGUF without tensors is fine) */
 };
 

@@ -6,11 +6,20 @@
 #include "kiri.h"
 #include "mem.h"
 
-struct kiri_kvcache {
+/* The layers of one backend: keys then values of each of its layers, in one buffer. */
+struct part {
     const struct kiri_backend_iface *iface;   /* borrowed */
     struct kiri_backend *be;                  /* borrowed */
-    struct kiri_buffer *buffer;               /* owned: all layers' keys then values */
+    struct kiri_buffer *buffer;               /* owned, NULL when the part holds no layer */
+};
+
+struct kiri_kvcache {
+    /* part[0] holds layers [0, n_first) (none when n_first is 0), part[1] the others, on the
+     * backend the cache was created on. */
+    struct part part[2];
+    int n_first;
     size_t bytes;
+    size_t layer_bytes;                       /* keys or values of one layer */
     int n_layer;
     int block_size;
     int32_t n_blocks;
@@ -32,11 +41,48 @@ struct kiri_kvcache {
     uint64_t hits;
 };
 
-int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_layer,
-                      int64_t kv_dim, int type, int block_size, int32_t n_blocks,
-                      struct kiri_kvcache **out)
+/* Allocates the buffers of a placement (part[1] always, part[0] when n_first > 0) and points
+ * the layer descriptors k[l], v[l] into them. On failure nothing is allocated. */
+static int alloc_parts(struct kiri_kvcache *c, struct part p[2], int n_first, struct kiri_tensor *k,
+                       struct kiri_tensor *v)
 {
-    if (n_layer < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1)
+    void *host[2] = {NULL, NULL};
+    const int n[2] = {n_first, c->n_layer - n_first};
+    p[0].buffer = p[1].buffer = NULL;
+    for (int i = 0; i < 2; i++) {
+        if (n[i] == 0)
+            continue;
+        if (p[i].iface->buffer_alloc(p[i].be, c->layer_bytes * 2 * (size_t)n[i], &p[i].buffer, &host[i]) != 0) {
+            p[i].buffer = NULL;
+            if (i == 1 && p[0].buffer)
+                p[0].iface->buffer_free(p[0].be, p[0].buffer);
+            p[0].buffer = NULL;
+            return KIRI_E_NOMEM;
+        }
+    }
+    const size_t slots = (size_t)c->n_blocks * (size_t)c->block_size;
+    for (int l = 0; l < c->n_layer; l++) {
+        const int i = l < n_first ? 0 : 1;
+        const size_t local = (size_t)(i ? l - n_first : l);
+        struct kiri_tensor *t[2] = {&k[l], &v[l]};
+        for (int j = 0; j < 2; j++) {
+            const size_t off = (local * 2 + (size_t)j) * c->layer_bytes;
+            t[j]->ne[1] = (int64_t)slots;
+            t[j]->buffer = p[i].buffer;
+            t[j]->offset = off;
+            t[j]->data = host[i] ? (char *)host[i] + off : NULL;
+        }
+    }
+    return KIRI_OK;
+}
+
+int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
+                            const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
+                            int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                            struct kiri_kvcache **out)
+{
+    if (n_layer < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1 || n_first < 0 || n_first > n_layer ||
+        (n_first > 0 && (!first_iface || !first_be)))
         return KIRI_E_INVALID_ARG;
     if (type != KIRI_TYPE_F32 && type != KIRI_TYPE_F16 && type != KIRI_TYPE_Q8_0)
         return KIRI_E_INVALID_ARG;
@@ -51,11 +97,13 @@ int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backen
     struct kiri_kvcache *c = kiri_mem_calloc(1, sizeof *c);
     if (!c)
         return KIRI_E_NOMEM;
-    c->iface = iface;
-    c->be = be;
+    c->part[0] = (struct part){n_first ? first_iface : iface, n_first ? first_be : be, NULL};
+    c->part[1] = (struct part){iface, be, NULL};
+    c->n_first = n_first;
     c->n_layer = n_layer;
     c->block_size = block_size;
     c->n_blocks = n_blocks;
+    c->layer_bytes = layer_bytes;
     c->bytes = layer_bytes * 2 * (size_t)n_layer;
     c->k = kiri_mem_calloc((size_t)n_layer, sizeof *c->k);
     c->v = kiri_mem_calloc((size_t)n_layer, sizeof *c->v);
@@ -71,30 +119,26 @@ int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backen
     c->hash = kiri_mem_calloc((size_t)n_blocks, sizeof *c->hash);
     c->stamp = kiri_mem_calloc((size_t)n_blocks, sizeof *c->stamp);
     c->tokens = kiri_mem_array((size_t)n_blocks * (size_t)block_size, sizeof *c->tokens);
-    void *host = NULL;
     if (!c->k || !c->v || !c->refs || !c->free_list || !c->buckets || !c->next || !c->cached || !c->hash ||
-        !c->stamp || !c->tokens ||
-        iface->buffer_alloc(be, c->bytes, &c->buffer, &host) != 0) {
-        c->buffer = NULL;
+        !c->stamp || !c->tokens) {
         kiri_kvcache_free(c);
         return KIRI_E_NOMEM;
     }
     for (int l = 0; l < n_layer; l++) {
         struct kiri_tensor *t[2] = {&c->k[l], &c->v[l]};
         for (int j = 0; j < 2; j++) {
-            const size_t off = ((size_t)l * 2 + (size_t)j) * layer_bytes;
             t[j]->type = type;
             t[j]->ne[0] = kv_dim;
-            t[j]->ne[1] = (int64_t)slots;
             t[j]->ne[2] = t[j]->ne[3] = 1;
             t[j]->nb[0] = kiri_type_size(type);
             t[j]->nb[1] = row;
             t[j]->nb[2] = t[j]->nb[3] = row * slots;
-            t[j]->buffer = c->buffer;
-            t[j]->offset = off;
-            t[j]->data = host ? (char *)host + off : NULL;
             t[j]->name = j ? "cache_v" : "cache_k";
         }
+    }
+    if (alloc_parts(c, c->part, n_first, c->k, c->v) != KIRI_OK) {
+        kiri_kvcache_free(c);
+        return KIRI_E_NOMEM;
     }
     for (uint32_t i = 0; i < nb; i++)
         c->buckets[i] = -1;
@@ -106,12 +150,106 @@ int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backen
     return KIRI_OK;
 }
 
+int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_layer,
+                      int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                      struct kiri_kvcache **out)
+{
+    return kiri_kvcache_init_split(iface, be, 0, NULL, NULL, n_layer, kv_dim, type, block_size, n_blocks, out);
+}
+
+enum { COPY_CHUNK = 1 << 20 };
+
+/* Copies size bytes of one layer's keys or values between descriptors that may live on different
+ * backends, in chunks of at most COPY_CHUNK bytes through tmp (a device's staging buffer need not
+ * hold a whole layer). */
+static int copy_layer(const struct part *sp, const struct kiri_tensor *src, const struct part *dp,
+                      struct kiri_tensor *dst, size_t size, char *tmp)
+{
+    if (src->data && dst->data) {
+        memcpy(dst->data, src->data, size);
+        return 0;
+    }
+    int rc = 0;
+    for (size_t off = 0; off < size && rc == 0; off += COPY_CHUNK) {
+        const size_t n = size - off < COPY_CHUNK ? size - off : COPY_CHUNK;
+        if (src->data)
+            rc = dp->iface->tensor_set(dp->be, dst, (const char *)src->data + off, off, n);
+        else if (dst->data)
+            rc = sp->iface->tensor_get(sp->be, src, (char *)dst->data + off, off, n);
+        else if ((rc = sp->iface->tensor_get(sp->be, src, tmp, off, n)) == 0)
+            rc = dp->iface->tensor_set(dp->be, dst, tmp, off, n);
+    }
+    return rc;
+}
+
+int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_backend_iface *first_iface,
+                       struct kiri_backend *first_be, const struct kiri_backend_iface *iface, struct kiri_backend *be)
+{
+    if (n_first < 0 || n_first > c->n_layer || (n_first > 0 && (!first_iface || !first_be)) || !iface || !be)
+        return KIRI_E_INVALID_ARG;
+    if (n_first == c->n_first && (n_first == 0 || first_be == c->part[0].be) && be == c->part[1].be)
+        return KIRI_OK;
+    struct part np[2] = {{n_first ? first_iface : iface, n_first ? first_be : be, NULL}, {iface, be, NULL}};
+    /* Everything that can run out of memory comes before the first copy, so a failure never
+     * leaves copies queued into a buffer that is then freed. */
+    struct kiri_tensor *k = kiri_mem_array((size_t)c->n_layer, sizeof *k);
+    struct kiri_tensor *v = kiri_mem_array((size_t)c->n_layer, sizeof *v);
+    char *tmp = kiri_mem_alloc(c->layer_bytes < COPY_CHUNK ? c->layer_bytes : COPY_CHUNK);
+    int rc = k && v && tmp ? KIRI_OK : KIRI_E_NOMEM;
+    if (rc == KIRI_OK) {
+        memcpy(k, c->k, (size_t)c->n_layer * sizeof *k);
+        memcpy(v, c->v, (size_t)c->n_layer * sizeof *v);
+        rc = alloc_parts(c, np, n_first, k, v);
+    }
+    for (int l = 0; l < c->n_layer && rc == KIRI_OK; l++) {
+        const struct part *sp = &c->part[l < c->n_first ? 0 : 1], *dp = &np[l < n_first ? 0 : 1];
+        if (copy_layer(sp, &c->k[l], dp, &k[l], c->layer_bytes, tmp) != 0 ||
+            copy_layer(sp, &c->v[l], dp, &v[l], c->layer_bytes, tmp) != 0)
+            rc = KIRI_E_BACKEND;
+    }
+    if (rc == KIRI_E_BACKEND) {
+        /* A device failed mid-copy: reading a byte back from each new buffer completes what was
+         * queued into it before it is freed. */
+        for (int i = 0; i < 2; i++) {
+            const int l = i ? n_first : 0;
+            char byte;
+            if (np[i].buffer && !k[l].data)
+                (void)np[i].iface->tensor_get(np[i].be, &k[l], &byte, 0, 1);
+        }
+        for (int i = 0; i < 2; i++)
+            if (np[i].buffer)
+                np[i].iface->buffer_free(np[i].be, np[i].buffer);
+    }
+    if (rc == KIRI_OK) {
+        for (int i = 0; i < 2; i++)
+            if (c->part[i].buffer)
+                c->part[i].iface->buffer_free(c->part[i].be, c->part[i].buffer);
+        c->part[0] = np[0];
+        c->part[1] = np[1];
+        c->n_first = n_first;
+        memcpy(c->k, k, (size_t)c->n_layer * sizeof *k);
+        memcpy(c->v, v, (size_t)c->n_layer * sizeof *v);
+    }
+    kiri_mem_free(k);
+    kiri_mem_free(v);
+    kiri_mem_free(tmp);
+    return rc;
+}
+
+int kiri_kvcache_n_first(const struct kiri_kvcache *c) { return c->n_first; }
+
+struct kiri_backend *kiri_kvcache_backend(const struct kiri_kvcache *c, int layer)
+{
+    return c->part[layer < c->n_first ? 0 : 1].be;
+}
+
 void kiri_kvcache_free(struct kiri_kvcache *c)
 {
     if (!c)
         return;
-    if (c->buffer)
-        c->iface->buffer_free(c->be, c->buffer);
+    for (int i = 0; i < 2; i++)
+        if (c->part[i].buffer)
+            c->part[i].iface->buffer_free(c->part[i].be, c->part[i].buffer);
     kiri_mem_free(c->k);
     kiri_mem_free(c->v);
     kiri_mem_free(c->refs);

@@ -7,7 +7,9 @@
  * sequence; position p of a sequence lives in slot table[p / block_size] * block_size +
  * p % block_size; a sequence's table has exactly ceil(n_tokens / block_size) blocks after
  * kiri_kvcache_seq_reserve for n_tokens. The whole pool is allocated once at init: memory never
- * grows past it.
+ * grows past it (kiri_kvcache_place reallocates it, at the same size). A layer's keys and values
+ * live on the backend that runs the layer: layers [0, n_first) on the first backend, the rest on
+ * the other.
  */
 #ifndef KIRI_KVCACHE_H
 #define KIRI_KVCACHE_H
@@ -32,6 +34,24 @@ struct kiri_kv_seq {
 int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_layer,
                       int64_t kv_dim, int type, int block_size, int32_t n_blocks,
                       struct kiri_kvcache **out);
+/* The same with the keys and values of layers [0, n_first) in a buffer of their own on another
+ * backend (first_iface, first_be): the layers a partly offloaded model runs there. n_first = 0
+ * is kiri_kvcache_init. */
+int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
+                            const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
+                            int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                            struct kiri_kvcache **out);
+/* Moves layers [0, n_first) to a buffer of their own on backend (first_iface, first_be) and the
+ * others to one on (iface, be), keeping what they hold (a one-time copy); a no-op when they are
+ * already there. On failure (KIRI_E_INVALID_ARG, KIRI_E_NOMEM, KIRI_E_BACKEND) the cache is
+ * unchanged. No step may run on the cache meanwhile. */
+int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_backend_iface *first_iface,
+                       struct kiri_backend *first_be, const struct kiri_backend_iface *iface,
+                       struct kiri_backend *be);
+/* Leading layers on a backend of their own (0 when all share one), and the backend that holds
+ * a layer's keys and values. */
+int kiri_kvcache_n_first(const struct kiri_kvcache *c);
+struct kiri_backend *kiri_kvcache_backend(const struct kiri_kvcache *c, int layer);
 void kiri_kvcache_free(struct kiri_kvcache *c);
 
 int kiri_kvcache_block_size(const struct kiri_kvcache *c);

@@ -8,6 +8,7 @@
 #include "error.h"
 #include "gguf.h"
 #include "kiri.h"
+#include "kvcache.h"
 #include "mem.h"
 #include "platform.h"
 #include "threadpool.h"
@@ -245,7 +246,8 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
     const int64_t Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
     m->tensors = kiri_mem_calloc((size_t)hp->n_layer * 16 + 8, sizeof *m->tensors);
     m->layers = kiri_mem_calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->tensors || !m->layers)
+    m->layer_t0 = kiri_mem_array((size_t)hp->n_layer + 1, sizeof *m->layer_t0);
+    if (!m->tensors || !m->layers || !m->layer_t0)
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory for the tensor table");
     int rc;
     if ((rc = take_weight(m, "token_embd.weight", E, V, WEIGHT_EMBEDDING, 1, &m->tok_embd, info)) < 0 ||
@@ -258,6 +260,7 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
     for (int l = 0; l < hp->n_layer; l++) {
         struct kiri_layer *L = &m->layers[l];
         char n[KIRI_GGUF_MAX_NAME + 16];
+        m->layer_t0[l] = m->n_tensors;
 #define W(field, suffix, ne0, ne1, kind, req)                                                      \
         snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                             \
         if ((rc = take_weight(m, n, ne0, ne1, kind, req, &L->field, info)) < 0)                   \
@@ -278,12 +281,80 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         W(w_down, "ffn_down.weight", F, E, WEIGHT_MATRIX, 1)
 #undef W
     }
+    m->layer_t0[hp->n_layer] = m->n_tensors;
     return KIRI_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Loading
  * ------------------------------------------------------------------------------------------- */
+
+/* Does tensor i belong to a layer that runs on the offload backend? */
+static int on_offload(const struct kiri_model *m, int i)
+{
+    return m->n_offload > 0 && i >= m->layer_t0[0] && i < m->layer_t0[m->n_offload];
+}
+
+static int prepare(const struct kiri_backend_iface *iface, struct kiri_backend *be, struct kiri_tensor *t,
+                   struct kiri_status_info *info)
+{
+    char msg[128] = "";
+    if (iface->weight_prepare && iface->weight_prepare(be, t, msg, sizeof msg) != 0)
+        return kiri_error_set(info, KIRI_E_BACKEND, "%s: cannot prepare %s: %s", iface->name, t->name, msg);
+    return KIRI_OK;
+}
+
+/* Replaces the report's line about the backend named name (the CPU's "skipped (not requested)"
+ * when a name forced the GPU) with line. */
+static void report_line(struct kiri_model *m, const char *name, const char *line)
+{
+    char *r = m->backend_report;
+    const size_t n = strlen(name);
+    for (char *p = r; *p;) {
+        char *end = strchr(p, '\n');
+        end = end ? end + 1 : p + strlen(p);
+        if (strncmp(p, name, n) == 0 && p[n] == ':') {
+            memmove(p, end, strlen(end) + 1);
+            break;
+        }
+        p = end;
+    }
+    const size_t used = strnlen(r, sizeof m->backend_report);
+    if (used + 1 < sizeof m->backend_report)
+        snprintf(m->backend_report + used, sizeof m->backend_report - used, "%s\n", line);
+}
+
+/* With a GPU backend picked and gpu_layers in [0, n_layer), the GPU keeps the first gpu_layers
+ * layers and a CPU backend becomes the model's main one (embedding, the other layers, the output
+ * head): the weights it runs stay in the mapping. gpu_layers = 0 leaves the GPU unused. */
+static int split_layers(struct kiri_model *m, const struct kiri_model_params *p,
+                        const struct kiri_backend_config *cfg, struct kiri_status_info *info)
+{
+    const int n_layer = m->hp.n_layer;
+    if (strcmp(m->iface->name, "cpu") == 0 || p->gpu_layers < 0 || p->gpu_layers >= n_layer)
+        return KIRI_OK;
+    const struct kiri_backend_iface *gi = m->iface;
+    struct kiri_backend *gb = m->be;
+    char cpu_report[256];
+    m->iface = NULL;
+    m->be = NULL;
+    const int rc = kiri_backends_pick("cpu", cfg, &m->iface, &m->be, cpu_report, sizeof cpu_report, info);
+    char line[160];
+    if (rc < 0 || p->gpu_layers == 0) {
+        gi->free(gb);
+        if (rc < 0)
+            return rc;
+        snprintf(line, sizeof line, "cpu: runs every layer (gpu layers 0: %s picked, then left unused)", gi->name);
+    } else {
+        m->off_iface = gi;
+        m->off_be = gb;
+        m->n_offload = p->gpu_layers;
+        snprintf(line, sizeof line, "cpu: runs layers %d-%d of %d, the embedding and the output head (gpu layers %d)",
+                 m->n_offload, n_layer - 1, n_layer, m->n_offload);
+    }
+    report_line(m, "cpu", line);
+    return KIRI_OK;
+}
 
 static int start_backend(struct kiri_model *m, const struct kiri_model_params *p, struct kiri_status_info *info)
 {
@@ -305,15 +376,22 @@ static int start_backend(struct kiri_model *m, const struct kiri_model_params *p
     if ((rc = kiri_backends_pick(p->backend, &cfg, &m->iface, &m->be, m->backend_report,
                                  sizeof m->backend_report, info)) < 0)
         return rc;
-    /* Every weight must be runnable on the picked backend; ask before the first request. */
+    if ((rc = split_layers(m, p, &cfg, info)) < 0)
+        return rc;
+    /* Every weight must be runnable on the backend that runs it; ask before the first request.
+     * Weights of CPU layers stay in the mapping (the CPU prepares nothing). */
     for (int i = 0; i < m->n_tensors; i++) {
-        struct kiri_tensor *t = &m->tensors[i];
-        if (m->iface->weight_prepare) {
-            char msg[128] = "";
-            if (m->iface->weight_prepare(m->be, t, msg, sizeof msg) != 0)
-                return kiri_error_set(info, KIRI_E_BACKEND, "%s: cannot prepare %s: %s", m->iface->name,
-                                      t->name, msg);
-        }
+        const int off = on_offload(m, i);
+        if ((rc = prepare(off ? m->off_iface : m->iface, off ? m->off_be : m->be, &m->tensors[i], info)) < 0)
+            return rc;
+        if (off)
+            m->off_weight_bytes += m->tensors[i].nb[1] * (size_t)m->tensors[i].ne[1];
+    }
+    if (m->n_offload && m->rope_freqs) {
+        m->rope_freqs_off = *m->rope_freqs;
+        m->rope_freqs_off.extra = NULL;
+        if ((rc = prepare(m->off_iface, m->off_be, &m->rope_freqs_off, info)) < 0)
+            return rc;
     }
     return KIRI_OK;
 }
@@ -375,16 +453,24 @@ void kiri_model_free(struct kiri_model *m)
     if (!m)
         return;
     if (m->be) {
-        if (m->iface->weight_release)
-            for (int i = 0; i < m->n_tensors; i++)
-                m->iface->weight_release(m->be, &m->tensors[i]);
+        for (int i = 0; i < m->n_tensors; i++) {
+            const int off = on_offload(m, i);
+            const struct kiri_backend_iface *fi = off ? m->off_iface : m->iface;
+            if (fi->weight_release)
+                fi->weight_release(off ? m->off_be : m->be, &m->tensors[i]);
+        }
+        if (m->n_offload && m->off_iface->weight_release)
+            m->off_iface->weight_release(m->off_be, &m->rope_freqs_off);
         m->iface->free(m->be);
     }
+    if (m->off_be)
+        m->off_iface->free(m->off_be);
     kiri_threadpool_free(m->pool);
     kiri_platform_mutex_free(m->compute_lock);
     kiri_tokenizer_free(m->tokenizer);
     kiri_mem_free(m->tensors);
     kiri_mem_free(m->layers);
+    kiri_mem_free(m->layer_t0);
     kiri_gguf_close(m->gguf);
     kiri_mem_free(m);
 }
@@ -396,4 +482,25 @@ size_t kiri_model_kv_bytes_per_token(const struct kiri_model *m, int kv_type)
     if (!bs)
         return 0;
     return 2 * (size_t)m->hp.n_layer * (size_t)(kv_dim / bs) * kiri_type_size(kv_type);
+}
+
+int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
+                            struct kiri_kvcache **out)
+{
+    return kiri_kvcache_init_split(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
+                                   (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks, out);
+}
+
+void kiri_model_describe_placement(const struct kiri_model *m, char *buf, size_t cap)
+{
+    const double mib = 1024.0 * 1024.0;
+    const int n_layer = m->hp.n_layer;
+    if (!m->n_offload)
+        snprintf(buf, cap, "all %d layers, the token embedding and the output head on %s", n_layer, m->iface->name);
+    else
+        snprintf(buf, cap,
+                 "%d of %d layers on %s (layers 0-%d, %.2f MiB of weights uploaded); %d on %s (layers %d-%d, with "
+                 "the token embedding and the output head, weights used in place)",
+                 m->n_offload, n_layer, m->off_iface->name, m->n_offload - 1, (double)m->off_weight_bytes / mib,
+                 n_layer - m->n_offload, m->iface->name, m->n_offload, n_layer - 1);
 }

@@ -20,6 +20,7 @@ struct kiri_threadpool;
 struct kiri_mutex;
 struct kiri_status_info;
 struct kiri_model_params;
+struct kiri_kvcache;
 
 enum kiri_arch {
     KIRI_ARCH_LLAMA,
@@ -77,11 +78,22 @@ struct kiri_model {
     struct kiri_layer *layers;           /* owned, n_layer */
     size_t weight_bytes;
 
-    /* Execution: one backend and pool per model; steps are serialised by compute_lock. */
+    /* Execution: one pool per model; steps are serialised by compute_lock. iface/be runs the
+     * token embedding, layers [n_offload, n_layer) and the output head: every layer when
+     * n_offload is 0. With a partial offload (--gpu-layers N below n_layer) it is the CPU and
+     * layers [0, n_offload) run on off_iface/off_be, the GPU backend that was picked. */
     struct kiri_threadpool *pool;        /* owned */
     struct kiri_threads threads;
     const struct kiri_backend_iface *iface;
     struct kiri_backend *be;             /* owned */
+    int n_offload;                       /* 0 (no split) .. n_layer - 1 */
+    const struct kiri_backend_iface *off_iface;   /* NULL without a split */
+    struct kiri_backend *off_be;         /* owned, NULL without a split */
+    struct kiri_tensor rope_freqs_off;   /* rope_freqs as off_be prepares it (a tensor holds one
+                                            backend's state in extra); unused without both */
+    int32_t *layer_t0;                   /* owned (n_layer + 1): index in tensors of each layer's
+                                            first weight, and one past the last layer's */
+    size_t off_weight_bytes;             /* weights prepared on off_be */
     struct kiri_mutex *compute_lock;     /* owned */
     uint32_t cpu_features;
     char backend_report[512];
@@ -91,6 +103,14 @@ struct kiri_model {
 int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *params,
                     struct kiri_model **out, struct kiri_status_info *info);
 void kiri_model_free(struct kiri_model *m);
+
+/* A KV cache for this model's contexts: each layer's keys and values on the backend that runs
+ * the layer (see kiri_kvcache_init_split). */
+int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
+                            struct kiri_kvcache **out);
+
+/* Writes one line saying which layers run on which backend. */
+void kiri_model_describe_placement(const struct kiri_model *m, char *buf, size_t cap);
 
 /* Bytes one token's keys and values take in a cache of the given element type. */
 size_t kiri_model_kv_bytes_per_token(const struct kiri_model *m, int kv_type);

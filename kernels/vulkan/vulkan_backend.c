@@ -43,10 +43,12 @@
 #define VK_NO_PROTOTYPES
 #include <vulkan/vulkan.h>
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../runtime/backend.h"
 
@@ -992,12 +994,41 @@ static int rec_node(struct kiri_backend *be, const struct kiri_node *nd)
  * Interface
  * ------------------------------------------------------------------------------------------- */
 
+/* Does the machine show a GPU device node? Linux GPU drivers (DRM render nodes; NVIDIA's
+ * desktop and Tegra nodes; Adreno; Mali) all expose one, and without any a Vulkan loader can find
+ * only a software renderer, which the automatic choice never takes. Loading the drivers just to
+ * learn that costs tens of MiB for good (Mesa's drivers pull in LLVM, which never unloads). */
+static int gpu_node_present(void)
+{
+    static const char *const nodes[] = {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvgpu", "/dev/nvhost-ctrl-gpu",
+                                        "/dev/kgsl-3d0", "/dev/mali0"};
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
+        if (access(nodes[i], F_OK) == 0)
+            return 1;
+    DIR *d = opendir("/dev/dri");
+    if (!d)
+        return 0;
+    int found = 0;
+    const struct dirent *e;
+    for (int n = 0; !found && n < 4096 && (e = readdir(d)) != NULL; n++)
+        found = strncmp(e->d_name, "renderD", 7) == 0 || strncmp(e->d_name, "card", 4) == 0;
+    closedir(d);
+    return found;
+}
+
 static int vk_probe(const struct kiri_backend_config *cfg, char *msg, size_t cap)
 {
     struct vkfn fn;
     VkInstance inst;
     if (cap)
         msg[0] = '\0';
+    /* An explicit driver list from the user (the loader's variables) is always probed. */
+    if (cfg->automatic && !gpu_node_present() && !getenv("VK_ICD_FILENAMES") && !getenv("VK_DRIVER_FILES") &&
+        !getenv("VK_ADD_DRIVER_FILES") && !getenv("VK_LOADER_DRIVERS_SELECT")) {
+        snprintf(msg, cap, "no GPU device node (/dev/dri, /dev/nvidia*, ...), so no GPU driver loaded: "
+                           "use --backend vulkan to force");
+        return 0;
+    }
     if (open_instance(cfg, &fn, &inst, msg, cap) != 0)
         return 0;
     VkPhysicalDevice pd;
