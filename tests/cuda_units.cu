@@ -1,0 +1,181 @@
+/* The CUDA kernels' per-block arithmetic against the CPU reference, on the host (no GPU needed):
+ * kernels/cuda/common.cuh compiles its unit functions for host and device alike, so here, for
+ * every weight type, random rows quantized by the reference must give
+ * - through wt<T>::val, every element exactly as kiri_cpu_dequantize_row (row look-ups are exact);
+ * - through wt<T>::dot over all units of a row, the reference vec_dot within 2e-5 of
+ *   sum |w_i x_i| (the integer block sums are the same; only the float order of adding differs),
+ *   with the activations in the reference's format (Q8_0, Q8_1, Q8_K, F16, BF16) moved into the
+ *   CUDA layout;
+ * and the activation quantizer of one 32-value block (quantize_q8_block, used by the Q8_0 / Q8_1
+ * conversion and by STORE_KV into a Q8_0 cache) must write the reference's bytes.
+ * The kernels themselves (indexing, warps, launches) are checked on a GPU by cuda_check. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cuda/common.cuh"
+
+extern "C" {
+#include "../kernels/cpu/cpu_kernels.h"
+}
+
+static int checks, failures;
+static uint64_t rng = 0x243F6A8885A308D3ull;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static void check(int ok, const char *what, int type, long long k, double got, double want)
+{
+    checks++;
+    if (!ok) {
+        if (failures < 20)
+            fprintf(stderr, "cuda_units: %s %s k=%lld: cuda %.9g, cpu %.9g\n", what, kiri_type_name(type), k, got,
+                    want);
+        failures++;
+    }
+}
+
+/* The activation row x (k values) in the CUDA layout of format act, from the reference's bytes. */
+static void to_cuda_act(int act, const float *x, const void *ref, void *out, int64_t k)
+{
+    if (act == KIRI_CUDA_ACT_F32) {
+        memcpy(out, x, (size_t)k * 4);
+    } else if (act == KIRI_CUDA_ACT_F16 || act == KIRI_CUDA_ACT_BF16) {
+        for (int64_t i = 0; i < k; i++)
+            ((float *)out)[i] = act == KIRI_CUDA_ACT_F16 ? kiri_f16_to_f32(((const kiri_f16 *)ref)[i])
+                                                         : kiri_bf16_to_f32(((const kiri_bf16 *)ref)[i]);
+    } else if (act == KIRI_CUDA_ACT_Q8_0) {
+        for (int64_t b = 0; b < k / 32; b++) {
+            const struct kiri_block_q8_0 *r = (const struct kiri_block_q8_0 *)ref + b;
+            act_q8_0 *o = (act_q8_0 *)out + b;
+            memcpy(o->qs, r->qs, 32);
+            o->d = kiri_f16_to_f32(r->d);
+        }
+    } else if (act == KIRI_CUDA_ACT_Q8_1) {
+        for (int64_t b = 0; b < k / 32; b++) {
+            const struct kiri_block_q8_1 *r = (const struct kiri_block_q8_1 *)ref + b;
+            act_q8_1 *o = (act_q8_1 *)out + b;
+            memcpy(o->qs, r->qs, 32);
+            o->d = kiri_f16_to_f32(r->d);
+            o->s = kiri_f16_to_f32(r->s);
+        }
+    } else {
+        for (int64_t b = 0; b < k / 256; b++) {
+            const struct kiri_block_q8_K *r = (const struct kiri_block_q8_K *)ref + b;
+            act_q8_k *o = (act_q8_k *)out + b;
+            memcpy(o->qs, r->qs, 256);
+            o->d = r->d;
+            for (int g = 0; g < 16; g++)
+                o->bsums[g] = r->bsums[g];
+        }
+    }
+}
+
+template <int T>
+static void check_type(int64_t k)
+{
+    struct kiri_cpu_kernels ref;
+    kiri_cpu_kernels_init_ref(&ref);
+    const int vt = kiri_cpu_vec_dot_type(T), act = kiri_cuda_act_format(T);
+    const size_t row = (size_t)(k / kiri_type_block_size(T)) * kiri_type_size(T);
+    float *w = (float *)malloc((size_t)k * 4), *x = (float *)malloc((size_t)k * 4);
+    float *deq = (float *)malloc((size_t)k * 4);
+    uint8_t *wq = (uint8_t *)calloc(1, row + 64);
+    uint8_t *aref = (uint8_t *)calloc(1, (size_t)k * 4 + 1024), *acu = (uint8_t *)calloc(1, (size_t)k * 4 + 1024);
+    for (int r = 0; r < 6; r++) {
+        for (int64_t i = 0; i < k; i++) {
+            w[i] = frand() * (r == 5 ? 0.0f : 1.0f); /* the last row all zero */
+            x[i] = frand() * 2.0f;
+        }
+        kiri_cpu_quantize_row(T, w, wq, k);
+        kiri_cpu_dequantize_row(T, wq, deq, k);
+        int exact = 1;
+        for (int64_t i = 0; i < k; i++) {
+            const float v = wt<T>::val(wq, (int)i);
+            if (memcmp(&v, &deq[i], 4) != 0) {
+                check(0, "val", T, (long long)k, v, deq[i]);
+                exact = 0;
+                break;
+            }
+        }
+        check(exact, "val", T, (long long)k, 0, 0);
+        if (vt == KIRI_TYPE_F32)
+            memcpy(aref, x, (size_t)k * 4);
+        else
+            ref.from_float[vt](x, aref, k);
+        float want = 0;
+        ref.vec_dot[T](k, &want, wq, aref);
+        to_cuda_act(act, x, aref, acu, k);
+        const int units = (int)((k + wt<T>::UNIT - 1) / wt<T>::UNIT);
+        float got = 0;
+        for (int u = 0; u < units; u++)
+            got += wt<T>::dot(wq, acu, u, (int)k);
+        double scale = 1e-3;
+        for (int64_t i = 0; i < k; i++)
+            scale += fabs((double)deq[i] * x[i]);
+        check(fabs((double)got - want) <= 2e-5 * scale, "dot", T, (long long)k, got, want);
+    }
+    free(w);
+    free(x);
+    free(deq);
+    free(wq);
+    free(aref);
+    free(acu);
+}
+
+/* quantize_q8_block against the reference's Q8_0 and Q8_1 bytes. */
+static void check_quantize_block(void)
+{
+    float x[64];
+    for (int r = 0; r < 200; r++) {
+        for (int i = 0; i < 64; i++)
+            x[i] = r == 0 ? 0.0f : frand() * (r % 7 == 0 ? 1e-3f : 3.0f);
+        if (r == 1)
+            x[5] = 127.0f / 2.0f; /* values on rounding boundaries */
+        struct kiri_block_q8_0 q0[2];
+        struct kiri_block_q8_1 q1[2];
+        kiri_cpu_quantize_row(KIRI_TYPE_Q8_0, x, q0, 64);
+        kiri_cpu_quantize_row(KIRI_TYPE_Q8_1, x, q1, 64);
+        for (int b = 0; b < 2; b++) {
+            int8_t qs[32];
+            float d;
+            const int sum = quantize_q8_block(x + 32 * b, qs, &d);
+            check(memcmp(qs, q0[b].qs, 32) == 0 && f16_bits(d) == q0[b].d, "quantize_q8_block (Q8_0)", KIRI_TYPE_Q8_0,
+                  32, d, kiri_f16_to_f32(q0[b].d));
+            check(memcmp(qs, q1[b].qs, 32) == 0 && f16_bits((float)sum * d) == q1[b].s, "quantize_q8_block (Q8_1 s)",
+                  KIRI_TYPE_Q8_1, 32, (float)sum * d, kiri_f16_to_f32(q1[b].s));
+        }
+    }
+}
+
+int main(void)
+{
+    const int64_t ks[] = {256, 512, 4096};
+    for (int i = 0; i < 3; i++) {
+        check_type<KIRI_TYPE_F32>(ks[i]);
+        check_type<KIRI_TYPE_F16>(ks[i]);
+        check_type<KIRI_TYPE_BF16>(ks[i]);
+        check_type<KIRI_TYPE_Q4_0>(ks[i]);
+        check_type<KIRI_TYPE_Q4_1>(ks[i]);
+        check_type<KIRI_TYPE_Q5_0>(ks[i]);
+        check_type<KIRI_TYPE_Q5_1>(ks[i]);
+        check_type<KIRI_TYPE_Q8_0>(ks[i]);
+        check_type<KIRI_TYPE_Q4_K>(ks[i]);
+        check_type<KIRI_TYPE_Q5_K>(ks[i]);
+        check_type<KIRI_TYPE_Q6_K>(ks[i]);
+    }
+    /* Plain rows that end inside a 32-value unit. */
+    check_type<KIRI_TYPE_F32>(172);
+    check_type<KIRI_TYPE_F16>(172);
+    check_type<KIRI_TYPE_BF16>(172);
+    check_quantize_block();
+    fprintf(stderr, "cuda_units: %d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}
