@@ -866,7 +866,7 @@ static void test_config_defaults(void)
     CHECK_EQ_INT(cfg.kv_memory, 0);
     CHECK_STR(cfg.kv_type, "f16");
     CHECK_EQ_INT(cfg.parallel, 8);
-    CHECK_EQ_INT(cfg.chunk, 256);
+    CHECK_EQ_INT(cfg.chunk, 64);
     CHECK_EQ_INT(cfg.queue, 64);
     CHECK_STR(cfg.tls_cert, "");
     CHECK_STR(cfg.tls_key, "");
@@ -914,7 +914,7 @@ static void test_config_precedence(void)
     CHECK_EQ_INT(cfg.threads, 5);
     CHECK_STR(cfg.host, "0.0.0.0");
     CHECK_EQ_INT(cfg.parallel, 4);
-    CHECK_EQ_INT(cfg.chunk, 256);
+    CHECK_EQ_INT(cfg.chunk, 64);
     CHECK_STR(cfg.model, "file.gguf");
     CHECK_EQ_INT(cfg.log_prompts, 1);
     CHECK(strstr(cfg.config_file, "kiri.conf") != NULL);
@@ -1163,6 +1163,9 @@ static void test_config_usage(void)
         "--tls-cert FILE", "--tls-key FILE", "--api-key-file FILE", "--max-body BYTES",
         "--max-prompt-tokens N", "--request-timeout SECONDS", "--idle-timeout SECONDS",
         "--http-threads N", "--log-prompts", "--config FILE",
+        "--models-dir DIR", "--models-memory BYTES", "--fleet URL", "--fleet-key FILE", "--fleet-ca FILE",
+        "--fleet-interval SECONDS", "--node-name NAME", "--upstream URL", "--upstream-key-file FILE",
+        "--upstream-ca FILE", "--route POLICY", "--route-queue N", "--upstream-timeout SECONDS", "--gpu-layers N",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         CHECK(strstr(buf, flags[i]) != NULL);

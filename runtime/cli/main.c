@@ -22,6 +22,7 @@ struct options {
     const char *backend;
     int n_predict;
     int n_threads;
+    int gpu_layers;
     int n_ctx;
     int n_batch;
     int kv_type;
@@ -59,6 +60,8 @@ static void usage(FILE *f)
             "  -c, --ctx-size N        context length (default: the model's)\n"
             "  -b, --batch-size N      prompt tokens per step (default 512)\n"
             "      --backend NAME      auto, cpu, vulkan or cuda (default auto)\n"
+            "      --gpu-layers N      with a GPU backend, run only the first N layers on it and the\n"
+            "                          rest on the CPU (default -1: all; 0: none)\n"
             "      --kv-type TYPE      f16 (default), f32 or q8_0\n"
             "      --temp T            temperature, 0 = greedy (default 0.8)\n"
             "      --top-k N --top-p P --min-p P --repeat-penalty P --repeat-last-n N\n"
@@ -116,6 +119,7 @@ static int parse_args(int argc, char **argv, struct options *o)
     o->repetitions = 3;
     o->kv_type = 1;
     o->backend = "auto";
+    o->gpu_layers = -1;
     kiri_sampling_default(&o->sampling);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -142,6 +146,7 @@ static int parse_args(int argc, char **argv, struct options *o)
         else if (IS("-b", "--batch-size")) { NEED(); if (parse_int(a, v, 1, 8192, &o->n_batch)) return -1; }
         else if (IS("-r", "--repetitions")) { NEED(); if (parse_int(a, v, 1, 100, &o->repetitions)) return -1; }
         else if (IS("--backend", NULL)) { NEED(); o->backend = v; }
+        else if (IS("--gpu-layers", NULL)) { NEED(); if (parse_int(a, v, -1, 1 << 20, &o->gpu_layers)) return -1; }
         else if (IS("--kv-type", NULL)) {
             NEED();
             if (strcmp(v, "f16") == 0) o->kv_type = 1;
@@ -218,6 +223,7 @@ static int open_model(const struct options *o, int vocab_only, struct kiri_model
     kiri_model_params_default(&mp);
     mp.backend = o->backend;
     mp.n_threads = o->n_threads;
+    mp.gpu_layers = o->gpu_layers;
     mp.vocab_only = vocab_only;
     struct kiri_status_info info;
     if (kiri_model_open(o->model, &mp, m, &info) != KIRI_OK)
@@ -468,7 +474,7 @@ static int cmd_serve(int argc, char **argv)
         fprintf(stderr, "kiri: error: %s\n", err);
         return 2;
     }
-    if (!cfg.model[0]) {
+    if (!cfg.model[0] && !cfg.models_dir[0]) {
         fprintf(stderr, "kiri: error: serve needs a model (-m FILE, KIRI_MODEL or model = in --config)\n");
         return 2;
     }

@@ -345,7 +345,8 @@ int kiri_download_install(struct kiri_https_client *client, const struct kiri_do
         }
         int retryable = 0;
         if (j.have < req->size) {
-            struct kiri_https_request hr = {req->url, req->headers, j.have, j.validator[0] ? j.validator : NULL, 0};
+            struct kiri_https_request hr = {.url = req->url, .headers = req->headers, .range_start = j.have,
+                                            .if_range = j.validator[0] ? j.validator : NULL};
             struct kiri_https_response *resp = kiri_mem_alloc(sizeof *resp);
             if (!resp) {
                 rc = kiri_error_set(info, KIRI_E_NOMEM, "out of memory downloading %s", req->name);

@@ -577,3 +577,116 @@ int kiri_fleet_load_current(const char *models_dir, const struct kiri_manifest_k
     *out = m;
     return KIRI_OK;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Superseded models
+ * ------------------------------------------------------------------------------------------- */
+
+/* A model name as manifests allow it ([A-Za-z0-9._-], not starting with '.'): the state is only
+ * trusted to name files inside the directory when its names pass this. */
+static int state_name_ok(const char *s)
+{
+    const size_t len = strlen(s);
+    if (len == 0 || len > KIRI_MANIFEST_MAX_NAME || s[0] == '.')
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        const char c = s[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static int manifest_names(const struct kiri_manifest *m, const char *name)
+{
+    for (int i = 0; i < m->n_models; i++)
+        if (strcmp(m->models[i].name, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Does the state hold exactly manifest m (its version and the hash of its bytes)? */
+static int state_holds(const struct state *st, const struct kiri_manifest *m)
+{
+    struct kiri_manifest_policy p;
+    state_policy(st, &p);
+    return p.have_current && p.current_version == m->version && memcmp(p.current_sha256, m->sha256, 32) == 0;
+}
+
+int kiri_fleet_superseded(const char *models_dir, const struct kiri_manifest *m,
+                          char (*names)[KIRI_MANIFEST_MAX_NAME + 1], int cap, struct kiri_status_info *info)
+{
+    struct state st;
+    int rc = state_read(models_dir, &st, info);
+    if (rc != KIRI_OK)
+        return rc;
+    int n = 0;
+    const char *key;
+    json_t *v;
+    json_t *models = json_object_get(st.root, "models");
+    if (st.root && state_holds(&st, m) && json_is_object(models))
+        json_object_foreach(models, key, v) {
+            if (n < cap && state_name_ok(key) && !manifest_names(m, key))
+                snprintf(names[n++], sizeof names[0], "%s", key);
+        }
+    json_decref(st.root);
+    return n;
+}
+
+int kiri_fleet_remove_superseded(const char *models_dir, const struct kiri_manifest *m, const char *name,
+                                 void (*log)(void *user, const char *line), void *log_user,
+                                 struct kiri_status_info *info)
+{
+    kiri_error_clear(info);
+    if (!state_name_ok(name) || manifest_names(m, name))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "%.64s is not a superseded model", name);
+    char *lock_path = path_join(models_dir, KIRI_FLEET_LOCK_FILE);
+    if (!lock_path)
+        return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
+    int lock = -1, rc = kiri_platform_lock_file(lock_path, &lock, info);
+    kiri_mem_free(lock_path);
+    if (rc != KIRI_OK)
+        return rc;   /* a sync runs (kiri fleet sync): the next pass tries again */
+    struct state st = {NULL};
+    if ((rc = state_read(models_dir, &st, info)) != KIRI_OK)
+        goto out;
+    json_t *models = json_object_get(st.root, "models");
+    /* Checked again under the lock: a sync that has since accepted another manifest (which may
+     * name this model again) wins. */
+    if (!st.root || !state_holds(&st, m) || !json_is_object(json_object_get(models, name))) {
+        rc = kiri_error_set(info, KIRI_E_BUSY, "the fleet state changed; %s is left in place", name);
+        goto out;
+    }
+    static const char *const suffixes[] = {".gguf", ".gguf.prev", ".gguf.partial"};
+    int removed = 0;
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        char file[KIRI_MANIFEST_MAX_NAME + 16], line[KIRI_MANIFEST_MAX_NAME + 96];
+        snprintf(file, sizeof file, "%s%s", name, suffixes[i]);
+        char *path = path_join(models_dir, file);
+        uint64_t size;
+        if (!path) {
+            rc = kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
+            goto out;
+        }
+        const int here = kiri_platform_file_size(path, &size, NULL) == KIRI_OK;
+        rc = here ? kiri_platform_file_remove(path, info) : KIRI_OK;
+        kiri_mem_free(path);
+        if (rc != KIRI_OK)
+            goto out;   /* the state keeps it: the next pass tries again */
+        if (here) {
+            removed++;
+            snprintf(line, sizeof line, "removed %s (%llu bytes): model %s is no longer in the manifest", file,
+                     (unsigned long long)size, name);
+            if (log)
+                log(log_user, line);
+        }
+    }
+    json_object_del(models, name);
+    if ((rc = state_write(models_dir, &st, info)) == KIRI_OK)
+        rc = removed;
+out:
+    json_decref(st.root);
+    kiri_platform_lock_release(lock);
+    return rc;
+}

@@ -14,7 +14,10 @@
  * - .kiri-fleet.lock: held (flock) for the whole of a sync; a second sync fails with KIRI_E_BUSY.
  * - <name>.gguf.partial, .new, .prev: see download.h. Partial files of models the manifest no
  *   longer names, and leftover .new files, are deleted at the start of each sync.
- * A model the manifest no longer names is left in place (the server may still be serving it).
+ * A model the manifest no longer names is left in place by the sync (the server may still be
+ * serving it); a serving node deletes it later with kiri_fleet_remove_superseded, once nothing
+ * uses it. The state's "models" records say which files the fleet installed: only those are
+ * ever deleted, never a file put in the directory by hand.
  *
  * A rejected manifest changes nothing on disk: the state and the models stay as they were.
  */
@@ -109,5 +112,23 @@ int kiri_fleet_state_policy(const char *models_dir, struct kiri_manifest_policy 
  * *expired tells whether its `expires` has passed by the wall clock. */
 int kiri_fleet_load_current(const char *models_dir, const struct kiri_manifest_keys *keys,
                             struct kiri_manifest **out, int *expired, struct kiri_status_info *info);
+
+/* The models the directory's state records as installed by the fleet that manifest m does not
+ * name: named by an earlier manifest, superseded now. Only when the state holds m itself (its
+ * version and hash); otherwise none. Their names go to names (cap entries); returns the count, or
+ * a negative status when the state cannot be read. */
+int kiri_fleet_superseded(const char *models_dir, const struct kiri_manifest *m,
+                          char (*names)[KIRI_MANIFEST_MAX_NAME + 1], int cap, struct kiri_status_info *info);
+
+/* Deletes superseded model name (DIR/<name>.gguf, .gguf.prev and .gguf.partial) and drops its
+ * record from the state, holding the directory's sync lock. Checked again under the lock: the
+ * state must still hold manifest m and record name, and m must not name it (KIRI_E_BUSY or
+ * KIRI_E_INVALID_ARG otherwise, nothing deleted); KIRI_E_BUSY too while a sync holds the lock.
+ * log (may be NULL) gets one line per file deleted. Returns the number of files deleted (0: only
+ * the record was left), or a negative status (a file that cannot be deleted keeps the record, so
+ * a later call tries again). */
+int kiri_fleet_remove_superseded(const char *models_dir, const struct kiri_manifest *m, const char *name,
+                                 void (*log)(void *user, const char *line), void *log_user,
+                                 struct kiri_status_info *info);
 
 #endif

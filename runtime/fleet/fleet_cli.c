@@ -461,7 +461,7 @@ static int probe_size(struct kiri_https_client *c, const char *url, uint64_t *si
     struct kiri_https_response *resp = kiri_mem_alloc(sizeof *resp);
     if (!resp)
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
-    struct kiri_https_request req = {url, NULL, 0, NULL, 0};
+    struct kiri_https_request req = {.url = url};
     int rc = kiri_https_get(c, &req, stop_at_once, NULL, resp, info);
     if (rc == KIRI_E_CANCELLED && resp->failure == KIRI_HTTPS_ABORTED)
         rc = KIRI_OK;

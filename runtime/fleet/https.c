@@ -1,4 +1,5 @@
-/* An HTTPS GET client on mbedTLS over the platform module's TCP sockets (https.h).
+/* An HTTPS client on mbedTLS over the platform module's TCP sockets (https.h); plain http only
+ * for clients created with allow_http.
  *
  * mbedTLS reads and writes through bio_send/bio_recv below, which wait on the socket in slices of
  * at most half a second so that the deadline of the current phase (first byte, idle), the
@@ -49,14 +50,22 @@ static int host_char(char c)
            c == '_';
 }
 
-int kiri_https_parse_url(const char *url, char *host, size_t host_cap, int *port, char *path, size_t path_cap)
+int kiri_https_parse_url_any(const char *url, int *tls, char *host, size_t host_cap, int *port, char *path,
+                             size_t path_cap)
 {
-    if (strncasecmp(url, "https://", 8) != 0 || strlen(url) >= KIRI_HTTPS_MAX_URL)
+    size_t skip;
+    if (strncasecmp(url, "https://", 8) == 0)
+        skip = 8;
+    else if (strncasecmp(url, "http://", 7) == 0)
+        skip = 7;
+    else
+        return -1;
+    if (strlen(url) >= KIRI_HTTPS_MAX_URL)
         return -1;
     for (const char *p = url; *p; p++)
         if (*p <= ' ' || *p > '~')
             return -1;
-    const char *a = url + 8, *end = a + strcspn(a, "/?#"), *h = a, *he, *rest;
+    const char *a = url + skip, *end = a + strcspn(a, "/?#"), *h = a, *he, *rest;
     if (memchr(a, '@', (size_t)(end - a)))
         return -1; /* no credentials in URLs */
     if (*a == '[') {
@@ -79,7 +88,7 @@ int kiri_https_parse_url(const char *url, char *host, size_t host_cap, int *port
     }
     if (he == h || (size_t)(he - h) >= host_cap)
         return -1;
-    int prt = 443;
+    int prt = skip == 8 ? 443 : 80;
     if (rest < end) {
         if (*rest != ':' || rest + 1 == end || end - rest > 6)
             return -1;
@@ -103,7 +112,16 @@ int kiri_https_parse_url(const char *url, char *host, size_t host_cap, int *port
     memcpy(host, h, (size_t)(he - h));
     host[he - h] = '\0';
     *port = prt;
+    *tls = skip == 8;
     return 0;
+}
+
+int kiri_https_parse_url(const char *url, char *host, size_t host_cap, int *port, char *path, size_t path_cap)
+{
+    int tls = 0;
+    if (strncasecmp(url, "https://", 8) != 0)
+        return -1;
+    return kiri_https_parse_url_any(url, &tls, host, host_cap, port, path, path_cap);
 }
 
 /* Resolves a Location header against the URL that sent it, into out (KIRI_HTTPS_MAX_URL). An
@@ -111,25 +129,26 @@ int kiri_https_parse_url(const char *url, char *host, size_t host_cap, int *port
 static int resolve_location(const char *base, const char *loc, char *out)
 {
     char host[256], path[KIRI_HTTPS_MAX_URL];
-    int port;
+    int port, tls;
     if (strncasecmp(loc, "https://", 8) == 0 || strncasecmp(loc, "http://", 7) == 0 || strstr(loc, "://"))
         return snprintf(out, KIRI_HTTPS_MAX_URL, "%s", loc) < KIRI_HTTPS_MAX_URL ? 0 : -1;
-    if (kiri_https_parse_url(base, host, sizeof host, &port, path, sizeof path) != 0)
+    if (kiri_https_parse_url_any(base, &tls, host, sizeof host, &port, path, sizeof path) != 0)
         return -1;
+    const char *scheme = tls ? "https" : "http";
     const int v6 = strchr(host, ':') != NULL;
     char authority[300];
     snprintf(authority, sizeof authority, "%s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", port);
     int n;
     if (loc[0] == '/' && loc[1] == '/') {
-        n = snprintf(out, KIRI_HTTPS_MAX_URL, "https:%s", loc);
+        n = snprintf(out, KIRI_HTTPS_MAX_URL, "%s:%s", scheme, loc);
     } else if (loc[0] == '/') {
-        n = snprintf(out, KIRI_HTTPS_MAX_URL, "https://%s%s", authority, loc);
+        n = snprintf(out, KIRI_HTTPS_MAX_URL, "%s://%s%s", scheme, authority, loc);
     } else {
         /* Relative to the directory of the base path (query dropped). */
         path[strcspn(path, "?")] = '\0';
         char *slash = strrchr(path, '/');
         slash[1] = '\0';
-        n = snprintf(out, KIRI_HTTPS_MAX_URL, "https://%s%s%s", authority, path, loc);
+        n = snprintf(out, KIRI_HTTPS_MAX_URL, "%s://%s%s%s", scheme, authority, path, loc);
     }
     return n > 0 && n < KIRI_HTTPS_MAX_URL ? 0 : -1;
 }
@@ -205,7 +224,12 @@ int kiri_https_client_init(const struct kiri_https_options *opt, struct kiri_htt
     char *pem = NULL;
     size_t pem_len = 0;
     int e = 0;
-    if (rc == KIRI_OK && (rc = kiri_platform_read_file(ca, CA_MAX, &pem, &pem_len, info)) == KIRI_OK) {
+    /* A client that may speak plain http (a cloud upstream) works without the system bundle
+     * (a minimal device image may lack it); its https:// requests then fail verification. */
+    const int ca_optional = opt && opt->allow_http && !opt->ca_file &&
+                            kiri_platform_file_size(ca, &(uint64_t){0}, NULL) != KIRI_OK;
+    if (rc == KIRI_OK && !ca_optional &&
+        (rc = kiri_platform_read_file(ca, CA_MAX, &pem, &pem_len, info)) == KIRI_OK) {
         e = mbedtls_x509_crt_parse(&c->ca, (const unsigned char *)pem, pem_len + 1);
         kiri_mem_free(pem);
         /* A positive result counts certificates that failed to parse; a bundle is usable when
@@ -240,6 +264,7 @@ int kiri_https_client_init(const struct kiri_https_options *opt, struct kiri_htt
 struct conn {
     struct kiri_https_client *c;
     int sock;
+    int tls;                    /* 0: plain http (options.allow_http) */
     mbedtls_ssl_context ssl;
     int ssl_ready;
     double deadline;            /* of the current phase (monotonic) */
@@ -381,6 +406,18 @@ static int fill(struct conn *k, struct kiri_https_response *resp, const char *ho
     for (;;) {
         if (k->in_body)
             k->deadline = kiri_platform_now() + k->c->opt.idle_timeout;
+        if (!k->tls) {
+            int r = bio_recv(k, k->buf + k->len, BUF_SIZE - k->len);
+            if (r > 0) {
+                k->len += (size_t)r;
+                return 1;
+            }
+            if (r == 0) {
+                k->eof = 1;
+                return 0;
+            }
+            return io_fail(k, r, resp, host, phase, info);
+        }
         int r = mbedtls_ssl_read(&k->ssl, k->buf + k->len, BUF_SIZE - k->len);
         if (r > 0) {
             k->len += (size_t)r;
@@ -407,7 +444,8 @@ static int write_all(struct conn *k, const char *data, size_t n, struct kiri_htt
                      struct kiri_status_info *info)
 {
     while (n > 0) {
-        int r = mbedtls_ssl_write(&k->ssl, (const unsigned char *)data, n);
+        int r = k->tls ? mbedtls_ssl_write(&k->ssl, (const unsigned char *)data, n)
+                       : bio_send(k, (const unsigned char *)data, n);
         if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
             continue;
         if (r <= 0)
@@ -814,20 +852,44 @@ int kiri_https_client_host_allowed(const struct kiri_https_client *c, const char
     return 0;
 }
 
-/* Builds the request into out (cap bytes): 0, or -1 when it does not fit. */
-static int build_request(char *out, size_t cap, const char *host, int port, const char *path,
-                         const struct kiri_https_request *req, int same_host_as_origin)
+/* What kiri_https_send adds to a GET: the method and the body. */
+struct send_parts {
+    const char *method;         /* validated token */
+    const void *body;           /* or NULL */
+    size_t body_len;
+    const char *content_type;   /* validated, no CR/LF */
+};
+
+static int method_ok(const char *m)
+{
+    size_t n = 0;
+    for (const char *p = m; *p; p++, n++)
+        if (*p < 'A' || *p > 'Z' || n >= 16)
+            return 0;
+    return n > 0;
+}
+
+/* Builds the request head into out (cap bytes): 0, or -1 when it does not fit. */
+static int build_request(char *out, size_t cap, const char *host, int port, int tls, const char *path,
+                         const struct kiri_https_request *req, const struct send_parts *sp, int same_host_as_origin)
 {
     const int v6 = strchr(host, ':') != NULL;
     char hostport[300];
-    if (port == 443)
+    if (port == (tls ? 443 : 80))
         snprintf(hostport, sizeof hostport, "%s%s%s", v6 ? "[" : "", host, v6 ? "]" : "");
     else
         snprintf(hostport, sizeof hostport, "%s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", port);
     size_t n = (size_t)snprintf(out, cap,
-                                "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: kiri/%s\r\nAccept-Encoding: identity\r\n"
+                                "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: kiri/%s\r\nAccept-Encoding: identity\r\n"
                                 "Connection: close\r\n",
-                                path, hostport, KIRI_VERSION_STRING);
+                                sp->method, path, hostport, KIRI_VERSION_STRING);
+    if (n >= cap)
+        return -1;
+    /* A body is always framed by Content-Length (never chunked), and so is an empty POST. */
+    if (sp->body || (strcmp(sp->method, "GET") != 0 && strcmp(sp->method, "HEAD") != 0))
+        n += (size_t)snprintf(out + n, cap - n, "Content-Length: %zu\r\n", sp->body ? sp->body_len : 0);
+    if (n < cap && sp->body)
+        n += (size_t)snprintf(out + n, cap - n, "Content-Type: %s\r\n", sp->content_type);
     if (n >= cap)
         return -1;
     if (req->range_start > 0) {
@@ -846,13 +908,11 @@ static int build_request(char *out, size_t cap, const char *host, int port, cons
     return n < cap ? 0 : -1;
 }
 
-int kiri_https_get(struct kiri_https_client *c, const struct kiri_https_request *req, kiri_https_body_fn fn,
-                   void *user, struct kiri_https_response *resp, struct kiri_status_info *info)
+/* One request, following redirects unless it carries a body; kiri_https_get and _send. */
+static int run(struct kiri_https_client *c, const struct kiri_https_request *req, const struct send_parts *sp,
+               int any_status, kiri_https_body_fn fn, void *user, struct kiri_https_response *resp,
+               struct kiri_status_info *info)
 {
-    memset(resp, 0, sizeof *resp);
-    resp->content_length = -1;
-    resp->range_total = -1;
-    resp->retry_after = -1;
     if (snprintf(resp->url, sizeof resp->url, "%s", req->url ? req->url : "") >= (int)sizeof resp->url)
         return fail(resp, KIRI_HTTPS_URL, info, KIRI_E_INVALID_ARG, "url", "URL longer than %s bytes%s", "2047", "");
     for (const char *const *hp = req->headers; hp && *hp; hp++)
@@ -874,14 +934,15 @@ int kiri_https_get(struct kiri_https_client *c, const struct kiri_https_request 
         rc = fail(resp, KIRI_HTTPS_NOMEM, info, KIRI_E_NOMEM, "", "out of memory for a request%s%s", "", "");
         goto done;
     }
-    if (kiri_https_parse_url(resp->url, origin, sizeof origin, &port, path, KIRI_HTTPS_MAX_URL) != 0) {
+    if (kiri_https_parse_url_any(resp->url, &k.tls, origin, sizeof origin, &port, path, KIRI_HTTPS_MAX_URL) != 0 ||
+        (!k.tls && !c->opt.allow_http)) {
         rc = fail(resp, KIRI_HTTPS_URL, info, KIRI_E_INVALID_ARG, "url", "not an https:// URL: %.200s%s", resp->url, "");
         goto done;
     }
     for (int hop = 0;; hop++) {
         memcpy(visited[hop], resp->url, KIRI_HTTPS_MAX_URL);
-        kiri_https_parse_url(resp->url, host, sizeof host, &port, path, KIRI_HTTPS_MAX_URL);
-        if (build_request(request, 16384, host, port, path, req, strcasecmp(host, origin) == 0) != 0) {
+        kiri_https_parse_url_any(resp->url, &k.tls, host, sizeof host, &port, path, KIRI_HTTPS_MAX_URL);
+        if (build_request(request, 16384, host, port, k.tls, path, req, sp, strcasecmp(host, origin) == 0) != 0) {
             rc = fail(resp, KIRI_HTTPS_URL, info, KIRI_E_INVALID_ARG, "header", "request head over 16 KiB%s%s", "", "");
             break;
         }
@@ -892,12 +953,14 @@ int kiri_https_get(struct kiri_https_client *c, const struct kiri_https_request 
         k.deadline = kiri_platform_now() + c->opt.first_byte_timeout;
         k.pos = k.len = 0;
         k.eof = k.in_body = k.timed_out = k.slow = k.cancelled = k.reset = 0;
-        if ((rc = handshake(&k, host, resp, info)) != KIRI_OK ||
+        if ((k.tls && (rc = handshake(&k, host, resp, info)) != KIRI_OK) ||
             (rc = write_all(&k, request, strlen(request), resp, host, info)) != KIRI_OK ||
+            (sp->body && sp->body_len && (rc = write_all(&k, sp->body, sp->body_len, resp, host, info)) != KIRI_OK) ||
             (rc = read_head(&k, h, resp, host, info)) != KIRI_OK)
             break;
         const int st = h->status;
-        if ((st == 301 || st == 302 || st == 303 || st == 307 || st == 308) && h->location[0]) {
+        /* A request with a body is not repeated elsewhere: its redirect is the answer. */
+        if ((st == 301 || st == 302 || st == 303 || st == 307 || st == 308) && h->location[0] && !sp->body) {
             conn_close(&k);
             char next[KIRI_HTTPS_MAX_URL], nhost[256];
             int nport;
@@ -938,7 +1001,8 @@ int kiri_https_get(struct kiri_https_client *c, const struct kiri_https_request 
             resp->redirects = hop + 1;
             continue;
         }
-        if (st >= 200 && st < 300 && st != 204) {
+        const int bodyless = st == 204 || st == 304 || strcmp(sp->method, "HEAD") == 0;
+        if (!bodyless && ((st >= 200 && st < 300) || any_status)) {
             if (req->max_body && h->content_length >= 0 && (uint64_t)h->content_length > req->max_body) {
                 char msg[64];
                 snprintf(msg, sizeof msg, "%lld > %llu", (long long)h->content_length, (unsigned long long)req->max_body);
@@ -959,6 +1023,37 @@ done:
     kiri_mem_free(request);
     kiri_mem_free(path);
     return rc;
+}
+
+static void response_reset(struct kiri_https_response *resp)
+{
+    memset(resp, 0, sizeof *resp);
+    resp->content_length = -1;
+    resp->range_total = -1;
+    resp->retry_after = -1;
+}
+
+int kiri_https_get(struct kiri_https_client *c, const struct kiri_https_request *req, kiri_https_body_fn fn,
+                   void *user, struct kiri_https_response *resp, struct kiri_status_info *info)
+{
+    response_reset(resp);
+    const struct send_parts get = {"GET", NULL, 0, NULL};
+    return run(c, req, &get, 0, fn, user, resp, info);
+}
+
+int kiri_https_send(struct kiri_https_client *c, const struct kiri_https_request *req, kiri_https_body_fn fn,
+                    void *user, struct kiri_https_response *resp, struct kiri_status_info *info)
+{
+    response_reset(resp);
+    struct send_parts sp = {req->method ? req->method : "GET", req->body, req->body_len,
+                            req->content_type ? req->content_type : "application/json"};
+    if (!method_ok(sp.method))
+        return fail(resp, KIRI_HTTPS_URL, info, KIRI_E_INVALID_ARG, "method", "malformed request method%s%s", "", "");
+    if (strpbrk(sp.content_type, "\r\n") || strlen(sp.content_type) > 200)
+        return fail(resp, KIRI_HTTPS_URL, info, KIRI_E_INVALID_ARG, "header", "malformed Content-Type%s%s", "", "");
+    if (!sp.body && req->body_len)
+        return fail(resp, KIRI_HTTPS_URL, info, KIRI_E_INVALID_ARG, "body", "a body length without a body%s%s", "", "");
+    return run(c, req, &sp, req->any_status, fn, user, resp, info);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -995,7 +1090,7 @@ int kiri_https_get_small(struct kiri_https_client *c, const char *url, const cha
                          struct kiri_status_info *info)
 {
     struct grow g = {NULL, 0, 0};
-    struct kiri_https_request req = {url, headers, 0, NULL, max};
+    struct kiri_https_request req = {.url = url, .headers = headers, .max_body = max};
     int rc = kiri_https_get(c, &req, grow_append, &g, resp, info);
     if (rc == KIRI_E_CANCELLED && resp->failure == KIRI_HTTPS_ABORTED)
         rc = kiri_error_set(info, KIRI_E_NOMEM, "out of memory reading %.200s", url);

@@ -1,7 +1,9 @@
-/* An HTTPS client for fleet downloads, written directly on mbedTLS (CivetWeb has no outgoing
- * HTTPS client): GET only, one request per connection, TLS 1.2 or 1.3 with the peer certificate
+/* An HTTPS client for fleet downloads and the cloud upstream, written directly on mbedTLS
+ * (CivetWeb has no outgoing HTTPS client): GET (kiri_https_get) or any method with a body
+ * (kiri_https_send), one request per connection, TLS 1.2 or 1.3 with the peer certificate
  * verified against a CA bundle and the URL's host name (VERIFY_REQUIRED + set_hostname; F10).
- * Plain http:// is never spoken, not even for redirects.
+ * Plain http:// is spoken only by a client created with options.allow_http (an upstream on a
+ * trusted network), never for fleet downloads; a redirect never leads to http://.
  *
  * Limits it enforces on every request:
  * - connect, first byte (TLS handshake to the end of the response head) and idle (longest
@@ -41,12 +43,16 @@ struct kiri_https_options {
     double rate_window;             /* seconds; <= 0: 30 */
     const volatile int *cancel;     /* when it becomes non-zero, requests end with KIRI_E_CANCELLED
                                        within about half a second; may be NULL */
+    int allow_http;                 /* also speak plain http:// (a cloud upstream or a heartbeat
+                                       collector on a trusted network); never for fleet downloads.
+                                       With it and no ca_file, a missing system bundle is no error
+                                       (https:// requests then fail verification) */
 };
 
 /* Why a request failed, for retry decisions. */
 enum kiri_https_failure {
     KIRI_HTTPS_OK = 0,
-    KIRI_HTTPS_URL,            /* the URL is malformed or not https:// (not retryable) */
+    KIRI_HTTPS_URL,            /* the URL (or method, header) is malformed, or http:// without allow_http */
     KIRI_HTTPS_CONNECT,        /* name resolution or TCP connect failed (retryable) */
     KIRI_HTTPS_TLS,            /* the TLS handshake failed for another reason (retryable) */
     KIRI_HTTPS_CERT,           /* the certificate did not verify (not retryable) */
@@ -67,6 +73,12 @@ struct kiri_https_request {
     uint64_t range_start;           /* > 0: send Range: bytes=range_start- */
     const char *if_range;           /* with range_start: an ETag or Last-Modified for If-Range */
     uint64_t max_body;              /* the most body bytes wanted; 0: no limit */
+    /* kiri_https_send only: */
+    const char *method;             /* "POST", "GET", ...; NULL: GET */
+    const void *body;               /* request body (Content-Length is sent), or NULL */
+    size_t body_len;
+    const char *content_type;       /* of the body; NULL: application/json */
+    int any_status;                 /* pass the body of every status to fn, not only 2xx */
 };
 
 /* Filled by kiri_https_get whatever it returns (it is how a failure is explained). */
@@ -87,7 +99,8 @@ struct kiri_https_response {
     enum kiri_https_failure failure;
 };
 
-/* Receives body bytes of a 2xx response as they arrive. Returning non-zero stops the request
+/* Receives body bytes of a 2xx response (of any status with any_status) as they arrive; resp
+ * holds the status and headers by then. Returning non-zero stops the request
  * (KIRI_E_CANCELLED, failure KIRI_HTTPS_ABORTED). */
 typedef int (*kiri_https_body_fn)(void *user, const struct kiri_https_response *resp, const void *data, size_t n);
 
@@ -108,11 +121,21 @@ void kiri_https_client_free(struct kiri_https_client *c);
 int kiri_https_get(struct kiri_https_client *c, const struct kiri_https_request *req, kiri_https_body_fn fn,
                    void *user, struct kiri_https_response *resp, struct kiri_status_info *info);
 
+/* Sends any request: the method and body from req (a request with a body follows no redirect),
+ * otherwise as kiri_https_get. With req->any_status, fn receives the body whatever the status
+ * (a proxy relays error bodies too). */
+int kiri_https_send(struct kiri_https_client *c, const struct kiri_https_request *req, kiri_https_body_fn fn,
+                    void *user, struct kiri_https_response *resp, struct kiri_status_info *info);
+
 /* GETs a small document (a manifest, a token) of at most max bytes into an owned NUL-terminated
  * buffer. A non-2xx status is returned as KIRI_OK with resp->status set and *out NULL. */
 int kiri_https_get_small(struct kiri_https_client *c, const char *url, const char *const *headers, size_t max,
                          char **out, size_t *out_len, struct kiri_https_response *resp,
                          struct kiri_status_info *info);
+
+/* The same for an http:// or https:// URL: *tls says which (the default port is 80 or 443). */
+int kiri_https_parse_url_any(const char *url, int *tls, char *host, size_t host_cap, int *port, char *path,
+                             size_t path_cap);
 
 /* URL parts of an https:// URL: host without brackets (out host, cap bytes), port, and the
  * path with its query (out path, cap bytes). 0, or -1 when malformed or not https. */

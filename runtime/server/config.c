@@ -24,7 +24,9 @@
  * - Every source is validated in full, even settings a higher-precedence source overrides.
  * - Errors read "--port 70000: must be 1..65535 (from KIRI_PORT)", with the source being
  *   "the command line", the variable, or "FILE line N".
- * - After all sources: --model is required; --tls-cert and --tls-key go together; a non-zero
+ * - After all sources: --model or --models-dir is required (not both); --fleet needs --models-dir,
+ *   --fleet-key and an https:// URL; --upstream-key-file, --upstream-ca and --route need --upstream
+ *   or --fleet, and --upstream an http(s):// URL; --tls-cert and --tls-key go together; a non-zero
  *   --max-prompt-tokens must be below a non-zero --ctx; an empty --alias becomes the model's file
  *   name (the part after the last '/'). Fields documented as "default: the model's" stay 0 for
  *   the server to derive once the model is open (ctx, kv_memory, max_prompt_tokens).
@@ -83,6 +85,39 @@ static const struct opt opts[] = {
      "none (required)"},
     {"alias", 0, K_STR, FIELD(model_alias), 0, 0, 0, NULL, "NAME",
      "The model id that /v1/models reports.", "the model's file name"},
+    {"models-dir", 0, K_STR, FIELD(models_dir), 0, 0, 0, NULL, "DIR",
+     "Serves every DIR/NAME.gguf as model NAME, loaded when a request names it (instead of --model).",
+     "none"},
+    {"models-memory", 0, K_SIZE, FIELD(models_memory), 0, TIB, 0, NULL, "BYTES",
+     "With --models-dir: memory for loaded models (file sizes plus KV pools); past it the least "
+     "recently used idle model is unloaded; 0 sets no limit.", "0 (no limit)"},
+    {"fleet", 0, K_STR, FIELD(fleet_url), 0, 0, 0, NULL, "URL",
+     "Follows the signed fleet manifest at this https:// URL: syncs --models-dir from it at start "
+     "and every --fleet-interval, hot-swapping models whose files changed.", "none"},
+    {"fleet-key", 0, K_STR, FIELD(fleet_key), 0, 0, 0, NULL, "FILE",
+     "The pinned PEM public key fleet manifests must be signed with (kiri fleet keygen).", "none"},
+    {"fleet-ca", 0, K_STR, FIELD(fleet_ca), 0, 0, 0, NULL, "FILE",
+     "A PEM bundle of the CAs trusted for the fleet's servers.", "the system's CA bundle"},
+    {"fleet-interval", 0, K_DBL, FIELD(fleet_interval), 0, 0, 86400, NULL, "SECONDS",
+     "Seconds between fleet syncs and heartbeats.", "300"},
+    {"node-name", 0, K_STR, FIELD(node_name), 0, 0, 0, NULL, "NAME",
+     "The node's name in fleet heartbeats.", "the host name"},
+    {"upstream", 0, K_STR, FIELD(upstream), 0, 0, 0, NULL, "URL",
+     "An OpenAI-compatible server, http(s)://host[:port][/prefix], that generation requests are "
+     "routed to by --route.", "none (serve locally)"},
+    {"upstream-key-file", 0, K_STR, FIELD(upstream_key_file), 0, 0, 0, NULL, "FILE",
+     "A file whose first line is the upstream's API key (sent as Authorization: Bearer).", "none"},
+    {"upstream-ca", 0, K_STR, FIELD(upstream_ca), 0, 0, 0, NULL, "FILE",
+     "A PEM bundle of the CAs trusted for an https upstream.", "the system's CA bundle"},
+    {"route", 0, K_CHOICE, FIELD(route), 0, 0, 0, "local-first|cloud-first", "POLICY",
+     "local-first serves here and forwards when --route-queue requests wait or the model is not "
+     "here; cloud-first forwards and serves here when the upstream fails.", "local-first"},
+    {"route-queue", 0, K_INT, FIELD(route_queue), 0, 65536, 0, NULL, "N",
+     "With local-first, forward when at least N requests wait for the model; 0 uses half of --queue.",
+     "0 (--queue / 2)"},
+    {"upstream-timeout", 0, K_DBL, FIELD(upstream_timeout), 0, 0, 3600, NULL, "SECONDS",
+     "The longest wait for the upstream's answer to begin, and the longest silence inside it; past "
+     "it the request is served here.", "60"},
     {"host", 0, K_STR, FIELD(host), 1, 0, 0, NULL, "ADDR",
      "The address to listen on (0.0.0.0 listens on every IPv4 interface).", "127.0.0.1"},
     {"port", 0, K_INT, FIELD(port), 1, 65535, 0, NULL, "N", "The TCP port to listen on.", "8080"},
@@ -90,6 +125,9 @@ static const struct opt opts[] = {
      "CPU threads that run the model's computation.", "the number of CPU cores"},
     {"backend", 0, K_CHOICE, FIELD(backend), 0, 0, 0, "auto|cpu|vulkan|cuda", "NAME",
      "The compute backend; auto picks the best one this machine can run.", "auto"},
+    {"gpu-layers", 0, K_INT, FIELD(gpu_layers), -1, 1 << 20, 0, NULL, "N",
+     "With a GPU backend, runs only the first N layers on it and the rest on the CPU (for a model "
+     "larger than the GPU's memory); -1 runs all of them there, 0 none.", "-1 (all)"},
     {"ctx", 0, K_I32, FIELD(ctx), 0, MAX_TOKENS, 0, NULL, "N",
      "Most tokens one sequence may hold, prompt and output together; 0 uses the model's training "
      "length.", "0 (the model's)"},
@@ -101,7 +139,7 @@ static const struct opt opts[] = {
     {"parallel", 0, K_INT, FIELD(parallel), 1, 1024, 0, NULL, "N",
      "Sequences generated together in one batch.", "8"},
     {"chunk", 0, K_I32, FIELD(chunk), 1, 65536, 0, NULL, "N",
-     "Prompt tokens processed per batch step (chunked prefill).", "256"},
+     "Prompt tokens processed per batch step (chunked prefill); the compute scratch grows with it.", "64"},
     {"queue", 0, K_INT, FIELD(queue), 0, 65536, 0, NULL, "N",
      "Requests that may wait for a batch slot before new ones are refused with 429.", "64"},
     {"tls-cert", 0, K_STR, FIELD(tls_cert), 0, 0, 0, NULL, "FILE",
@@ -138,14 +176,17 @@ static void set_defaults(struct kiri_server_config *c)
     if (c->threads > 1024)   /* the flag's range */
         c->threads = 1024;
     snprintf(c->backend, sizeof c->backend, "auto");
+    c->gpu_layers = -1;
     snprintf(c->kv_type, sizeof c->kv_type, "f16");
     c->parallel = 8;
-    c->chunk = 256;
+    c->chunk = 64;
     c->queue = 64;
     c->max_body = (uint64_t)4 << 20;
     c->request_timeout = 600;
     c->idle_timeout = 10;
     c->http_threads = 64;
+    c->fleet_interval = 300;
+    c->upstream_timeout = 60;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -646,7 +687,7 @@ int kiri_server_config_load(struct kiri_server_config *cfg, int argc, char **arg
     struct errbuf e = {err, err_cap};
     if (!cfg || argc < 0 || (argc > 0 && !argv))
         return fail(&e, "kiri_server_config_load: invalid arguments");
-    /* About 6 KiB: fine on any thread's stack, and cfg stays untouched on failure. */
+    /* About 17 KiB: fine on any thread's stack, and cfg stays untouched on failure. */
     struct kiri_server_config c;
     set_defaults(&c);
 
@@ -664,16 +705,30 @@ int kiri_server_config_load(struct kiri_server_config *cfg, int argc, char **arg
     if (apply_env(&c, envp, &e) || walk_argv(argc, argv, &c, NULL, &e))
         return -1;
 
-    if (!c.model[0])
+    if (!c.model[0] && !c.models_dir[0])
         return fail(&e, "--model is required: the GGUF file to serve (or KIRI_MODEL, or model = FILE "
-                        "in the config file)");
+                        "in the config file), or --models-dir DIR");
+    if (c.model[0] && c.models_dir[0])
+        return fail(&e, "--model and --models-dir exclude each other: serve one file or a directory");
+    if (c.fleet_url[0] && (!c.models_dir[0] || !c.fleet_key[0]))
+        return fail(&e, "--fleet needs --models-dir DIR (where the fleet's models live) and --fleet-key FILE "
+                        "(the pinned public key)");
+    if (!c.fleet_url[0] && (c.fleet_key[0] || c.fleet_ca[0]))
+        return fail(&e, "--fleet-key and --fleet-ca apply only with --fleet URL");
+    if (!c.upstream[0] && !c.fleet_url[0] && (c.upstream_key_file[0] || c.upstream_ca[0] || c.route[0]))
+        return fail(&e, "--upstream-key-file, --upstream-ca and --route apply only with --upstream URL (or --fleet, "
+                        "whose manifest may name the upstream)");
+    if (c.upstream[0] && strncmp(c.upstream, "http://", 7) != 0 && strncmp(c.upstream, "https://", 8) != 0)
+        return fail(&e, "--upstream %.200s: must be an http:// or https:// URL", c.upstream);
+    if (c.fleet_url[0] && strncmp(c.fleet_url, "https://", 8) != 0)
+        return fail(&e, "--fleet %.200s: must be an https:// URL", c.fleet_url);
     if (!c.tls_cert[0] != !c.tls_key[0])
         return fail(&e, "--tls-cert and --tls-key must be given together (only --%s is set)",
                     c.tls_cert[0] ? "tls-cert" : "tls-key");
     if (c.ctx > 0 && c.max_prompt_tokens >= c.ctx)
         return fail(&e, "--max-prompt-tokens %ld: must be less than --ctx %ld", (long)c.max_prompt_tokens,
                     (long)c.ctx);
-    if (!c.model_alias[0])
+    if (!c.model_alias[0] && c.model[0])
         default_alias(&c);
     *cfg = c;
     if (err && err_cap)

@@ -17,6 +17,7 @@ struct kiri_server_config {
     int port;                   /* --port (default 8080) */
     int threads;                /* --threads / -t (default: cores) */
     char backend[32];           /* --backend (default auto) */
+    int gpu_layers;             /* --gpu-layers: layers on a GPU backend, the rest on the CPU (default -1: all) */
     int32_t ctx;                /* --ctx: tokens per sequence (default: the model's) */
     uint64_t kv_memory;         /* --kv-memory: KV pool bytes, accepts K/M/G suffixes (default: ctx * parallel) */
     char kv_type[8];            /* --kv-type f16|f32|q8_0 */
@@ -33,6 +34,19 @@ struct kiri_server_config {
     int http_threads;           /* --http-threads connection workers (default 64) */
     int log_prompts;            /* --log-prompts (default off) */
     char config_file[1024];     /* --config */
+    char models_dir[1024];      /* --models-dir: serve every DIR/NAME.gguf as model NAME */
+    uint64_t models_memory;     /* --models-memory: bytes for loaded models (files + KV); 0: no limit */
+    char fleet_url[2048];       /* --fleet: https:// URL of the signed fleet manifest */
+    char fleet_key[1024];       /* --fleet-key: the pinned public key (PEM) manifests must be signed with */
+    char fleet_ca[1024];        /* --fleet-ca: CA bundle for the fleet's servers (default: the system's) */
+    double fleet_interval;      /* --fleet-interval seconds between syncs (default 300) */
+    char node_name[128];        /* --node-name: the name heartbeats report (default: the host name) */
+    char upstream[2048];        /* --upstream: http(s) URL of an OpenAI-compatible cloud upstream */
+    char upstream_key_file[1024];   /* --upstream-key-file: its API key (first line) */
+    char upstream_ca[1024];     /* --upstream-ca: CA bundle for an https upstream (default: the system's) */
+    char route[16];             /* --route local-first|cloud-first ("" : local-first) */
+    int route_queue;            /* --route-queue: local-first forwards at this many waiting (0: --queue / 2) */
+    double upstream_timeout;    /* --upstream-timeout seconds: first byte and silence (default 60) */
 };
 
 /* Fills cfg from defaults, the config file, the environment (envp, NULL-terminated, may be NULL)

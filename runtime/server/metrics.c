@@ -536,3 +536,60 @@ char *kiri_metrics_render(struct kiri_metrics *m, const struct kiri_batcher_stat
     }
     return b.p;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Served models and the fleet
+ * ------------------------------------------------------------------------------------------- */
+
+char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f)
+{
+    if (!page)
+        return NULL;
+    struct sb b = {page, strlen(page), strlen(page) + 1, 0};
+    counter(&b, "kiri_model_loads_total", "Models loaded (at start, on demand or by a swap).", f->loads);
+    counter(&b, "kiri_model_swaps_total", "Hot-swaps to a new version of a model's file.", f->swaps);
+    counter(&b, "kiri_model_load_failures_total",
+            "Model loads that failed (a swap that failed keeps the old version serving).", f->load_failures);
+    counter(&b, "kiri_model_evictions_total", "Idle models unloaded to keep within --models-memory.",
+            f->evictions);
+    gauge_int(&b, "kiri_models_loaded", "Models loaded now (retired versions still serving included).",
+              f->loaded);
+    gauge_int(&b, "kiri_models_memory_bytes", "Estimated memory of the loaded models (files and KV pools).",
+              (int64_t)f->memory_bytes);
+    family(&b, "kiri_model_info", "gauge",
+           "One sample per model served: its id, the SHA-256 of its file (empty when unknown) and whether it is loaded.");
+    for (int i = 0; i < f->n_models; i++) {
+        char *id = escape_label(f->ids[i]), *sha = escape_label(f->sha256_hex[i]);
+        if (id && sha) {
+            sb_puts(&b, "kiri_model_info{model=\"");
+            sb_puts(&b, id);
+            sb_puts(&b, "\",sha256=\"");
+            sb_puts(&b, sha);
+            sb_printf(&b, "\",loaded=\"%d\"} 1\n", f->is_loaded[i] ? 1 : 0);
+        } else {
+            b.failed = 1;
+        }
+        kiri_mem_free(id);
+        kiri_mem_free(sha);
+    }
+    if (f->fleet) {
+        gauge_int(&b, "kiri_fleet_manifest_version", "Version of the fleet manifest in force (0: none).",
+                  (int64_t)f->manifest_version);
+        counter(&b, "kiri_fleet_manifest_rejections_total",
+                "Fleet manifests refused (signature, key, older version, expired, malformed).",
+                f->manifest_rejections);
+        counter(&b, "kiri_fleet_syncs_total", "Fleet sync passes run.", f->syncs);
+        counter(&b, "kiri_fleet_sync_failures_total",
+                "Fleet sync passes that did not end with every model in place.", f->sync_failures);
+        counter(&b, "kiri_fleet_model_install_failures_total",
+                "Models a sync could not install (download, hash or file checks).", f->model_install_failures);
+        counter(&b, "kiri_heartbeats_total", "Heartbeats sent to the manifest's heartbeat URL.", f->heartbeats);
+        counter(&b, "kiri_heartbeat_failures_total", "Heartbeats that did not reach the collector.",
+                f->heartbeat_failures);
+    }
+    if (b.failed) {
+        kiri_mem_free(b.p);
+        return NULL;
+    }
+    return b.p;
+}

@@ -30,4 +30,25 @@ void kiri_metrics_client_disconnect(struct kiri_metrics *m);
  * current statistics and the served model's name as a label. NULL when out of memory. */
 char *kiri_metrics_render(struct kiri_metrics *m, const struct kiri_batcher_stats *s, const char *model_name);
 
+/* The served models and the fleet, kept by the server and rendered after the page above (their
+ * own families): counters of loads, swaps, load failures and evictions, a kiri_model_info sample
+ * per model with its id and file hash, and with fleet set the manifest version, manifest
+ * rejections, syncs and heartbeat failures. */
+struct kiri_metrics_models {
+    uint64_t loads, swaps, load_failures, evictions;
+    int64_t loaded;                         /* models loaded now */
+    uint64_t memory_bytes;                  /* their estimated memory */
+    int n_models;
+    const char *const *ids;                 /* borrowed, n_models */
+    const char *const *sha256_hex;          /* borrowed, n_models; "" unknown */
+    const int *is_loaded;                   /* borrowed, n_models */
+    int fleet;                              /* the families below are rendered */
+    uint64_t manifest_version;              /* 0: none accepted */
+    uint64_t manifest_rejections, syncs, sync_failures, model_install_failures;
+    uint64_t heartbeats, heartbeat_failures;
+};
+/* Appends those families to page (an owned string from kiri_metrics_render, reallocated; the
+ * result replaces it, or NULL when out of memory, page freed). */
+char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f);
+
 #endif

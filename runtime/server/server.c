@@ -22,12 +22,15 @@
 #include "gguf.h"
 #include "kiri.h"
 #include "mem.h"
+#include "fleet_node.h"
 #include "metrics.h"
 #include "model.h"
+#include "models.h"
 #include "openai.h"
 #include "platform.h"
 #include "stopper.h"
 #include "tokenizer.h"
+#include "upstream.h"
 
 #define MAX_PIECE KIRI_DETOK_CAP
 #define AUTH_FAIL_LIMIT 20
@@ -36,24 +39,24 @@ struct kiri_server {
     struct kiri_server_config cfg;
     struct mg_context *mg;
     int port;
-    struct kiri_model *model;            /* owned, set once loaded */
-    struct kiri_batcher *batcher;        /* owned */
-    struct kiri_chat_template *tmpl;     /* owned */
+    struct kiri_models *models;          /* owned: the served models (models.h) */
+    struct kiri_fleet_node *fleet;       /* owned, NULL without --fleet */
+    struct kiri_upstream *upstream;      /* owned; routes nothing without --upstream or a manifest's */
+    _Atomic uint64_t routing_version;    /* the manifest whose routing the upstream follows, 0: flags */
     struct kiri_auth *auth;              /* owned, NULL without keys */
     struct kiri_metrics *metrics;        /* owned */
     _Atomic int ready;                   /* the model is loaded and the loop runs */
     _Atomic int draining;
     _Atomic int active;                  /* generation requests in flight */
     _Atomic uint64_t counter;
+    _Atomic uint64_t n_requests, n_errors;   /* HTTP requests answered, and those answered 5xx */
+    double t_start;                      /* kiri_platform_now() at start */
     /* Auth-failure rate limit (H19): failures counted per second of kiri_platform_now(); past
      * AUTH_FAIL_LIMIT in one second every request that needs a key is answered 429 until the
      * next second ends, so keys cannot be guessed at line rate. Racy updates only blur the count. */
     _Atomic int64_t auth_second;
     _Atomic int auth_failures;
     _Atomic int64_t auth_blocked_until;
-    char model_id[128];
-    char bos_text[64], eos_text[64];
-    int32_t n_ctx;
     int64_t created;
     char tls_pem[512];                   /* temporary combined PEM, removed after start */
 };
@@ -73,11 +76,15 @@ static const char *status_text(int status)
     case 408: return "Request Timeout";
     case 411: return "Length Required";
     case 413: return "Payload Too Large";
+    case 414: return "URI Too Long";
     case 417: return "Expectation Failed";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
     case 505: return "HTTP Version Not Supported";
     default: return "Error";
     }
@@ -104,9 +111,15 @@ static int send_body(struct mg_connection *c, int status, const char *type, cons
     const int close = strstr(extra, "Connection: close") != NULL;
     if (close || body_unread(c))
         mg_disable_connection_keep_alive(c);
+    /* Every answer of a generation endpoint says where it was served; the upstream's say so in extra. */
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    const char *uri = ri->local_uri_raw ? ri->local_uri_raw : ri->local_uri;
+    const int local = uri && (strcmp(uri, "/v1/completions") == 0 || strcmp(uri, "/v1/chat/completions") == 0) &&
+                      !strstr(extra, "X-Kiri-Served-By:");
     mg_printf(c,
-              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n%s%s\r\n",
-              status, status_text(status), type, len, extra, !close && body_unread(c) ? "Connection: close\r\n" : "");
+              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n%s%s%s\r\n",
+              status, status_text(status), type, len, extra, !close && body_unread(c) ? "Connection: close\r\n" : "",
+              local ? "X-Kiri-Served-By: local\r\n" : "");
     const char *method = mg_get_request_info(c)->request_method; /* NULL when the request line was bad */
     if (len && !(method && strcmp(method, "HEAD") == 0)) /* HEAD: the headers only */
         mg_write(c, body, len);
@@ -269,6 +282,7 @@ struct choice {
 
 struct gen {
     struct kiri_server *s;
+    struct kiri_served_model *m;         /* borrowed: the request holds it (acquired) */
     struct kiri_mutex *lock;
     struct kiri_cond *cond;
     struct choice ch[KIRI_API_MAX_N];
@@ -340,7 +354,7 @@ static char *piece_dup(const struct kiri_model *m, int32_t id, size_t *len)
 
 static int record_logprobs(struct gen *g, struct choice *ch, const struct event *e)
 {
-    const struct kiri_model *m = g->s->model;
+    const struct kiri_model *m = g->m->model;
     if (ch->n_lp == ch->lp_cap) {
         const int cap = ch->lp_cap ? ch->lp_cap * 2 : 32;
         const size_t nt = (size_t)cap * (size_t)(g->n_top ? g->n_top : 1);
@@ -474,10 +488,10 @@ static int tokenize_alloc(const struct kiri_model *m, const char *text, int add_
 }
 
 /* The prompt's token ids for a parsed request, or an error response already sent (returns status). */
-static int build_prompt(struct kiri_server *s, struct mg_connection *c, const struct kiri_api_request *r,
-                        int32_t **ids, int32_t *n)
+static int build_prompt(const struct kiri_served_model *sm, struct mg_connection *c,
+                        const struct kiri_api_request *r, int32_t **ids, int32_t *n)
 {
-    const struct kiri_model *m = s->model;
+    const struct kiri_model *m = sm->model;
     const int add_bos = kiri_tokenizer_add_bos(m->tokenizer);
     if (r->kind == KIRI_API_COMPLETIONS) {
         if (r->prompt_tokens) {
@@ -502,13 +516,13 @@ static int build_prompt(struct kiri_server *s, struct mg_connection *c, const st
     char *text = NULL;
     size_t text_len = 0;
     struct kiri_status_info info;
-    const int rc = kiri_chat_template_render(s->tmpl, msgs, r->n_messages, s->bos_text, s->eos_text, 1, NULL, &text,
-                                             &text_len, &info);
+    const int rc = kiri_chat_template_render(sm->tmpl, msgs, r->n_messages, sm->bos_text, sm->eos_text, 1, NULL,
+                                             &text, &text_len, &info);
     kiri_mem_free(msgs);
     if (rc != KIRI_OK)
         return fail(c, 400, "invalid_request_error", "messages", "chat_template_error", info.message, "");
     /* Templates usually write the BOS text themselves. */
-    const int bos = add_bos && !(s->bos_text[0] && strncmp(text, s->bos_text, strlen(s->bos_text)) == 0);
+    const int bos = add_bos && !(sm->bos_text[0] && strncmp(text, sm->bos_text, strlen(sm->bos_text)) == 0);
     const int trc = tokenize_alloc(m, text, bos, 1, ids, n);
     kiri_mem_free(text);
     if (trc != KIRI_OK)
@@ -539,7 +553,8 @@ static void deliver(struct stream *st, struct gen *g, struct choice *ch, const c
 static void run_generation(struct kiri_server *s, struct gen *g, const struct kiri_api_request *r, struct stream *st,
                            double deadline)
 {
-    const struct kiri_model *m = s->model;
+    const struct kiri_model *m = g->m->model;
+    struct kiri_batcher *batcher = g->m->batcher;
     struct event *batch = NULL;
     int batch_cap = 0;
     for (;;) {
@@ -559,7 +574,7 @@ static void run_generation(struct kiri_server *s, struct gen *g, const struct ki
         if (kiri_platform_now() > deadline)
             for (int i = 0; i < g->n; i++)
                 if (!g->ch[i].done)
-                    kiri_batcher_cancel(s->batcher, g->ch[i].id);
+                    kiri_batcher_cancel(batcher, g->ch[i].id);
 
         for (int i = 0; i < g->n; i++) {
             struct choice *ch = &g->ch[i];
@@ -603,7 +618,7 @@ static void run_generation(struct kiri_server *s, struct gen *g, const struct ki
                             record_logprobs(g, ch, e);
                         if (hit == 1) {
                             ch->stop_hit = 1;
-                            kiri_batcher_cancel(s->batcher, ch->id);
+                            kiri_batcher_cancel(batcher, ch->id);
                         }
                     }
                 }
@@ -627,20 +642,63 @@ static void run_generation(struct kiri_server *s, struct gen *g, const struct ki
             if (st && st->broken)
                 for (int j = 0; j < g->n; j++)
                     if (!g->ch[j].done)
-                        kiri_batcher_cancel(s->batcher, g->ch[j].id);
+                        kiri_batcher_cancel(batcher, g->ch[j].id);
         }
     }
     kiri_mem_free(batch);
 }
 
-static int handle_generate(struct kiri_server *s, struct mg_connection *c, int kind, const char *endpoint)
+/* Answers a request for a model that cannot be had: 404 for a name not served here, 503 with
+ * Retry-After while it loads or cannot load. Returns the status sent. */
+static int model_error(struct kiri_server *s, struct mg_connection *c, const char *name, int rc,
+                       const struct kiri_status_info *info)
 {
-    char *body = NULL;
-    size_t body_len = 0;
-    int status = read_body(s, c, &body, &body_len);
-    if (status)
-        return status;
-    struct kiri_api_limits lim = {s->n_ctx, s->model->hp.n_vocab, 1024};
+    if (rc == KIRI_E_INVALID_ARG && strcmp(info->field, "model") == 0) {
+        char have[256] = "", msg[420];
+        char ids[4][KIRI_MODELS_ID_MAX];
+        const int n = kiri_models_list(s->models, ids, 4);
+        size_t at = 0;
+        for (int i = 0; i < n && at < sizeof have; i++)
+            at += (size_t)snprintf(have + at, sizeof have - at, "%s'%.60s'", i ? ", " : "", ids[i]);
+        if (!name || !name[0])
+            snprintf(msg, sizeof msg, "no model is installed here yet");
+        else
+            snprintf(msg, sizeof msg, "the model '%.100s' does not exist here; this server has %s%s", name,
+                     n ? have : "none", n == 4 ? ", ..." : "");
+        return fail(c, name && name[0] ? 404 : 503, "invalid_request_error", "model", "model_not_found", msg,
+                    name && name[0] ? "" : "Retry-After: 5\r\n");
+    }
+    if (rc == KIRI_E_BUSY)
+        return fail(c, 503, "server_error", "model", "model_loading", info->message, "Retry-After: 1\r\n");
+    char msg[sizeof info->message + 40];
+    snprintf(msg, sizeof msg, "the model cannot be loaded: %s", info->message);
+    return fail(c, 503, "server_error", "model", "model_unavailable", msg, "Retry-After: 5\r\n");
+}
+
+/* Holds the model a request names (NULL or absent: the default) for the request's whole life, so
+ * a hot-swap or an unload never frees it under the request (H29). The body is parsed once here,
+ * with limits any model accepts, only to read the name; generate() parses it again with the
+ * model's own limits. Returns 0 with *out set, or the status of the answer sent. */
+static int acquire_for(struct kiri_server *s, struct mg_connection *c, const char *body, size_t body_len, int kind,
+                       struct kiri_served_model **out)
+{
+    struct kiri_api_limits loose = {0, INT32_MAX, 1024};
+    struct kiri_api_request r;
+    struct kiri_api_error err;
+    if (kiri_api_parse(body, body_len, kind, &loose, &r, &err) != KIRI_OK)
+        return send_error(c, &err, "");
+    struct kiri_status_info info;
+    const int rc = kiri_models_acquire(s->models, r.model, out, &info);
+    const int status = rc == KIRI_OK ? 0 : model_error(s, c, r.model, rc, &info);
+    kiri_api_request_free(&r);
+    return status;
+}
+
+/* One generation request on the model sm it holds; body (owned) is freed here. */
+static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct mg_connection *c, int kind,
+                    const char *endpoint, char *body, size_t body_len)
+{
+    struct kiri_api_limits lim = {sm->n_ctx, sm->model->hp.n_vocab, 1024};
     struct kiri_api_request r;
     struct kiri_api_error err;
     if (kiri_api_parse(body, body_len, kind, &lim, &r, &err) != KIRI_OK) {
@@ -648,25 +706,19 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
         return send_error(c, &err, "");
     }
     kiri_mem_free(body);
-    if (r.model && r.model[0] && strcmp(r.model, s->model_id) != 0) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "the model '%.100s' does not exist here; this server has '%.100s'", r.model,
-                 s->model_id);
-        kiri_api_request_free(&r);
-        return fail(c, 404, "invalid_request_error", "model", "model_not_found", msg, "");
-    }
+    int status;
     int32_t *ids = NULL, n_ids = 0;
-    status = build_prompt(s, c, &r, &ids, &n_ids);
+    status = build_prompt(sm, c, &r, &ids, &n_ids);
     if (status) {
         kiri_api_request_free(&r);
         return status;
     }
-    const int32_t max_prompt = s->cfg.max_prompt_tokens > 0 ? s->cfg.max_prompt_tokens : s->n_ctx - 1;
-    if (n_ids < 1 || n_ids > max_prompt || n_ids >= s->n_ctx ||
-        (r.max_tokens > 0 && (int64_t)n_ids + r.max_tokens > s->n_ctx)) {
+    const int32_t max_prompt = s->cfg.max_prompt_tokens > 0 ? s->cfg.max_prompt_tokens : sm->n_ctx - 1;
+    if (n_ids < 1 || n_ids > max_prompt || n_ids >= sm->n_ctx ||
+        (r.max_tokens > 0 && (int64_t)n_ids + r.max_tokens > sm->n_ctx)) {
         char msg[200];
         snprintf(msg, sizeof msg,
-                 "this model's context holds %d tokens; the prompt has %d and %d more were requested", s->n_ctx,
+                 "this model's context holds %d tokens; the prompt has %d and %d more were requested", sm->n_ctx,
                  n_ids, r.max_tokens > 0 ? r.max_tokens : 0);
         kiri_mem_free(ids);
         kiri_api_request_free(&r);
@@ -685,6 +737,7 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
         return fail(c, 500, "server_error", "", "", "out of memory", "");
     }
     g->s = s;
+    g->m = sm;
     g->n = r.n;
     g->n_top = r.top_logprobs;
     const uint64_t seed = r.has_seed ? r.sampling.seed : mix64(atomic_fetch_add(&s->counter, 1) ^ (uint64_t)(kiri_platform_now() * 1e9));
@@ -704,7 +757,7 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
         req.priority = r.priority;
         req.logprobs = r.logprobs;
         req.top_logprobs = r.top_logprobs;
-        submit_rc = kiri_batcher_submit(s->batcher, &req, on_event, ch, &ch->id, &info);
+        submit_rc = kiri_batcher_submit(sm->batcher, &req, on_event, ch, &ch->id, &info);
         if (submit_rc != KIRI_OK) {
             ch->done = 1;
             break;
@@ -717,7 +770,7 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
         /* Take back what was queued, wait for their final events, answer 429/503/400. */
         for (int i = 0; i < g->n; i++)
             if (g->ch[i].submitted)
-                kiri_batcher_cancel(s->batcher, g->ch[i].id);
+                kiri_batcher_cancel(sm->batcher, g->ch[i].id);
         run_generation(s, g, &r, NULL, t0 + 60);
         for (int i = 0; i < g->n; i++)
             choice_free(g, &g->ch[i]);
@@ -743,12 +796,12 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
         st.kind = kind;
         memcpy(st.id, id, sizeof st.id);
         st.created = created;
-        st.model = s->model_id;
+        st.model = sm->id;
         st.raw = strcmp(mg_get_request_info(c)->http_version, "1.1") != 0;
         if (st.raw)
             mg_disable_connection_keep_alive(c);
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "%s\r\nX-Accel-Buffering: no\r\n\r\n",
+                     "%s\r\nX-Accel-Buffering: no\r\nX-Kiri-Served-By: local\r\n\r\n",
                   st.raw ? "Connection: close" : "Transfer-Encoding: chunked");
     }
     run_generation(s, g, &r, r.stream ? &st : NULL, t0 + s->cfg.request_timeout);
@@ -764,7 +817,7 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
     kiri_metrics_tokens(s->metrics, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
     if (r.stream) {
         if (r.include_usage)
-            stream_send(&st, kiri_api_chunk_json(kind, id, created, s->model_id, NULL, 0, 0, &usage));
+            stream_send(&st, kiri_api_chunk_json(kind, id, created, sm->id, NULL, 0, 0, &usage));
         const char done[] = "data: [DONE]\n\n";
         stream_write(&st, done, sizeof done - 1);
         if (!st.broken && !st.raw && mg_send_chunk(c, "", 0) < 0)
@@ -794,7 +847,7 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
                 cs[i].top_values = ch->top_val;
             }
         }
-        status = send_json(c, 200, kiri_api_response_json(kind, id, created, s->model_id, cs, g->n, &usage), "");
+        status = send_json(c, 200, kiri_api_response_json(kind, id, created, sm->id, cs, g->n, &usage), "");
     }
     kiri_metrics_e2e(s->metrics, kiri_platform_now() - t0);
     if (s->cfg.log_prompts && r.prompt)
@@ -809,6 +862,207 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The cloud upstream (upstream.h): where a generation request is served, and relaying the
+ * upstream's answer
+ * ------------------------------------------------------------------------------------------- */
+
+/* The upstream's configuration from the flags (strings borrowed from s->cfg). */
+static void upstream_config(const struct kiri_server *s, struct kiri_upstream_config *uc)
+{
+    memset(uc, 0, sizeof *uc);
+    uc->url = s->cfg.upstream;
+    uc->key_file = s->cfg.upstream_key_file;
+    uc->ca_file = s->cfg.upstream_ca;
+    if (kiri_route_parse(s->cfg.route, &uc->route) != 0)
+        uc->route = KIRI_ROUTE_LOCAL_FIRST;
+    uc->route_queue = s->cfg.route_queue > 0 ? s->cfg.route_queue : s->cfg.queue / 2 > 0 ? s->cfg.queue / 2 : 1;
+    uc->first_byte_timeout = uc->idle_timeout = s->cfg.upstream_timeout;
+    uc->connect_timeout = s->cfg.upstream_timeout < 5 ? s->cfg.upstream_timeout : 5;
+}
+
+/* Applies the routing policy and upstream URL of a newly accepted fleet manifest, once per
+ * manifest version. A manifest without routing reads as "local"; one that says "local" and names
+ * no upstream_url therefore leaves the flags in force, and "local" with an upstream_url turns
+ * forwarding off. Otherwise the manifest's policy and URL override the flags'. */
+static void follow_manifest(struct kiri_server *s)
+{
+    if (!s->fleet || atomic_load(&s->draining))
+        return;
+    char routing[16] = "", url[2048] = "";
+    const uint64_t v = kiri_fleet_node_policy(s->fleet, routing, url, sizeof url);
+    uint64_t seen = atomic_load(&s->routing_version);
+    if (v == 0 || v == seen || !atomic_compare_exchange_strong(&s->routing_version, &seen, v))
+        return;
+    struct kiri_upstream_config uc;
+    upstream_config(s, &uc);
+    enum kiri_route r = uc.route;
+    if (kiri_route_parse(routing, &r) != 0 || (r == KIRI_ROUTE_LOCAL && !url[0]))
+        r = uc.route; /* nothing said: the flags' */
+    uc.route = r;
+    if (url[0])
+        uc.url = url;
+    if (r == KIRI_ROUTE_LOCAL)
+        uc.url = NULL;
+    struct kiri_status_info info;
+    if (kiri_upstream_reconfigure(s->upstream, &uc, &info) != KIRI_OK)
+        fprintf(stderr, "kiri: manifest %llu: routing not applied, the previous one stays: %s\n",
+                (unsigned long long)v, info.message);
+    else
+        fprintf(stderr, "kiri: manifest %llu: routing %s\n", (unsigned long long)v,
+                kiri_route_name(kiri_upstream_route(s->upstream, NULL)));
+}
+
+/* Relays an upstream answer to the client (kiri_upstream_sink). */
+struct proxy {
+    struct kiri_server *s;
+    struct mg_connection *c;
+    struct stream st;           /* for an event stream: c, raw, broken */
+    int status;
+    int streaming;
+};
+
+static int proxy_head(void *user, int status, const char *type, int stream)
+{
+    (void)type; /* an event stream is sent as one, a body as the JSON it was checked to be */
+    struct proxy *p = user;
+    p->status = status;
+    p->streaming = stream;
+    /* Counted before the client can see the answer, so the metrics never lag behind it. */
+    kiri_upstream_count(p->s->upstream, KIRI_UPSTREAM_SERVED_UPSTREAM);
+    if (!stream)
+        return 0;
+    p->st.c = p->c;
+    p->st.raw = strcmp(mg_get_request_info(p->c)->http_version, "1.1") != 0;
+    if (p->st.raw)
+        mg_disable_connection_keep_alive(p->c);
+    mg_printf(p->c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                    "%s\r\nX-Accel-Buffering: no\r\nX-Kiri-Served-By: upstream\r\n\r\n",
+              p->st.raw ? "Connection: close" : "Transfer-Encoding: chunked");
+    return 0;
+}
+
+static int proxy_data(void *user, const void *bytes, size_t n)
+{
+    struct proxy *p = user;
+    if (!p->streaming) {
+        send_body(p->c, p->status, "application/json", bytes, n, "X-Kiri-Served-By: upstream\r\n");
+        return 0;
+    }
+    stream_write(&p->st, bytes, n);
+    return p->st.broken;
+}
+
+/* Decides where a generation request is served, and serves it when that is the upstream.
+ * Returns the status of the answer sent, or 0 to serve it here. */
+static int route_request(struct kiri_server *s, struct mg_connection *c, const char *endpoint, const char *body,
+                         size_t body_len)
+{
+    follow_manifest(s);
+    int route_queue = 1, stream = 0;
+    const enum kiri_route route = kiri_upstream_route(s->upstream, &route_queue);
+    char model[KIRI_MODELS_ID_MAX] = "";
+    /* A request an upstream kiri forwarded is served here (no loops); one that is not even a JSON
+     * object is answered by the local parser. */
+    if (route == KIRI_ROUTE_LOCAL || mg_get_header(c, "X-Kiri-Forwarded") ||
+        kiri_upstream_peek(body, body_len, model, sizeof model, &stream) != 0) {
+        kiri_upstream_count(s->upstream, KIRI_UPSTREAM_SERVED_LOCAL);
+        return 0;
+    }
+    const int here = kiri_models_has(s->models, model[0] ? model : NULL);
+    int32_t waiting = 0;
+    struct kiri_served_model *sm = kiri_models_acquire_loaded(s->models, model[0] ? model : NULL);
+    if (sm) {
+        struct kiri_batcher_stats bs;
+        kiri_batcher_get_stats(sm->batcher, &bs);
+        waiting = bs.waiting;
+        kiri_models_release(s->models, sm);
+    }
+    if (route == KIRI_ROUTE_LOCAL_FIRST && here && waiting < route_queue) {
+        kiri_upstream_count(s->upstream, KIRI_UPSTREAM_SERVED_LOCAL);
+        return 0;
+    }
+    struct proxy p;
+    memset(&p, 0, sizeof p);
+    p.s = s;
+    p.c = c;
+    const struct kiri_upstream_sink sink = {proxy_head, proxy_data, &p};
+    struct kiri_upstream_outcome out;
+    kiri_upstream_forward(s->upstream, endpoint, body, body_len, stream, &sink, &out);
+    switch (out.result) {
+    case KIRI_UPSTREAM_DONE:
+        if (p.streaming && !p.st.broken && !p.st.raw)
+            mg_send_chunk(c, "", 0); /* the end of the chunked stream */
+        return out.upstream_status;
+    case KIRI_UPSTREAM_CLIENT_GONE:
+        kiri_metrics_client_disconnect(s->metrics);
+        return p.status ? p.status : 499;
+    case KIRI_UPSTREAM_BROKEN: {
+        /* Part of the stream is out: end it with an error event (no [DONE]) and close. */
+        fprintf(stderr, "kiri: upstream stream broke off: %s\n", out.message);
+        struct kiri_api_error e;
+        kiri_api_error_set(&e, 502, "server_error", "", "upstream_stream_broken", "the upstream's stream broke off: %s",
+                           out.message);
+        stream_send(&p.st, kiri_api_error_json(&e));
+        if (!p.st.broken && !p.st.raw)
+            mg_send_chunk(c, "", 0);
+        mg_disable_connection_keep_alive(c);
+        return 200;
+    }
+    case KIRI_UPSTREAM_BAD_ANSWER:
+        kiri_upstream_count(s->upstream, KIRI_UPSTREAM_SERVED_UPSTREAM);
+        fprintf(stderr, "kiri: upstream bad answer: %s\n", out.message);
+        return fail(c, 502, "server_error", "", "bad_upstream_answer", out.message, "X-Kiri-Served-By: upstream\r\n");
+    case KIRI_UPSTREAM_UNAVAILABLE:
+    default:
+        break;
+    }
+    /* Nothing reached the client: serve here when the model is here and there is room (a full
+     * queue answers 429 itself, except for the upstream's own 429 and a timeout, F16/F18). */
+    const int full = waiting >= s->cfg.queue;
+    if (here && !(full && (out.status == 429 || out.status == 504))) {
+        fprintf(stderr, "kiri: upstream unavailable (%s); serving here\n", out.message);
+        kiri_upstream_count(s->upstream, KIRI_UPSTREAM_FALLBACK);
+        kiri_upstream_count(s->upstream, KIRI_UPSTREAM_SERVED_LOCAL);
+        return 0;
+    }
+    char extra[96], msg[640];
+    if (out.status == 429)
+        snprintf(extra, sizeof extra, "Retry-After: %.0f\r\nX-Kiri-Served-By: upstream\r\n",
+                 out.retry_after >= 1 && out.retry_after < 86400 ? out.retry_after : 1);
+    else
+        snprintf(extra, sizeof extra, "Retry-After: 5\r\nX-Kiri-Served-By: upstream\r\n");
+    if (here)
+        snprintf(msg, sizeof msg, "this server is full and the upstream could not take the request: %s", out.message);
+    else
+        snprintf(msg, sizeof msg, "the model '%.100s' is not served here and the upstream could not take the request: %s",
+                 model, out.message);
+    kiri_upstream_count(s->upstream, KIRI_UPSTREAM_SERVED_UPSTREAM);
+    return fail(c, out.status, "server_error", "", out.status == 429 ? "overloaded" : "upstream_unavailable", msg,
+                extra);
+}
+
+static int handle_generate(struct kiri_server *s, struct mg_connection *c, int kind, const char *endpoint)
+{
+    char *body = NULL;
+    size_t body_len = 0;
+    int status = read_body(s, c, &body, &body_len);
+    if (status)
+        return status;
+    if ((status = route_request(s, c, endpoint, body, body_len)) != 0) {
+        kiri_mem_free(body);
+        return status;
+    }
+    struct kiri_served_model *sm = NULL;
+    if ((status = acquire_for(s, c, body, body_len, kind, &sm)) != 0) {
+        kiri_mem_free(body);
+        return status;
+    }
+    status = generate(s, sm, c, kind, endpoint, body, body_len);
+    kiri_models_release(s->models, sm);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Other endpoints
  * ------------------------------------------------------------------------------------------- */
 
@@ -819,17 +1073,24 @@ static int handle_tokenize(struct kiri_server *s, struct mg_connection *c, int k
     int status = read_body(s, c, &body, &body_len);
     if (status)
         return status;
-    struct kiri_api_limits lim = {s->n_ctx, s->model->hp.n_vocab, 1024};
+    struct kiri_served_model *sm = NULL;
+    if ((status = acquire_for(s, c, body, body_len, kind, &sm)) != 0) {
+        kiri_mem_free(body);
+        return status;
+    }
+    struct kiri_api_limits lim = {sm->n_ctx, sm->model->hp.n_vocab, 1024};
     struct kiri_api_request r;
     struct kiri_api_error err;
     const int rc = kiri_api_parse(body, body_len, kind, &lim, &r, &err);
     kiri_mem_free(body);
-    if (rc != KIRI_OK)
+    if (rc != KIRI_OK) {
+        kiri_models_release(s->models, sm);
         return send_error(c, &err, "");
+    }
     if (kind == KIRI_API_TOKENIZE) {
         int32_t *ids = NULL, n = 0;
-        const int add_bos = r.add_special ? kiri_tokenizer_add_bos(s->model->tokenizer) : 0;
-        if (tokenize_alloc(s->model, r.content ? r.content : "", add_bos, r.parse_special, &ids, &n) != KIRI_OK)
+        const int add_bos = r.add_special ? kiri_tokenizer_add_bos(sm->model->tokenizer) : 0;
+        if (tokenize_alloc(sm->model, r.content ? r.content : "", add_bos, r.parse_special, &ids, &n) != KIRI_OK)
             status = fail(c, 500, "server_error", "", "", "tokenization failed", "");
         else
             status = send_json(c, 200, kiri_api_tokens_json(ids, n), "");
@@ -841,7 +1102,7 @@ static int handle_tokenize(struct kiri_server *s, struct mg_connection *c, int k
         char piece[MAX_PIECE];
         int ok = 1;
         for (int32_t i = 0; i <= r.n_tokens && ok; i++) {
-            const int n = i < r.n_tokens ? kiri_detok_push(s->model->tokenizer, &ds, r.tokens[i], 0, piece, sizeof piece)
+            const int n = i < r.n_tokens ? kiri_detok_push(sm->model->tokenizer, &ds, r.tokens[i], 0, piece, sizeof piece)
                                          : kiri_detok_flush(&ds, piece, sizeof piece);
             if (n <= 0)
                 continue;
@@ -862,18 +1123,71 @@ static int handle_tokenize(struct kiri_server *s, struct mg_connection *c, int k
         kiri_mem_free(text);
     }
     kiri_api_request_free(&r);
+    kiri_models_release(s->models, sm);
     return status;
+}
+
+/* The served models' and the fleet's families for /metrics (metrics.h). */
+static char *render_models(struct kiri_server *s, char *page)
+{
+    struct kiri_models_info *info = kiri_mem_calloc(KIRI_MODELS_MAX, sizeof *info);
+    if (!info) {
+        kiri_mem_free(page);
+        return NULL;
+    }
+    struct kiri_models_counts mc;
+    kiri_models_counts(s->models, &mc);
+    struct kiri_metrics_models f;
+    memset(&f, 0, sizeof f);
+    f.loads = mc.loads;
+    f.swaps = mc.swaps;
+    f.load_failures = mc.load_failures;
+    f.evictions = mc.evictions;
+    f.loaded = mc.n_loaded;
+    f.memory_bytes = mc.bytes_used;
+    if (s->fleet)
+        kiri_fleet_node_metrics(s->fleet, &f);
+    const char *ids[KIRI_MODELS_MAX], *shas[KIRI_MODELS_MAX];
+    int loaded[KIRI_MODELS_MAX];
+    f.n_models = kiri_models_snapshot(s->models, info, KIRI_MODELS_MAX);
+    for (int i = 0; i < f.n_models; i++) {
+        ids[i] = info[i].id;
+        shas[i] = info[i].sha256_hex;
+        loaded[i] = info[i].loaded;
+    }
+    f.ids = ids;
+    f.sha256_hex = shas;
+    f.is_loaded = loaded;
+    char *out = kiri_metrics_render_models(page, &f);
+    if (out && s->fleet)
+        out = kiri_fleet_node_render_metrics(s->fleet, out);
+    kiri_mem_free(info);
+    return out;
 }
 
 static int handle_metrics(struct kiri_server *s, struct mg_connection *c)
 {
     struct kiri_batcher_stats st;
     memset(&st, 0, sizeof st);
-    if (atomic_load(&s->ready))
-        kiri_batcher_get_stats(s->batcher, &st);
-    char *text = kiri_metrics_render(s->metrics, &st, s->model_id);
+    char def[KIRI_MODELS_ID_MAX] = "";
+    if (atomic_load(&s->ready)) {
+        kiri_models_stats(s->models, &st);
+        kiri_models_default_id(s->models, def);
+    }
+    char *text = kiri_metrics_render(s->metrics, &st, def);
+    if (text && atomic_load(&s->ready))
+        text = render_models(s, text);
     if (!text)
         return fail(c, 500, "server_error", "", "", "out of memory", "");
+    /* The routing families (upstream.h) follow the rest. */
+    char *up = s->upstream ? kiri_upstream_metrics(s->upstream) : NULL;
+    const size_t tl = strlen(text), ul = up ? strlen(up) : 0;
+    char *all = up ? kiri_mem_realloc(text, tl + ul + 1) : NULL;
+    if (all) {
+        memcpy(all + tl, up, ul + 1);
+        text = all;
+    }
+    kiri_mem_free(up);
     send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text), "");
     kiri_mem_free(text);
     return 200;
@@ -989,9 +1303,14 @@ static int handle(struct mg_connection *c, void *cbdata)
         snprintf(allow, sizeof allow, "Allow: %s\r\n", routes[idx].method);
         status = fail(c, 405, "invalid_request_error", "", "method_not_allowed", "method not allowed here", allow);
     } else if (routes[idx].r == R_HEALTH) {
-        status = atomic_load(&s->ready)
+        /* Draining answers 503 too, so a load balancer stops sending before the listener closes. */
+        status = !atomic_load(&s->ready)
+                     ? send_body(c, 503, "application/json", "{\"status\":\"loading\"}", 20, "Retry-After: 1\r\n")
+                 : atomic_load(&s->draining)
+                     ? send_body(c, 503, "application/json", "{\"status\":\"draining\"}", 21, "Retry-After: 5\r\n")
+                 : kiri_models_has(s->models, NULL)
                      ? send_body(c, 200, "application/json", "{\"status\":\"ok\"}", 15, "")
-                     : send_body(c, 503, "application/json", "{\"status\":\"loading\"}", 20, "Retry-After: 1\r\n");
+                     : send_body(c, 503, "application/json", "{\"status\":\"no model\"}", 21, "Retry-After: 5\r\n");
     } else if (routes[idx].r == R_PAGE) {
         status = send_body(c, 200, "text/html; charset=utf-8", kiri_chat_page_html, kiri_chat_page_html_len,
                            "Content-Security-Policy: default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'\r\n");
@@ -1010,8 +1329,13 @@ static int handle(struct mg_connection *c, void *cbdata)
     } else if (!atomic_load(&s->ready)) {
         status = fail(c, 503, "server_error", "", "loading", "the model is loading", "Retry-After: 1\r\n");
     } else if (routes[idx].r == R_MODELS) {
-        const char *ids[1] = {s->model_id};
-        status = send_json(c, 200, kiri_api_models_json(ids, 1, s->created), "");
+        char(*list)[KIRI_MODELS_ID_MAX] = kiri_mem_array(KIRI_MODELS_MAX, sizeof *list);
+        const char *ids[KIRI_MODELS_MAX];
+        const int n = list ? kiri_models_list(s->models, list, KIRI_MODELS_MAX) : 0;
+        for (int i = 0; i < n; i++)
+            ids[i] = list[i];
+        status = send_json(c, 200, list ? kiri_api_models_json(ids, n, s->created) : NULL, "");
+        kiri_mem_free(list);
     } else if (routes[idx].r == R_TOKENIZE || routes[idx].r == R_DETOKENIZE) {
         status = handle_tokenize(s, c, routes[idx].r == R_TOKENIZE ? KIRI_API_TOKENIZE : KIRI_API_DETOKENIZE);
     } else if (atomic_load(&s->draining)) {
@@ -1022,6 +1346,9 @@ static int handle(struct mg_connection *c, void *cbdata)
         atomic_fetch_sub(&s->active, 1);
     }
     kiri_metrics_request(s->metrics, endpoint, status);
+    atomic_fetch_add(&s->n_requests, 1);
+    if (status >= 500)
+        atomic_fetch_add(&s->n_errors, 1);
     /* One line per request; never the prompt (unless --log-prompts) nor any header. */
     fprintf(stderr, "kiri: %s %s %s %d %.3fs\n", ri->remote_addr, ri->request_method, idx >= 0 ? endpoint : "(other)",
             status, kiri_platform_now() - t0);
@@ -1051,54 +1378,81 @@ static int log_message(const struct mg_connection *c, const char *message)
  * Life cycle
  * ------------------------------------------------------------------------------------------- */
 
-static int load_model(struct kiri_server *s, struct kiri_status_info *info)
+static void log_line(void *user, const char *line)
 {
-    struct kiri_model_params mp;
-    kiri_model_params_default(&mp);
-    mp.backend = s->cfg.backend[0] ? s->cfg.backend : "auto";
-    mp.n_threads = s->cfg.threads;
-    int rc = kiri_model_open(s->cfg.model, &mp, &s->model, info);
+    (void)user;
+    fprintf(stderr, "kiri: %s\n", line);
+}
+
+/* What a heartbeat reports about requests (fleet_node.h). */
+static void node_status(void *user, struct kiri_heartbeat_status *hs)
+{
+    struct kiri_server *s = user;
+    struct kiri_batcher_stats st;
+    kiri_models_stats(s->models, &st);
+    hs->running = st.running;
+    hs->waiting = st.waiting;
+    hs->requests_total = atomic_load(&s->n_requests);
+    hs->request_errors = atomic_load(&s->n_errors);
+    hs->uptime_seconds = kiri_platform_now() - s->t_start;
+}
+
+/* The models to serve: the one file of --model, or every model of --models-dir (named by the
+ * fleet's manifest when there is one, which also picks the default). The default model is loaded
+ * before the server reports ready; with --model a failure to load it is fatal, with a directory
+ * it is logged and the next request for it tries again. */
+static int load_models(struct kiri_server *s, struct kiri_status_info *info)
+{
+    const struct kiri_server_config *cfg = &s->cfg;
+    struct kiri_models_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = cfg->backend[0] ? cfg->backend : "auto";
+    mp.n_threads = cfg->threads;
+    mp.gpu_layers = cfg->gpu_layers;
+    mp.n_ctx = cfg->ctx;
+    mp.kv_memory = cfg->kv_memory;
+    mp.kv_type = strcmp(cfg->kv_type, "f32") == 0 ? KIRI_TYPE_F32 : strcmp(cfg->kv_type, "q8_0") == 0 ? KIRI_TYPE_Q8_0 : KIRI_TYPE_F16;
+    mp.max_seqs = cfg->parallel;
+    mp.chunk = cfg->chunk;
+    mp.queue_cap = cfg->queue;
+    mp.memory_budget = cfg->models_dir[0] ? cfg->models_memory : 0;
+    /* A directory's models change while serving: each one proves it runs before it serves. */
+    mp.warm_up = cfg->models_dir[0] != 0;
+    mp.log = log_line;
+    int rc = kiri_models_init(&mp, &s->models);
     if (rc != KIRI_OK)
-        return rc;
-    struct kiri_batcher_params bp;
-    kiri_batcher_params_default(&bp);
-    bp.n_ctx = s->cfg.ctx;
-    bp.kv_memory = (size_t)s->cfg.kv_memory;
-    bp.max_seqs = s->cfg.parallel;
-    bp.chunk = s->cfg.chunk;
-    bp.queue_cap = s->cfg.queue;
-    bp.kv_type = strcmp(s->cfg.kv_type, "f32") == 0 ? KIRI_TYPE_F32 : strcmp(s->cfg.kv_type, "q8_0") == 0 ? KIRI_TYPE_Q8_0 : KIRI_TYPE_F16;
-    if ((rc = kiri_batcher_init(s->model, &bp, &s->batcher, info)) != KIRI_OK)
-        return rc;
-    s->n_ctx = kiri_batcher_n_ctx(s->batcher);
-    /* The chat template from the file, or ChatML when it has none. */
-    struct kiri_gguf_str t = {0};
-    const char *src = kiri_chat_template_chatml();
-    size_t len = strlen(src);
-    if (kiri_gguf_get_str(s->model->gguf, "tokenizer.chat_template", 0, &t, NULL) == KIRI_OK && t.len) {
-        src = t.ptr;
-        len = (size_t)t.len;
-    }
-    if ((rc = kiri_chat_template_init(src, len, &s->tmpl, info)) != KIRI_OK) {
-        fprintf(stderr, "kiri: the model's chat template is not usable (%s); using ChatML\n", info->message);
-        src = kiri_chat_template_chatml();
-        if ((rc = kiri_chat_template_init(src, strlen(src), &s->tmpl, info)) != KIRI_OK)
+        return kiri_error_set(info, rc, "out of memory");
+    if (cfg->model[0]) {
+        const char *slash = strrchr(cfg->model, '/');
+        char id[KIRI_MODELS_ID_MAX];
+        snprintf(id, sizeof id, "%.127s", cfg->model_alias[0] ? cfg->model_alias : slash ? slash + 1 : cfg->model);
+        if ((rc = kiri_models_add(s->models, id, cfg->model, NULL, info)) < 0)
             return rc;
+        return kiri_models_load(s->models, NULL, info);
     }
-    const int32_t bos = kiri_tokenizer_bos(s->model->tokenizer), eos = kiri_tokenizer_eos(s->model->tokenizer);
-    int n;
-    if (bos >= 0 && (n = kiri_tokenizer_piece(s->model->tokenizer, bos, 1, s->bos_text, sizeof s->bos_text - 1)) > 0 &&
-        (size_t)n < sizeof s->bos_text)
-        s->bos_text[n] = '\0';
-    else
-        s->bos_text[0] = '\0';
-    if (eos >= 0 && (n = kiri_tokenizer_piece(s->model->tokenizer, eos, 1, s->eos_text, sizeof s->eos_text - 1)) > 0 &&
-        (size_t)n < sizeof s->eos_text)
-        s->eos_text[n] = '\0';
-    else
-        s->eos_text[0] = '\0';
-    if ((rc = kiri_batcher_start(s->batcher)) != KIRI_OK)
-        return kiri_error_set(info, rc, "cannot start the batching thread");
+    if (cfg->fleet_url[0]) {
+        struct kiri_fleet_node_params np;
+        memset(&np, 0, sizeof np);
+        np.models_dir = cfg->models_dir;
+        np.manifest_url = cfg->fleet_url;
+        np.key_file = cfg->fleet_key;
+        np.ca_file = cfg->fleet_ca[0] ? cfg->fleet_ca : NULL;
+        np.node_name = cfg->node_name;
+        np.interval = cfg->fleet_interval;
+        np.models = s->models;
+        np.status = node_status;
+        np.status_user = s;
+        if ((rc = kiri_fleet_node_init(&np, &s->fleet, info)) != KIRI_OK)
+            return rc;
+    } else if ((rc = kiri_models_scan_dir(s->models, cfg->models_dir, info)) != KIRI_OK) {
+        return rc;
+    }
+    struct kiri_status_info li;
+    if (kiri_models_has(s->models, NULL) && kiri_models_load(s->models, NULL, &li) != KIRI_OK)
+        fprintf(stderr, "kiri: the default model did not load (%s); requests for it will try again\n", li.message);
+    if (!kiri_models_has(s->models, NULL))
+        fprintf(stderr, "kiri: %s holds no model yet%s\n", cfg->models_dir,
+                s->fleet ? "; the fleet sync will install them" : "");
     return KIRI_OK;
 }
 
@@ -1138,8 +1492,7 @@ int kiri_server_start(const struct kiri_server_config *cfg, struct kiri_server *
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
     s->cfg = *cfg;
     s->created = (int64_t)time(NULL);
-    const char *slash = strrchr(cfg->model, '/');
-    snprintf(s->model_id, sizeof s->model_id, "%.127s", cfg->model_alias[0] ? cfg->model_alias : slash ? slash + 1 : cfg->model);
+    s->t_start = kiri_platform_now();
     int rc = kiri_metrics_init(&s->metrics);
     if (rc != KIRI_OK) {
         kiri_mem_free(s);
@@ -1154,6 +1507,12 @@ int kiri_server_start(const struct kiri_server_config *cfg, struct kiri_server *
     }
     if (tls && (rc = setup_tls(s, info)) != KIRI_OK)
         goto fail;
+    struct kiri_upstream_config uc;
+    upstream_config(s, &uc);
+    if ((rc = kiri_upstream_open(&uc, &s->upstream, info)) != KIRI_OK)
+        goto fail;
+    if (cfg->upstream[0])
+        fprintf(stderr, "kiri: routing %s, upstream %s\n", kiri_route_name(uc.route), cfg->upstream);
 
     char ports[200], threads[16], timeout[32];
     const int v6 = strchr(cfg->host, ':') != NULL;
@@ -1198,12 +1557,19 @@ int kiri_server_start(const struct kiri_server_config *cfg, struct kiri_server *
     const int np = mg_get_server_ports(s->mg, 4, sp);
     s->port = np > 0 ? sp[0].port : cfg->port;
     mg_set_request_handler(s->mg, "/", handle, s);
-    fprintf(stderr, "kiri: listening on %s://%s:%d, loading %s\n", tls ? "https" : "http", cfg->host, s->port, cfg->model);
-    if ((rc = load_model(s, info)) != KIRI_OK)
+    fprintf(stderr, "kiri: listening on %s://%s:%d, loading %s\n", tls ? "https" : "http", cfg->host, s->port,
+            cfg->model[0] ? cfg->model : cfg->models_dir);
+    if ((rc = load_models(s, info)) != KIRI_OK)
         goto fail;
     atomic_store(&s->ready, 1);
-    fprintf(stderr, "kiri: serving %s (context %d, %d parallel, %s)\n", s->model_id, s->n_ctx, cfg->parallel,
-            s->auth ? "API keys required" : "no API keys");
+    if (s->fleet && (rc = kiri_fleet_node_start(s->fleet, info)) != KIRI_OK)
+        goto fail;
+    char def[KIRI_MODELS_ID_MAX];
+    kiri_models_default_id(s->models, def);
+    struct kiri_served_model *dm = kiri_models_acquire_loaded(s->models, NULL);
+    fprintf(stderr, "kiri: serving %s (context %d, %d parallel, %s)\n", def[0] ? def : "(no model yet)",
+            dm ? (int)dm->n_ctx : 0, cfg->parallel, s->auth ? "API keys required" : "no API keys");
+    kiri_models_release(s->models, dm);
     *out = s;
     return KIRI_OK;
 fail:
@@ -1218,20 +1584,25 @@ void kiri_server_stop(struct kiri_server *s, double grace_seconds)
     if (!s)
         return;
     atomic_store(&s->draining, 1);
-    if (s->batcher) {
+    /* The fleet thread first: no swap starts while the server winds down. The node itself lives
+     * until the listener is closed (requests read its metrics and routing). */
+    kiri_fleet_node_stop(s->fleet);
+    if (s->models) {
         /* Running requests finish (up to the grace period), new ones get 503. */
         const double end = kiri_platform_now() + grace_seconds;
         while (atomic_load(&s->active) > 0 && kiri_platform_now() < end)
-            kiri_batcher_wait_idle(s->batcher, 0.1);
-        kiri_batcher_stop(s->batcher, 0);
+            kiri_platform_sleep(0.05);
+        kiri_models_stop(s->models);
     }
+    if (s->upstream)
+        kiri_upstream_cancel(s->upstream); /* forwards still running end within half a second */
     if (s->mg)
         mg_stop(s->mg);
+    kiri_upstream_close(s->upstream);
     if (s->tls_pem[0])
         kiri_platform_file_abort(-1, s->tls_pem);
-    kiri_batcher_free(s->batcher);
-    kiri_chat_template_free(s->tmpl);
-    kiri_model_close(s->model);
+    kiri_models_free(s->models);
+    kiri_fleet_node_free(s->fleet);
     kiri_auth_free(s->auth);
     kiri_metrics_free(s->metrics);
     kiri_mem_free(s);
