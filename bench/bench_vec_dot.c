@@ -3,7 +3,13 @@
  * plus the activation quantizers. Rows cycle through a small matrix (64 rows, at most 1 MiB) so
  * the numbers measure compute, not DRAM bandwidth. One thread.
  *
- * Usage: bench_vec_dot [n] [milliseconds per measurement]   (defaults 4096, 200)
+ * The second table times the one-token (decode) tiles of the matrix-product kernels (kiri_gemm_fn
+ * with one token) of the common model types, AVX2 and AVX-512 where the CPU has them, as GB/s of
+ * weights consumed: once on a matrix that stays in L2 (compute speed) and once on 256 MiB of rows
+ * read once per pass (DRAM streaming, what decode does).
+ *
+ * Usage: bench_vec_dot [n] [milliseconds per measurement] [gemm]   (defaults 4096, 200; with
+ * "gemm", only the second table)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +46,24 @@ static double time_dot(kiri_vec_dot_fn fn, int64_t n, const unsigned char *w, si
     return (t1 - t0) * 1e9 / (double)calls;
 }
 
+/* Calls a gemm tile with one token over nr rows (rb bytes each, tile rows per call) until `ms`
+ * milliseconds pass; returns the weight bytes consumed per nanosecond (GB/s). */
+static double time_gemm1(kiri_gemm_fn fn, int64_t n, const unsigned char *w, size_t rb, int64_t nr,
+                         int64_t tile, const void *act, float *out, double ms)
+{
+    double t0 = kiri_platform_now(), t1;
+    double bytes = 0;
+    do {
+        for (int64_t r = 0; r < nr; r += tile) {
+            const int64_t m = nr - r < tile ? nr - r : tile;
+            fn(n, w + (size_t)r * rb, rb, act, 0, out + r, 0, m, 1);
+        }
+        bytes += (double)nr * (double)rb;
+        t1 = kiri_platform_now();
+    } while ((t1 - t0) * 1e3 < ms);
+    return bytes / ((t1 - t0) * 1e9);
+}
+
 static double time_quant(kiri_from_float_fn fn, const float *x, void *dst, int64_t n, double ms)
 {
     double t0 = kiri_platform_now(), t1;
@@ -57,6 +81,7 @@ int main(int argc, char **argv)
 {
     int64_t n = argc > 1 ? atoll(argv[1]) : 4096;
     double ms = argc > 2 ? atof(argv[2]) : 200.0;
+    const int only_gemm = argc > 3 && strcmp(argv[3], "gemm") == 0;
     if (n <= 0 || n % 256 != 0) {
         fprintf(stderr, "bench_vec_dot: n must be a positive multiple of 256\n");
         return 2;
@@ -88,7 +113,7 @@ int main(int argc, char **argv)
                                 KIRI_TYPE_Q4_K, KIRI_TYPE_Q5_K, KIRI_TYPE_Q6_K};
     float sink = 0;
     printf("%-6s %12s %12s %9s %12s\n", "type", "ref ns/row", "best ns/row", "speedup", "best GB/s");
-    for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+    for (size_t c = 0; c < (only_gemm ? 0 : sizeof types / sizeof types[0]); c++) {
         const int t = types[c], vt = kiri_cpu_vec_dot_type(t);
         const size_t rb = (size_t)(n / kiri_type_block_size(t)) * kiri_type_size(t);
         for (int r = 0; r < N_ROWS; r++)
@@ -103,7 +128,7 @@ int main(int argc, char **argv)
     }
     printf("\n%-6s %12s %12s %9s\n", "quant", "ref ns/row", "best ns/row", "speedup");
     static const int acts[] = {KIRI_TYPE_Q8_0, KIRI_TYPE_Q8_1, KIRI_TYPE_Q8_K, KIRI_TYPE_F16};
-    for (size_t c = 0; c < sizeof acts / sizeof acts[0]; c++) {
+    for (size_t c = 0; c < (only_gemm ? 0 : sizeof acts / sizeof acts[0]); c++) {
         const int t = acts[c];
         const double t_ref = time_quant(ref.from_float[t], x, act, n, ms);
         const double t_best = best.from_float[t] == ref.from_float[t]
@@ -112,6 +137,49 @@ int main(int argc, char **argv)
         printf("%-6s %12.1f %12.1f %8.2fx%s\n", kiri_type_name(t), t_ref, t_best, t_ref / t_best,
                best.from_float[t] == ref.from_float[t] ? "  (no SIMD kernel)" : "");
     }
+
+    /* Decode tiles: the L2 case cycles over the 64 rows above; the DRAM case over big rows. */
+    struct kiri_cpu_kernels g2, g512;
+    kiri_cpu_kernels_init_ref(&g2);
+    kiri_cpu_kernels_init_ref(&g512);
+#if defined(__x86_64__)
+    if (features & KIRI_CPU_AVX2) {
+        kiri_cpu_kernels_init_gemm_avx2(&g2);
+        kiri_cpu_kernels_init_gemm_avx2(&g512);
+        const uint32_t vnni = KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI;
+        if ((features & vnni) == vnni)
+            kiri_cpu_kernels_init_gemm_avx512(&g512);
+    }
+#endif
+    const size_t big = (size_t)256 << 20;
+    unsigned char *wb = malloc(big);
+    float *out = malloc(sizeof(float) * (big / 64 + N_ROWS));
+    if (!wb || !out) {
+        fprintf(stderr, "bench_vec_dot: out of memory\n");
+        return 1;
+    }
+    static const int gtypes[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q6_K};
+    printf("\n%-6s %14s %14s %14s %14s   (one-token gemm tiles, GB/s of weights, 1 thread)\n", "gemm",
+           "avx2 L2", "best L2", "avx2 DRAM", "best DRAM");
+    for (size_t c = 0; c < sizeof gtypes / sizeof gtypes[0]; c++) {
+        const int t = gtypes[c], vt = kiri_cpu_vec_dot_type(t);
+        if (!g2.gemm[t])
+            continue;
+        const size_t rb = (size_t)(n / kiri_type_block_size(t)) * kiri_type_size(t);
+        for (int r = 0; r < N_ROWS; r++)
+            kiri_cpu_quantize_row(t, x + (size_t)r * n, w + (size_t)r * rb, n);
+        const int64_t nbig = (int64_t)(big / rb);
+        for (int64_t r = 0; r < nbig; r++) /* copies of the 64 rows, so the values are realistic */
+            memcpy(wb + (size_t)r * rb, w + (size_t)(r % N_ROWS) * rb, rb);
+        ref.from_float[vt](x, act, n);
+        const double l2a = time_gemm1(g2.gemm[t], n, w, rb, N_ROWS, N_ROWS, act, out, ms);
+        const double l2b = time_gemm1(g512.gemm[t], n, w, rb, N_ROWS, N_ROWS, act, out, ms);
+        const double dra = time_gemm1(g2.gemm[t], n, wb, rb, nbig, 1024, act, out, ms);
+        const double drb = time_gemm1(g512.gemm[t], n, wb, rb, nbig, 1024, act, out, ms);
+        printf("%-6s %14.2f %14.2f %14.2f %14.2f\n", kiri_type_name(t), l2a, l2b, dra, drb);
+    }
+    free(wb);
+    free(out);
     if (sink == 12345.678f) /* keeps the results alive */
         printf("%g\n", (double)sink);
     free(x);

@@ -14,7 +14,8 @@
  *   of the tile.
  * - decode (one token): four weight rows against the token, which shares the activation loads
  *   and the per-block activation terms among the rows (Q4_0 takes eight rows, two per vector).
- *   The rows of the next group are prefetched in software while a group is multiplied.
+ *   The rows of a later group (the next one; for Q4_K and Q6_K, whose rows are longer, the one
+ *   after) are prefetched in software while a group is multiplied.
  * Tiles whose row or token count is not a multiple of four repeat the last row or token to fill
  * the quad and drop those results. F16 and F32 tiles are plain FMA tiles of 4 rows x 2 tokens.
  *
@@ -528,53 +529,90 @@ AVX2 static void q4_K_tok4(int64_t k, const void *w, size_t ws, const void *cons
     }
 }
 
-/* One Q4_K block of one row against one activation block: the scaled integer sums (8 int32
- * lanes) and the mins' term (8 int32 lanes), for a later fold across rows. */
-AVX2 static inline void q4_K_row(const struct kiri_block_q4_K *x, const struct kiri_block_q8_K *y,
-                                 __m256i *isum, __m256i *imin)
+/* One Q4_K block's header (d, dmin and the 12 bytes of scales and mins, loaded as 16 bytes) into
+ * [sc0 .. sc7 | m0 .. m7] bytes: the word operations of get_scale_min_k4 (quants.c) on dwords
+ * 1..3 (w0 w1 w2): [w0 & 3f, w2 & 0f | (w0 >> 2) & 30, w1 & 3f, (w2 >> 4) & 0f | (w1 >> 2) & 30]. */
+AVX2 static inline __m128i unpack_header_k4(__m128i hd)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    uint16_t sc[8];
-    const __m256i m16 = scales_k4(x->scales, sc);
-    __m256i s = _mm256_setzero_si256();
-    UNROLL
-    for (int j = 0; j < 4; j++) {
-        const __m256i q = load256(x->qs + 32 * j);
-        const __m256i plo = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), load256(y->qs + 64 * j));
-        const __m256i phi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                                 load256(y->qs + 64 * j + 32));
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
-    }
-    *isum = s;
-    *imin = _mm256_madd_epi16(load256(y->bsums), m16);
+    const __m128i sa = _mm_shuffle_epi32(hd, _MM_SHUFFLE(3, 2, 3, 1)); /* w0 w2 w1 w2 */
+    const __m128i sb = _mm_shuffle_epi32(hd, _MM_SHUFFLE(2, 2, 1, 1)); /* w0 w0 w1 w1 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(sa, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(sb, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
 }
 
+/* Four Q4_K rows against one token. Per super-block each 32-byte piece of the activation is
+ * loaded once for the four rows, and the scales are applied once per row: the eight sub-blocks'
+ * maddubs results of a row are folded by three rounds of horizontal adds into [s0 .. s7] per
+ * 128-bit half (each the sum of 16 products, at most 16 * 15 * 127 < 2^15 in magnitude), which
+ * one madd with the row's eight scales turns into int32. The float work (d, dmin, conversion) is
+ * done once for the four rows on folded quads. */
 AVX2 static void q4_K_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
 {
     const struct kiri_block_q8_K *y = a;
     const int64_t nb = k / KIRI_QK_K;
+    const size_t bs = sizeof(struct kiri_block_q4_K);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t r = 0; r < nr; r += 4) {
-        const struct kiri_block_q4_K *x[4];
+        const char *x[4];
         UNROLL
         for (int i = 0; i < 4; i++)
-            x[i] = (const struct kiri_block_q4_K *)tile_row(w, ws, r + i, nr);
+            x[i] = tile_row(w, ws, r + i, nr);
         const char *nx[4];
-        const char *const *pf = next_rows(w, ws, r, 4, nr, nx);
-        __m256 acc = _mm256_setzero_ps();
+        const char *const *pf = next_rows(w, ws, r + 4, 4, nr, nx); /* two groups ahead */
+        __m256 accq = _mm256_setzero_ps(), accm01 = _mm256_setzero_ps(), accm23 = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], sizeof *x[0]);
-            __m256i s[4], m[4];
+            const size_t o = (size_t)b * bs;
+            prefetch_rows(pf, 4, o, bs);
+            const int8_t *aq = y[b].qs;
+            __m256i h[4][2]; /* per row: sub-blocks 0-3 folded twice, then 4-7 */
             UNROLL
-            for (int i = 0; i < 4; i++)
-                q4_K_row(&x[i][b], &y[b], &s[i], &m[i]);
-            const __m256 dy = _mm256_set1_ps(y[b].d);
-            const __m256 d = _mm256_mul_ps(quad_f16(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d), dy);
-            const __m256 dm = _mm256_mul_ps(quad_f16(x[0][b].dmin, x[1][b].dmin, x[2][b].dmin, x[3][b].dmin), dy);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_i32(s[0], s[1], s[2], s[3])), d, acc);
-            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold_i32(m[0], m[1], m[2], m[3])), dm, acc);
+            for (int j = 0; j < 4; j++) {
+                const __m256i alo = load256(aq + 64 * j), ahi = load256(aq + 64 * j + 32);
+                UNROLL
+                for (int i = 0; i < 4; i++) {
+                    const __m256i q = load256(x[i] + o + offsetof(struct kiri_block_q4_K, qs) + 32 * j);
+                    const __m256i pl = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), alo);
+                    const __m256i ph = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), ahi);
+                    const __m256i pp = _mm256_hadd_epi16(pl, ph); /* sub-blocks 2j, 2j + 1 */
+                    h[i][j / 2] = j % 2 ? _mm256_hadd_epi16(h[i][j / 2], pp) : pp;
+                }
+            }
+            __m128i hd[4], u[4];
+            __m256i is[4];
+            UNROLL
+            for (int i = 0; i < 4; i++) {
+                hd[i] = _mm_loadu_si128((const __m128i *)(x[i] + o));
+                u[i] = unpack_header_k4(hd[i]);
+                const __m256i scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(u[i]));
+                is[i] = _mm256_madd_epi16(_mm256_hadd_epi16(h[i][0], h[i][1]), scw);
+            }
+            /* Mins: each sub-block's bsums (pairs of 16 summed) against the rows' mins, two rows
+             * per register: [row 0 | row 1] and [row 2 | row 3], four partial sums per row. */
+            const __m256i bsv = _mm256_madd_epi16(load256(y[b].bsums), _mm256_set1_epi16(1));
+            const __m128i bs8 = _mm_packs_epi32(_mm256_castsi256_si128(bsv), _mm256_extracti128_si256(bsv, 1));
+            const __m256i bs2 = _mm256_broadcastsi128_si256(bs8);
+            const __m256i mn01 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(u[0], u[1]));
+            const __m256i mn23 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(u[2], u[3]));
+            /* d and dmin of the four rows: [d0 dm0 d1 dm1 d2 dm2 d3 dm3] times the token's scale. */
+            const __m128i dd = _mm_unpacklo_epi64(_mm_unpacklo_epi32(hd[0], hd[1]), _mm_unpacklo_epi32(hd[2], hd[3]));
+            const __m256 dv = _mm256_mul_ps(_mm256_cvtph_ps(dd), _mm256_set1_ps(y[b].d));
+            const __m256 d = _mm256_permutevar8x32_ps(dv, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+            const __m256 dm01 = _mm256_permutevar8x32_ps(dv, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
+            const __m256 dm23 = _mm256_permutevar8x32_ps(dv, _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7));
+            accq = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_i32(is[0], is[1], is[2], is[3])), d, accq);
+            accm01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mn01, bs2)), dm01, accm01);
+            accm23 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mn23, bs2)), dm23, accm23);
         }
-        put_rows(acc, out + r, nr - r);
+        float q[4], m[16], v[4];
+        _mm_storeu_ps(q, quad_sum(accq));
+        _mm256_storeu_ps(m, accm01);
+        _mm256_storeu_ps(m + 8, accm23);
+        for (int i = 0; i < 4; i++)
+            v[i] = q[i] - ((m[4 * i] + m[4 * i + 1]) + (m[4 * i + 2] + m[4 * i + 3]));
+        for (int i = 0; i < 4 && r + i < nr; i++)
+            out[r + i] = v[i];
     }
 }
 
@@ -698,7 +736,7 @@ AVX2 static void q6_K_rows(int64_t k, const void *w, size_t ws, const void *a, f
         for (int i = 0; i < 4; i++)
             x[i] = (const struct kiri_block_q6_K *)tile_row(w, ws, r + i, nr);
         const char *nx[4];
-        const char *const *pf = next_rows(w, ws, r, 4, nr, nx);
+        const char *const *pf = next_rows(w, ws, r + 4, 4, nr, nx); /* two groups ahead */
         __m256 acc = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], sizeof *x[0]);

@@ -12,7 +12,9 @@
  * the model's mapping: each group of 16 rows is transposed into registers as it is read, once
  * per block and then used for 16 or 8 tokens (prefill) or one (decode). K-quant super-blocks are
  * transposed whole into a stack buffer, with their scales as vectors of 16 rows, and then used
- * for every token of the group (for a single token, straight from registers).
+ * for every token of an octet. A single K-quant token (decode) takes other kernels, which read
+ * four rows as they lie, with no transposition (see "One token" below): for one token the
+ * transposition costs more than it saves, and its sixteen row streams defeat the prefetchers.
  *
  * Integer ranges: vpdpbusd multiplies unsigned by signed bytes. Q4_0 quants enter as their
  * nibbles 0..15 and the term 8 sum a is subtracted afterwards; Q8_0 quants w enter as w + 128
@@ -36,6 +38,9 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 /* Loops over the registers of a tile must be unrolled so they stay in registers. */
 #define UNROLL _Pragma("GCC unroll 8")
+/* The one-token kernels stay out of line: inlined into the tile entries beside the octet loops,
+ * they changed how those were compiled and prefill lost a few percent. */
+#define OUT_OF_LINE __attribute__((noinline))
 /* The tile drivers take the type's quant unpacker as a constant argument: they must be inlined
  * into each type's entry so the unpacker is inlined too. */
 #define SPECIALIZE __attribute__((always_inline))
@@ -478,43 +483,6 @@ AVX512 static inline __m512 finish_k(const struct sb16 *u, const struct kiri_blo
     return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_mul_ps(u->dmin, dy), acc);
 }
 
-/* One token against super-block b of 16 rows with the quants unpacked straight into registers
- * (nothing to share with other tokens): u receives only the scales. */
-AVX512 static inline __m512 token1_q4_K(const char *const rows[16], int64_t b, const struct kiri_block_q8_K *y,
-                                        struct sb16 *u, __m512 acc)
-{
-    scales16_q4_K(rows, b, u);
-    __m512i isum = _mm512_setzero_si512();
-    UNROLL
-    for (int j = 0; j < 4; j++) {
-        __m512i q[16];
-        quants16_q4_K(rows, b, j, q);
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_k(q, y->qs + 64 * j, 8), u->sc[2 * j]));
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_k(q + 8, y->qs + 64 * j + 32, 8), u->sc[2 * j + 1]));
-    }
-    return finish_k(u, y, 0, isum, acc);
-}
-
-AVX512 static inline __m512 token1_q6_K(const char *const rows[16], int64_t b, const struct kiri_block_q8_K *y,
-                                        struct sb16 *u, __m512 acc)
-{
-    scales16_q6_K(rows, b, u);
-    __m512i isum = _mm512_setzero_si512();
-    UNROLL
-    for (int h = 0; h < 2; h++)
-        UNROLL
-        for (int part = 0; part < 2; part++) {
-            __m512i q[16];
-            quants16_q6_K(rows, b, h, part, q);
-            UNROLL
-            for (int c = 0; c < 4; c++) {
-                const int g = 8 * h + 2 * c + part;
-                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_k(q + 4 * c, y->qs + 16 * g, 4), u->sc[g]));
-            }
-        }
-    return finish_k(u, y, 1, isum, acc);
-}
-
 /* n tokens (8 or 16) against an unpacked super-block: for each group of quants (held in
  * registers) every token's sum, so the quants are loaded once per group, not once per token. */
 AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct kiri_block_q8_K *const *y, int64_t b,
@@ -541,26 +509,23 @@ AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct
 }
 
 typedef void (*unpack16_fn)(const char *const rows[16], int64_t b, struct sb16 *u);
-typedef __m512 (*token1_fn)(const char *const rows[16], int64_t b, const struct kiri_block_q8_K *y,
-                            struct sb16 *u, __m512 acc);
 
-/* A tile of K-quant rows: per group of 16 rows and super-block, one unpack serves an octet of
- * tokens (or the single tokens left over, 1 or 2). */
-AVX512 SPECIALIZE static inline void gemm16_k(int64_t k, const void *w, size_t ws, size_t bsize, unpack16_fn unpack,
-                                              token1_fn token1, int q6, const void *a, size_t as, float *dst, size_t ds,
-                                              int64_t nr, int64_t nt)
+/* The octets of tokens of a tile of K-quant rows: per group of 16 rows and super-block, one
+ * unpack serves 16 or 8 tokens. Returns the first token not done (the single tokens left over,
+ * 1 or 2, or all of them when nt < 3), which the one-token kernels below take. */
+AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_t ws, unpack16_fn unpack, int q6,
+                                                 const void *a, size_t as, float *dst, size_t ds, int64_t nr,
+                                                 int64_t nt)
 {
     const int64_t nb = k / KIRI_QK_K;
     struct sb16 u;
     int64_t t_oct = nt < 3 ? 0 : nt - nt % 8;
     if (nt >= 3 && nt - t_oct >= 3)
         t_oct = nt;
-    for (int64_t r = 0; r < nr; r += 16) {
-        const char *rows[16], *next[16];
-        for (int i = 0; i < 16; i++) {
+    for (int64_t r = 0; r < nr && t_oct > 0; r += 16) {
+        const char *rows[16];
+        for (int i = 0; i < 16; i++)
             rows[i] = tile_row(w, ws, r + i, nr);
-            next[i] = r + 16 < nr ? tile_row(w, ws, r + 16 + i, nr) : NULL;
-        }
         int64_t t = 0;
         for (; t_oct - t >= 16; t += 16) { /* 16 tokens per unpack while they last */
             const struct kiri_block_q8_K *y[16];
@@ -592,33 +557,250 @@ AVX512 SPECIALIZE static inline void gemm16_k(int64_t k, const void *w, size_t w
             for (int i = 0; i < 8 && t + i < t_oct; i++)
                 put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, 1);
         }
-        for (t = t_oct; t < nt; t++) {
-            const struct kiri_block_q8_K *y = (const struct kiri_block_q8_K *)((const char *)a + (size_t)t * as);
-            __m512 acc = _mm512_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                if (next[0] && t == t_oct) {
-                    UNROLL
-                    for (int i = 0; i < 16; i++)
-                        for (size_t o = 0; o < bsize; o += 64)
-                            _mm_prefetch(next[i] + (size_t)b * bsize + o, _MM_HINT_T0);
-                }
-                acc = token1(rows, b, &y[b], &u, acc);
+    }
+    return t_oct;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One token (decode) against K-quant rows, four rows at a time. Decode reads every weight once,
+ * so the kernel must keep up with memory: the rows are read as they lie (no transposition), four
+ * neighbouring rows side by side, which the hardware prefetchers follow, with the next four rows
+ * prefetched in software. Per super-block the activation's registers (and its bsums terms) are
+ * loaded once for the four rows. The products use maddubs (u8 x s8 pairs into int16, exact:
+ * 2 * 63 * 127 < 2^15) and vpdpwssd, which multiplies those pairs by the int16 sub-block scales
+ * and adds them to int32 lanes in one step; a 4-row fold then puts the rows' partial sums side by
+ * side ([r0 r1 r2 r3] in each 128-bit lane), so the float work is one conversion and one FMA per
+ * super-block for all four rows.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Folds four rows' 16 int32 lanes into [r0 r1 r2 r3] partial sums per 128-bit lane. */
+AVX512 static inline __m512i fold4(__m512i i0, __m512i i1, __m512i i2, __m512i i3)
+{
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(i0, i1), _mm512_unpackhi_epi32(i0, i1));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(i2, i3), _mm512_unpackhi_epi32(i2, i3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+}
+
+/* The four rows' sums of a folded float accumulator (the four 128-bit lanes added). */
+AVX512 static inline __m128 fold4_sum(__m512 v)
+{
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* 16 bytes at offset off of four rows, row i in 128-bit lane i. */
+AVX512 static inline __m512i lanes4(const char *const x[4], size_t off)
+{
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(x[0] + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x[1] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x[2] + off)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(x[3] + off)), 3);
+}
+
+/* Stores the four results of rows r .. r + 3 (those below nr). */
+static inline void put4(float *out, const float v[4], int64_t r, int64_t nr)
+{
+    for (int i = 0; i < 4 && r + i < nr; i++)
+        out[r + i] = v[i];
+}
+
+/* One-token kernels prefetch the rows this far ahead (two groups of four): the same bytes of
+ * those rows as the group now multiplied reads, so the lines arrive about when they are needed.
+ * Measured on rows of 1 to 5 KiB: one group ahead, three or four groups ahead, a prefetch to L2
+ * only, or a second, farther prefetch to L2 were all slower. */
+#define PREFETCH_ROWS 8
+
+/* Prefetches `bytes` from p on, one line per 64 bytes. */
+AVX512 static inline void prefetch_span(const char *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+/* vpermw indices for the sub-block scales of Q4_K: row i's 8 scales are words 8i .. 8i + 7 of
+ * the unpacked vector; vector j of a row's products holds sub-blocks (0|2), (1|3), (4|6), (5|7)
+ * in its low and high 256 bits. */
+static const uint16_t q4k_scale_idx[4][4][32] = {
+#define Q4K_IDX(i, lo, hi)                                                                                   \
+    {8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo),         \
+     8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo),         \
+     8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (lo), 8 * (i) + (hi), 8 * (i) + (hi),         \
+     8 * (i) + (hi), 8 * (i) + (hi), 8 * (i) + (hi), 8 * (i) + (hi), 8 * (i) + (hi), 8 * (i) + (hi),         \
+     8 * (i) + (hi), 8 * (i) + (hi), 8 * (i) + (hi), 8 * (i) + (hi), 8 * (i) + (hi), 8 * (i) + (hi),         \
+     8 * (i) + (hi), 8 * (i) + (hi)}
+#define Q4K_ROW(i) {Q4K_IDX(i, 0, 2), Q4K_IDX(i, 1, 3), Q4K_IDX(i, 4, 6), Q4K_IDX(i, 5, 7)}
+    Q4K_ROW(0), Q4K_ROW(1), Q4K_ROW(2), Q4K_ROW(3)
+#undef Q4K_ROW
+#undef Q4K_IDX
+};
+
+/* Q4_K rows against one token: sum x a = d_a (d sum_s sc_s sum(q a) - dmin sum_s m_s bsum_s). */
+AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    const struct kiri_block_q8_K *y = a;
+    const int64_t nb = k / KIRI_QK_K;
+    const size_t bs = sizeof(struct kiri_block_q4_K);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    /* The word operations of get_scale_min_k4 (quants.c) on dwords 1..3 (w0 w1 w2) of each lane:
+     * [w0 & 3f, w2 & 0f | (w0 >> 2) & 30, w1 & 3f, (w2 >> 4) & 0f | (w1 >> 2) & 30]. */
+    const __m512i shl = _mm512_set_epi32(4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0);
+    const __m512i mlo = _mm512_set4_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f);
+    const __m512i mhi = _mm512_set4_epi32(0x30303030, 0, 0x30303030, 0);
+    for (int64_t r = 0; r < nr; r += 4) {
+        const char *x[4];
+        for (int i = 0; i < 4; i++)
+            x[i] = tile_row(w, ws, r + i, nr);
+        const int pf = r + PREFETCH_ROWS < nr;
+        __m512 accq = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const size_t o = (size_t)b * bs;
+            if (pf)
+                for (int i = 0; i < 4; i++)
+                    prefetch_span(x[i] + PREFETCH_ROWS * ws + o, bs);
+            /* The activation: values in the order of the rows' nibble vectors (see above). */
+            const int8_t *aq = y[b].qs;
+            const __m512i a0 = _mm512_loadu_si512(aq), a1 = _mm512_loadu_si512(aq + 64);
+            const __m512i a2 = _mm512_loadu_si512(aq + 128), a3 = _mm512_loadu_si512(aq + 192);
+            const __m512i p[4] = {_mm512_shuffle_i64x2(a0, a1, 0x44), _mm512_shuffle_i64x2(a0, a1, 0xEE),
+                                  _mm512_shuffle_i64x2(a2, a3, 0x44), _mm512_shuffle_i64x2(a2, a3, 0xEE)};
+            /* bsums of each sub-block (pairs of 16) as 8 int16, in every lane. */
+            const __m256i bsv = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[b].bsums), _mm256_set1_epi16(1));
+            const __m128i bs8 = _mm_packs_epi32(_mm256_castsi256_si128(bsv), _mm256_extracti128_si256(bsv, 1));
+            const __m512i bs2 = _mm512_broadcast_i32x4(bs8);
+
+            /* Header of the four rows: [d dmin | scales 0-11] in lane i. */
+            const __m512i hd = lanes4(x, o);
+            const __m512i sa = _mm512_shuffle_epi32(hd, _MM_PERM_DCDB); /* w0 w2 w1 w2 */
+            const __m512i sb = _mm512_shuffle_epi32(hd, _MM_PERM_CCBB); /* w0 w0 w1 w1 */
+            const __m512i u = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi32(sa, shl), mlo),
+                                              _mm512_and_si512(_mm512_srli_epi32(sb, 2), mhi));
+            const __m512i scw = _mm512_unpacklo_epi8(u, zero); /* lane i: row i's 8 scales */
+            const __m512i mnw = _mm512_unpackhi_epi8(u, zero); /* lane i: row i's 8 mins */
+            /* The mins term, lane i = row i (four partial sums). */
+            const __m512i im = _mm512_madd_epi16(mnw, bs2);
+            /* d and dmin: [d0 d1 d2 d3] in every lane; dmin per lane of its row. */
+            const __m512i dq = _mm512_permutexvar_epi32(_mm512_set4_epi32(12, 8, 4, 0), hd);
+            const __m512 dy = _mm512_set1_ps(y[b].d);
+            const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dq)), dy);
+            const __m512 dm = _mm512_mul_ps(
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_shuffle_epi32(hd, _MM_PERM_AAAA), 16))), dy);
+
+            __m512i is[4];
+            UNROLL
+            for (int i = 0; i < 4; i++) {
+                const char *qs = x[i] + o + offsetof(struct kiri_block_q4_K, qs);
+                const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+                const __m512i v0 = _mm512_and_si512(q0, m4), v1 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+                const __m512i v2 = _mm512_and_si512(q1, m4), v3 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+                const __m512i *ix = (const __m512i *)q4k_scale_idx[i];
+                __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(v0, p[0]),
+                                              _mm512_permutexvar_epi16(_mm512_loadu_si512(ix), scw));
+                s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v1, p[1]), _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 1), scw));
+                s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v2, p[2]), _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 2), scw));
+                is[i] = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v3, p[3]), _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 3), scw));
             }
-            put16(dst + (size_t)t * ds + (size_t)r, acc, nr - r, 1);
+            accq = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold4(is[0], is[1], is[2], is[3])), d, accq);
+            accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm, accm);
         }
+        /* accm holds row i's four partial sums in lane i: transpose them into the fold's order. */
+        float q[4], m[16], v[4];
+        _mm_storeu_ps(q, fold4_sum(accq));
+        _mm512_storeu_ps(m, accm);
+        for (int i = 0; i < 4; i++)
+            v[i] = q[i] - ((m[4 * i] + m[4 * i + 1]) + (m[4 * i + 2] + m[4 * i + 3]));
+        put4(out, v, r, nr);
+    }
+}
+
+/* vpermw indices for Q6_K: vector j of a row's products holds the groups of 16 values 4j .. 4j + 3,
+ * one per 128-bit lane; the scales are words 0..15. */
+static const uint16_t q6k_scale_idx[4][32] = {
+#define Q6K_IDX(j)                                                                                           \
+    {4 * (j), 4 * (j), 4 * (j), 4 * (j), 4 * (j), 4 * (j), 4 * (j), 4 * (j),                                 \
+     4 * (j) + 1, 4 * (j) + 1, 4 * (j) + 1, 4 * (j) + 1, 4 * (j) + 1, 4 * (j) + 1, 4 * (j) + 1, 4 * (j) + 1, \
+     4 * (j) + 2, 4 * (j) + 2, 4 * (j) + 2, 4 * (j) + 2, 4 * (j) + 2, 4 * (j) + 2, 4 * (j) + 2, 4 * (j) + 2, \
+     4 * (j) + 3, 4 * (j) + 3, 4 * (j) + 3, 4 * (j) + 3, 4 * (j) + 3, 4 * (j) + 3, 4 * (j) + 3, 4 * (j) + 3}
+    Q6K_IDX(0), Q6K_IDX(1), Q6K_IDX(2), Q6K_IDX(3)
+#undef Q6K_IDX
+};
+
+/* Q6_K rows against one token: sum x a = d_a d (sum_g sc_g sum(q a) - 32 sum_g sc_g bsum_g), q in
+ * 0..63. The bias enters the same int32 lanes as (2 sc_g) (-16 bsum_g), both factors in int16
+ * range (16 * 16 * 127 < 2^15). Half h of a block: 64 bytes of low nibbles give values
+ * 128h .. 128h + 63 (low nibbles) and 128h + 64 .. (high nibbles) in order, and the 32 bytes of
+ * high bits, in both 256-bit halves, are shifted into place per half. */
+AVX512 OUT_OF_LINE static void q6_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    const struct kiri_block_q8_K *y = a;
+    const int64_t nb = k / KIRI_QK_K;
+    const size_t bs = sizeof(struct kiri_block_q6_K);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* Values 32c + l take bits 2c, 2c + 1 of qh[l]: moved to bits 4, 5. */
+    const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1); /* c = 0, 1: left */
+    const __m512i sh_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1); /* c = 2, 3: right */
+    for (int64_t r = 0; r < nr; r += 4) {
+        const char *x[4];
+        for (int i = 0; i < 4; i++)
+            x[i] = tile_row(w, ws, r + i, nr);
+        const int pf = r + PREFETCH_ROWS < nr;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const size_t o = (size_t)b * bs;
+            if (pf)
+                for (int i = 0; i < 4; i++)
+                    prefetch_span(x[i] + PREFETCH_ROWS * ws + o, bs);
+            const int8_t *aq = y[b].qs;
+            const __m512i av[4] = {_mm512_loadu_si512(aq), _mm512_loadu_si512(aq + 64), _mm512_loadu_si512(aq + 128),
+                                   _mm512_loadu_si512(aq + 192)};
+            const __m512i nbs = _mm512_zextsi256_si512(
+                _mm256_mullo_epi16(_mm256_loadu_si256((const __m256i *)y[b].bsums), _mm256_set1_epi16(-16)));
+            __m512i is[4];
+            UNROLL
+            for (int i = 0; i < 4; i++) {
+                const struct kiri_block_q6_K *xb = (const struct kiri_block_q6_K *)(x[i] + o);
+                const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xb->scales));
+                const __m512i scw = _mm512_castsi256_si512(sc);
+                __m512i s = _mm512_madd_epi16(nbs, _mm512_zextsi256_si512(_mm256_add_epi16(sc, sc)));
+                UNROLL
+                for (int h = 0; h < 2; h++) {
+                    const __m512i l = _mm512_loadu_si512(xb->ql + 64 * h);
+                    const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->qh + 32 * h)));
+                    const __m512i qa = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, sh_lo), m30));
+                    const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                       _mm512_and_si512(_mm512_srlv_epi16(hb, sh_hi), m30));
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(qa, av[2 * h]),
+                                            _mm512_permutexvar_epi16(_mm512_loadu_si512(q6k_scale_idx[2 * h]), scw));
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(qb, av[2 * h + 1]),
+                                            _mm512_permutexvar_epi16(_mm512_loadu_si512(q6k_scale_idx[2 * h + 1]), scw));
+                }
+                is[i] = s;
+            }
+            const size_t od = o + offsetof(struct kiri_block_q6_K, d);
+            const __m128i dh = _mm_setr_epi16((short)load_u16(x[0] + od), (short)load_u16(x[1] + od),
+                                              (short)load_u16(x[2] + od), (short)load_u16(x[3] + od), 0, 0, 0, 0);
+            const __m512 d = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_cvtph_ps(dh)), _mm512_set1_ps(y[b].d));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold4(is[0], is[1], is[2], is[3])), d, acc);
+        }
+        float v[4];
+        _mm_storeu_ps(v, fold4_sum(acc));
+        put4(out, v, r, nr);
     }
 }
 
 AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
-    gemm16_k(k, w, ws, sizeof(struct kiri_block_q4_K), unpack16_q4_K, token1_q4_K, 0, a, as, dst, ds, nr, nt);
+    const int64_t t = gemm16_k(k, w, ws, unpack16_q4_K, 0, a, as, dst, ds, nr, nt);
+    for (int64_t i = t; i < nt; i++)
+        q4_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr);
 }
 
 AVX512 static void gemm_q6_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
-    gemm16_k(k, w, ws, sizeof(struct kiri_block_q6_K), unpack16_q6_K, token1_q6_K, 1, a, as, dst, ds, nr, nt);
+    const int64_t t = gemm16_k(k, w, ws, unpack16_q6_K, 1, a, as, dst, ds, nr, nt);
+    for (int64_t i = t; i < nt; i++)
+        q6_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -229,16 +229,21 @@ AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx, con
         const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8)); /* each twice */
         const int summ = hsum_epi32(_mm256_madd_epi16(bs, mn16));
 
-        __m256i sumi = _mm256_setzero_si256();
+        /* Three rounds of horizontal adds fold the eight sub-blocks' products into [s0 .. s7] per
+         * 128-bit half (each 16 products, at most 16 * 15 * 127 < 2^15), then one madd applies
+         * the eight scales. */
+        __m256i pp[4];
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
             const __m256i a0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * j));
             const __m256i a1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * j + 32));
             const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(q, m4), a0);
             const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), a1);
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j])));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1])));
+            pp[j] = _mm256_hadd_epi16(p0, p1);
         }
+        const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(pp[0], pp[1]), _mm256_hadd_epi16(pp[2], pp[3]));
+        const __m256i scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m256i sumi = _mm256_madd_epi16(h, scw);
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         summ_acc += y[i].d * h2f(x[i].dmin) * (float)summ;
