@@ -442,7 +442,10 @@ def test_models_dir_by_name_and_eviction(fl, tmp_path, figures):
         assert r.status == 404 and r.json["error"]["code"] == "model_not_found"
         # While requests hold b, the one-byte budget cannot take a: 503 with Retry-After.
         streams = Streams(s.port, dict(STREAMED, model="b", max_tokens=3000, temperature=1.0, seed=3, n=8), 6)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 20   # b must be serving them (a loaded machine starts late)
+        while s.metrics().get("kiri_requests_running", 0) < 1:
+            assert time.monotonic() < deadline, "the streams on b never started"
+            time.sleep(0.02)
         r = s.post("/v1/completions", dict(GREEDY, model="a"))
         busy_ok = r.status == 503 and "retry-after" in r.headers
         assert all(not isinstance(x, Exception) and x.status == 200 for x in streams.join())
