@@ -8,8 +8,12 @@
  * weights consumed: once on a matrix that stays in L2 (compute speed) and once on 256 MiB of rows
  * read once per pass (DRAM streaming, what decode does).
  *
+ * The third table times the same tiles with 2, 3, 4 and 8 tokens (the small batches of a
+ * serving step, and one octet of prefill), again as GB/s of weights: a tile that reads each
+ * weight once for all its tokens keeps the one-token figure.
+ *
  * Usage: bench_vec_dot [n] [milliseconds per measurement] [gemm]   (defaults 4096, 200; with
- * "gemm", only the second table)
+ * "gemm", only the gemm tables)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,17 +50,19 @@ static double time_dot(kiri_vec_dot_fn fn, int64_t n, const unsigned char *w, si
     return (t1 - t0) * 1e9 / (double)calls;
 }
 
-/* Calls a gemm tile with one token over nr rows (rb bytes each, tile rows per call) until `ms`
- * milliseconds pass; returns the weight bytes consumed per nanosecond (GB/s). */
-static double time_gemm1(kiri_gemm_fn fn, int64_t n, const unsigned char *w, size_t rb, int64_t nr,
-                         int64_t tile, const void *act, float *out, double ms)
+/* Calls a gemm tile with nt tokens (activation rows `as` bytes apart) over nr rows (rb bytes
+ * each, tile rows per call) until `ms` milliseconds pass; returns the weight bytes consumed per
+ * nanosecond (GB/s): each pass reads the rows once for all nt tokens. out holds nt * tile
+ * floats. */
+static double time_gemm(kiri_gemm_fn fn, int64_t n, const unsigned char *w, size_t rb, int64_t nr,
+                        int64_t tile, const void *act, size_t as, int64_t nt, float *out, double ms)
 {
     double t0 = kiri_platform_now(), t1;
     double bytes = 0;
     do {
         for (int64_t r = 0; r < nr; r += tile) {
             const int64_t m = nr - r < tile ? nr - r : tile;
-            fn(n, w + (size_t)r * rb, rb, act, 0, out + r, 0, m, 1);
+            fn(n, w + (size_t)r * rb, rb, act, as, out, (size_t)tile, m, nt);
         }
         bytes += (double)nr * (double)rb;
         t1 = kiri_platform_now();
@@ -153,8 +159,11 @@ int main(int argc, char **argv)
 #endif
     const size_t big = (size_t)256 << 20;
     unsigned char *wb = malloc(big);
-    float *out = malloc(sizeof(float) * (big / 64 + N_ROWS));
-    if (!wb || !out) {
+    enum { MAX_NT = 8, TILE = 1024 };
+    float *out = malloc(sizeof(float) * MAX_NT * TILE);
+    const size_t as = (size_t)n * sizeof(float) + 4096; /* > any activation row of n values */
+    unsigned char *tok = malloc(as * MAX_NT);
+    if (!wb || !out || !tok) {
         fprintf(stderr, "bench_vec_dot: out of memory\n");
         return 1;
     }
@@ -172,12 +181,37 @@ int main(int argc, char **argv)
         for (int64_t r = 0; r < nbig; r++) /* copies of the 64 rows, so the values are realistic */
             memcpy(wb + (size_t)r * rb, w + (size_t)(r % N_ROWS) * rb, rb);
         ref.from_float[vt](x, act, n);
-        const double l2a = time_gemm1(g2.gemm[t], n, w, rb, N_ROWS, N_ROWS, act, out, ms);
-        const double l2b = time_gemm1(g512.gemm[t], n, w, rb, N_ROWS, N_ROWS, act, out, ms);
-        const double dra = time_gemm1(g2.gemm[t], n, wb, rb, nbig, 1024, act, out, ms);
-        const double drb = time_gemm1(g512.gemm[t], n, wb, rb, nbig, 1024, act, out, ms);
+        const double l2a = time_gemm(g2.gemm[t], n, w, rb, N_ROWS, N_ROWS, act, as, 1, out, ms);
+        const double l2b = time_gemm(g512.gemm[t], n, w, rb, N_ROWS, N_ROWS, act, as, 1, out, ms);
+        const double dra = time_gemm(g2.gemm[t], n, wb, rb, nbig, TILE, act, as, 1, out, ms);
+        const double drb = time_gemm(g512.gemm[t], n, wb, rb, nbig, TILE, act, as, 1, out, ms);
         printf("%-6s %14.2f %14.2f %14.2f %14.2f\n", kiri_type_name(t), l2a, l2b, dra, drb);
     }
+    printf("\n%-6s %3s %14s %14s %14s %14s   (small-batch gemm tiles, GB/s of weights, 1 thread)\n", "gemm",
+           "nt", "avx2 L2", "best L2", "avx2 DRAM", "best DRAM");
+    for (size_t c = 0; c < sizeof gtypes / sizeof gtypes[0]; c++) {
+        const int t = gtypes[c], vt = kiri_cpu_vec_dot_type(t);
+        if (!g2.gemm[t])
+            continue;
+        const size_t rb = (size_t)(n / kiri_type_block_size(t)) * kiri_type_size(t);
+        for (int r = 0; r < N_ROWS; r++)
+            kiri_cpu_quantize_row(t, x + (size_t)r * n, w + (size_t)r * rb, n);
+        const int64_t nbig = (int64_t)(big / rb);
+        for (int64_t r = 0; r < nbig; r++)
+            memcpy(wb + (size_t)r * rb, w + (size_t)(r % N_ROWS) * rb, rb);
+        for (int i = 0; i < MAX_NT; i++) /* distinct tokens: rows of x */
+            ref.from_float[vt](x + (size_t)i * (size_t)n, tok + (size_t)i * as, n);
+        static const int nts[] = {2, 3, 4, 8};
+        for (size_t j = 0; j < sizeof nts / sizeof nts[0]; j++) {
+            const int nt = nts[j];
+            const double l2a = time_gemm(g2.gemm[t], n, w, rb, N_ROWS, N_ROWS, tok, as, nt, out, ms);
+            const double l2b = time_gemm(g512.gemm[t], n, w, rb, N_ROWS, N_ROWS, tok, as, nt, out, ms);
+            const double dra = time_gemm(g2.gemm[t], n, wb, rb, nbig, TILE, tok, as, nt, out, ms);
+            const double drb = time_gemm(g512.gemm[t], n, wb, rb, nbig, TILE, tok, as, nt, out, ms);
+            printf("%-6s %3d %14.2f %14.2f %14.2f %14.2f\n", kiri_type_name(t), nt, l2a, l2b, dra, drb);
+        }
+    }
+    free(tok);
     free(wb);
     free(out);
     if (sink == 12345.678f) /* keeps the results alive */

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../kernels/cpu/cpu_kernels.h"
 #include "../runtime/platform.h"
@@ -242,4 +243,118 @@ static void test_gemm_avx512(void)
 #endif
 }
 
-TEST_MAIN(test_gemm_avx2, test_gemm_avx512, test_extreme_pattern)
+/* Small batches and single tokens, the decode-side paths of both tables: every token count 1..9
+ * (one-token kernels, the 2-4-token kernels, an octet plus a rest) against odd row counts around
+ * the kernels' row groups (4, 8 and 16 rows) and a longer range (the backend hands small batches
+ * a thread's whole share of rows, see gemm_stream), with k whose block count leaves each remainder
+ * modulo 4 (the AVX-512 Q4_0 one-token kernel reads four blocks at a time and masks the last
+ * group) and one k past that kernel's table (its fallback). */
+static const int64_t small_nrs[] = {1, 3, 5, 7, 9, 13, 17, 31, 33, 130};
+
+/* A streamed small batch gives each token exactly the floats it gets alone (so a sequence decodes
+ * the same in a serving step with others): gemm over nt tokens against nt one-token calls,
+ * compared bit for bit. Returns the number of differing results. */
+static int check_batch_alone(int type, kiri_gemm_fn gemm, int64_t k, int64_t nr, int64_t nt)
+{
+    const int vt = kiri_cpu_vec_dot_type(type);
+    const size_t ws = row_bytes(type, k), as = row_bytes(vt, k), ds = (size_t)nr;
+    float *f = test_xmalloc((size_t)((nr > nt ? nr : nt) * k) * sizeof *f);
+    unsigned char *w = test_xmalloc(ws * (size_t)nr);
+    unsigned char *a = test_xmalloc(as * (size_t)nt);
+    float *batch = test_xmalloc(ds * (size_t)nt * sizeof *batch);
+    float *alone = test_xmalloc(ds * (size_t)nt * sizeof *alone);
+    fill(f, nr * k, PATTERN_RANDOM, 1);
+    for (int64_t r = 0; r < nr; r++)
+        CHECK(kiri_cpu_quantize_row(type, f + r * k, w + (size_t)r * ws, k) == ws);
+    fill(f, nt * k, PATTERN_RANDOM, 0);
+    for (int64_t t = 0; t < nt; t++)
+        CHECK(kiri_cpu_quantize_row(vt, f + t * k, a + (size_t)t * as, k) == as);
+    gemm(k, w, ws, a, as, batch, ds, nr, nt);
+    for (int64_t t = 0; t < nt; t++)
+        gemm(k, w, ws, a + (size_t)t * as, as, alone + (size_t)t * ds, ds, nr, 1);
+    int bad = 0;
+    for (size_t i = 0; i < ds * (size_t)nt; i++)
+        bad += memcmp(&batch[i], &alone[i], sizeof(float)) != 0;
+    CHECK_EQ_INT(bad, 0);
+    free(f);
+    free(w);
+    free(a);
+    free(batch);
+    free(alone);
+    return bad;
+}
+
+static int check_small(const char *name, const struct kiri_cpu_kernels *fast, const struct kiri_cpu_kernels *ref)
+{
+    static const struct {
+        int type;
+        int64_t k[4]; /* 0 ends the list */
+    } cases[] = {
+        {KIRI_TYPE_Q4_0, {32 * 5, 32 * 7, 32 * 10, 2048}},
+        {KIRI_TYPE_Q8_0, {32 * 5, 32 * 7, 32 * 10, 2048}},
+        {KIRI_TYPE_Q4_K, {256 * 3, 2048, 0, 0}},
+        {KIRI_TYPE_Q6_K, {256 * 3, 2048, 0, 0}},
+    };
+    int n_tiles = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        /* Types that stream small batches are given whole row ranges by the backend. */
+        CHECK(fast->gemm_stream[cases[c].type] <= 4);
+        CHECK(ref->gemm_stream[cases[c].type] == 0);
+        const kiri_gemm_fn gemm = fast->gemm[cases[c].type];
+        CHECK(gemm != NULL);
+        if (!gemm)
+            continue;
+        int bad = 0;
+        for (int ki = 0; ki < 4 && cases[c].k[ki]; ki++)
+            for (int64_t nt = 1; nt <= 9; nt++)
+                for (size_t ri = 0; ri < sizeof small_nrs / sizeof small_nrs[0]; ri++) {
+                    const struct shape sh = {small_nrs[ri], nt};
+                    const enum pattern p = (ri + (size_t)nt) % 5 == 0 ? PATTERN_EXTREME : PATTERN_RANDOM;
+                    bad += check_tile(cases[c].type, gemm, ref, cases[c].k[ki], sh, p);
+                    n_tiles++;
+                }
+        for (int64_t nt = 2; nt <= fast->gemm_stream[cases[c].type]; nt++)
+            for (size_t ri = 0; ri < sizeof small_nrs / sizeof small_nrs[0]; ri++)
+                bad += check_batch_alone(cases[c].type, gemm, cases[c].k[0], small_nrs[ri], nt);
+        for (int64_t nt = 1; nt <= 3; nt++) { /* rows of 520 blocks of 32 (65 of 256) */
+            const struct shape sh = {5, nt};
+            bad += check_tile(cases[c].type, gemm, ref, 32 * 520, sh, PATTERN_RANDOM);
+            n_tiles++;
+        }
+        if (bad)
+            fprintf(stderr, "%s: %s: %d mismatches\n", name, kiri_type_name(cases[c].type), bad);
+    }
+    return n_tiles;
+}
+
+static void test_small_batches(void)
+{
+#if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
+    const uint32_t f = kiri_platform_cpu_features();
+    struct kiri_cpu_kernels ref;
+    kiri_cpu_kernels_init_ref(&ref);
+    if (f & KIRI_CPU_AVX2) {
+        struct kiri_cpu_kernels fast;
+        kiri_cpu_kernels_init_ref(&fast);
+        kiri_cpu_kernels_init_gemm_avx2(&fast);
+        const int n = check_small("test_small_batches avx2", &fast, &ref);
+        fprintf(stderr, "test_small_batches: avx2: %d tiles checked\n", n);
+    } else {
+        fprintf(stderr, "test_small_batches: avx2: SKIPPED: this CPU lacks AVX2, FMA or F16C\n");
+    }
+    const uint32_t need = KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI;
+    if ((f & need) == need) {
+        struct kiri_cpu_kernels fast;
+        kiri_cpu_kernels_init_ref(&fast);
+        kiri_cpu_kernels_init_gemm_avx512(&fast);
+        const int n = check_small("test_small_batches avx512", &fast, &ref);
+        fprintf(stderr, "test_small_batches: avx512: %d tiles checked\n", n);
+    } else {
+        fprintf(stderr, "test_small_batches: avx512: SKIPPED: this CPU lacks AVX-512 (F, BW, VL) or VNNI\n");
+    }
+#else
+    fprintf(stderr, "test_small_batches: SKIPPED: no x86 kernels in this build\n");
+#endif
+}
+
+TEST_MAIN(test_gemm_avx2, test_gemm_avx512, test_small_batches, test_extreme_pattern)

@@ -312,9 +312,11 @@ static void run_matmul(struct kiri_backend *be, const struct kiri_node *nd, unsi
         const char *wr = (const char *)w->data;
         float *yr = (float *)y->data;
         const size_t ys = y->nb[1] / sizeof(float);
-        if (n == 1) {
+        /* One token, or a small batch the kernel streams once for all its tokens: the thread's
+         * whole share of rows in one call, so the kernel's prefetch runs on across tiles. */
+        if (n == 1 || n <= be->k.gemm_stream[w->type]) {
             if (o1 > o0)
-                gemm(k, wr + (size_t)o0 * w->nb[1], w->nb[1], act, act_row, yr + o0, ys, o1 - o0, 1);
+                gemm(k, wr + (size_t)o0 * w->nb[1], w->nb[1], act, act_row, yr + o0, ys, o1 - o0, n);
             return;
         }
         for (int64_t ob = o0; ob < o1; ob += GEMM_ROWS) {

@@ -76,6 +76,10 @@ struct kiri_cpu_kernels {
     kiri_vec_dot_fn vec_dot[KIRI_TYPE_COUNT];       /* by weight type; NULL: unsupported */
     kiri_from_float_fn from_float[KIRI_TYPE_COUNT]; /* by activation type */
     kiri_gemm_fn gemm[KIRI_TYPE_COUNT];             /* by weight type; NULL: use vec_dot */
+    /* By weight type: up to this many tokens, gemm reads each weight row once for all of them
+     * (a small batch streamed like one token), so callers pass whole row ranges rather than
+     * cache-sized tiles. 0: only one token. */
+    uint8_t gemm_stream[KIRI_TYPE_COUNT];
     kiri_attend_fn attend_head;                     /* NULL: kiri_cpu_attend_head */
     kiri_attend_group_fn attend_group;              /* NULL: attend_head for each head */
     kiri_swiglu_fn swiglu_row;                      /* NULL: kiri_cpu_swiglu_row */
@@ -97,9 +101,9 @@ void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k);
  * swiglu_row, rms_norm_row). Same
  * preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k);
-/* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q8_0). Call
- * after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports KIRI_CPU_AVX512 and
- * KIRI_CPU_AVX512_VNNI. */
+/* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q8_0, Q4_K,
+ * Q6_K). Call after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports
+ * KIRI_CPU_AVX512 and KIRI_CPU_AVX512_VNNI. */
 void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k);
 #endif
 

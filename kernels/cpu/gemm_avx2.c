@@ -16,6 +16,9 @@
  *   and the per-block activation terms among the rows (Q4_0 takes eight rows, two per vector).
  *   The rows of a later group (the next one; for Q4_K and Q6_K, whose rows are longer, the one
  *   after) are prefetched in software while a group is multiplied.
+ * - small batches (2 to 4 tokens, Q4_0 and Q8_0): the decode kernels' row groups with each
+ *   weight block unpacked once for every token, so the rows stream from memory once per batch;
+ *   each token's floats are exactly those of the one-token path.
  * Tiles whose row or token count is not a multiple of four repeat the last row or token to fill
  * the quad and drop those results. F16 and F32 tiles are plain FMA tiles of 4 rows x 2 tokens.
  *
@@ -212,6 +215,36 @@ static inline const char *const *next_rows(const void *w, size_t ws, int64_t r, 
             rows(k, w, ws, (const char *)a + (size_t)t * as, dst + (size_t)t * ds, nr);          \
     }
 
+/* The same for the types that have a small-batch path: tiles of 1 to 4 tokens (the few decode
+ * tokens of a serving step) go to small(k, w, ws, a, as, dst, ds, nr, nt), which reads the rows
+ * once for all of them, as the one-token path does; larger tiles go as above, with a rest of two
+ * tokens also to small. */
+#define GEMM_DRIVER_SMALL(name, tok4, rows, small)                                               \
+    AVX2 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as,         \
+                          float *dst, size_t ds, int64_t nr, int64_t nt)                        \
+    {                                                                                            \
+        int64_t t = 0;                                                                           \
+        for (; nt > 4 && nt - t >= 3; t += 4) {                                                  \
+            const void *ap[4];                                                                   \
+            float *op[4];                                                                        \
+            const int n = (int)min64(nt - t, 4);                                                 \
+            for (int i = 0; i < 4; i++) {                                                        \
+                const int64_t ti = t + (i < n ? i : n - 1);                                      \
+                ap[i] = (const char *)a + (size_t)ti * as;                                       \
+                op[i] = dst + (size_t)ti * ds;                                                   \
+            }                                                                                    \
+            tok4(k, w, ws, ap, op, n, nr);                                                       \
+        }                                                                                        \
+        if (nt - t == 1)                                                                         \
+            rows(k, w, ws, (const char *)a + (size_t)t * as, dst + (size_t)t * ds, nr);          \
+        else if (nt > t)                                                                         \
+            small(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,  \
+                  (int)(nt - t));                                                                \
+    }
+
+/* Small batches are inlined per token count so their accumulators stay in registers. */
+#define SPECIALIZE __attribute__((always_inline))
+
 /* ---------------------------------------------------------------------------------------------
  * Q4_0 weights, Q8_0 activations: sum (q - 8) a = sum q a - 8 sum a, so the nibbles enter maddubs
  * unsigned and the token-side term 8 sum a is subtracted from the folded quad.
@@ -370,7 +403,112 @@ AVX2 static void q4_0_rows(int64_t k, const void *w, size_t ws, const void *a, f
     }
 }
 
-GEMM_DRIVER(gemm_q4_0_avx2, q4_0_tok4, q4_0_rows)
+/* m (2..4) tokens against rows in groups of 8 as in q4_0_rows (a quad for the last four rows or
+ * fewer): per block the rows' nibbles are unpacked once and used for every token, and the next
+ * group is prefetched, so the rows stream from memory once for the whole batch. */
+AVX2 SPECIALIZE static inline void q4_0_rows_m(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
+{
+    const struct kiri_block_q8_0 *y[4];
+    for (int j = 0; j < 4; j++)
+        y[j] = (const struct kiri_block_q8_0 *)((const char *)a + (size_t)(j < m ? j : m - 1) * as);
+    const int64_t nb = k / KIRI_QK8_0;
+    static const int lane_row[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    int64_t r = 0;
+    for (; nr - r > 4; r += 8) { /* eight rows as in q4_0_rows: two per vector */
+        const struct kiri_block_q4_0 *x[8];
+        for (int i = 0; i < 8; i++)
+            x[i] = (const struct kiri_block_q4_0 *)tile_row(w, ws, r + i, nr);
+        const char *nx[8];
+        const char *const *pf = next_rows(w, ws, r, 8, nr, nx);
+        __m256 acc[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            acc[j] = _mm256_setzero_ps();
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        for (int64_t b = 0; b < nb; b++) {
+            if (!(b & 1))
+                prefetch_rows(pf, 8, (size_t)b * sizeof *x[0], 1);
+            __m256i lo[4], hi[4];
+            UNROLL
+            for (int p = 0; p < 4; p++) {
+                const __m256i q = two_rows_q4_0(&x[2 * p][b], &x[2 * p + 1][b]);
+                lo[p] = _mm256_and_si256(q, m4);
+                hi[p] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            }
+            const __m128i dh = _mm_setr_epi16((short)x[0][b].d, (short)x[2][b].d, (short)x[4][b].d,
+                                              (short)x[6][b].d, (short)x[1][b].d, (short)x[3][b].d,
+                                              (short)x[5][b].d, (short)x[7][b].d);
+            const __m256 dx = _mm256_cvtph_ps(dh);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < m; j++) {
+                const __m256i av = load256(y[j][b].qs);
+                const __m256i alo = _mm256_permute2x128_si256(av, av, 0x00);
+                const __m256i ahi = _mm256_permute2x128_si256(av, av, 0x11);
+                __m256i c = q8_0_corr(av);
+                c = _mm256_add_epi32(c, _mm256_permute2x128_si256(c, c, 0x01));
+                __m256i d2[4];
+                UNROLL
+                for (int p = 0; p < 4; p++)
+                    d2[p] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], alo), _mm256_maddubs_epi16(hi[p], ahi));
+                const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(d2[0], d2[1]), _mm256_hadd_epi16(d2[2], d2[3]));
+                const __m256i s = _mm256_sub_epi32(_mm256_madd_epi16(h, _mm256_set1_epi16(1)), c);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dx, bcast_f16(y[j][b].d)), acc[j]);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++) {
+            float v[8];
+            _mm256_storeu_ps(v, acc[j]);
+            for (int i = 0; i < 8; i++)
+                if (r + lane_row[i] < nr)
+                    dst[(size_t)j * ds + (size_t)(r + lane_row[i])] = v[i];
+        }
+    }
+    for (; r < nr; r += 4) { /* the last four rows or fewer */
+        const struct kiri_block_q4_0 *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = (const struct kiri_block_q4_0 *)tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r, 4, nr, nx);
+        __m256 acc[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if (!(b & 1)) /* two blocks are 36 bytes: every line gets one prefetch */
+                prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], 1);
+            const __m256i u0 = nibbles(x[0][b].qs), u1 = nibbles(x[1][b].qs);
+            const __m256i u2 = nibbles(x[2][b].qs), u3 = nibbles(x[3][b].qs);
+            const __m256 dx = quad_f16(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < m; j++) {
+                const __m256i av = load256(y[j][b].qs);
+                const __m256i s = _mm256_sub_epi32(fold_i16(_mm256_maddubs_epi16(u0, av), _mm256_maddubs_epi16(u1, av),
+                                                            _mm256_maddubs_epi16(u2, av), _mm256_maddubs_epi16(u3, av)),
+                                                   q8_0_corr(av));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dx, bcast_f16(y[j][b].d)), acc[j]);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            put_rows(acc[j], dst + (size_t)j * ds + r, nr - r);
+    }
+}
+
+AVX2 static void q4_0_small(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst, size_t ds,
+                            int64_t nr, int nt)
+{
+    if (nt == 2)
+        q4_0_rows_m(k, w, ws, a, as, dst, ds, nr, 2);
+    else if (nt == 3)
+        q4_0_rows_m(k, w, ws, a, as, dst, ds, nr, 3);
+    else
+        q4_0_rows_m(k, w, ws, a, as, dst, ds, nr, 4);
+}
+
+GEMM_DRIVER_SMALL(gemm_q4_0_avx2, q4_0_tok4, q4_0_rows, q4_0_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q8_0 weights, Q8_0 activations: int8 x int8 through maddubs with |w| and a carrying w's sign;
@@ -464,7 +602,58 @@ AVX2 static void q8_0_rows(int64_t k, const void *w, size_t ws, const void *a, f
     }
 }
 
-GEMM_DRIVER(gemm_q8_0_avx2, q8_0_tok4, q8_0_rows)
+/* m (2..4) tokens against rows in quads (see q4_0_rows_m): each row's block is loaded and its
+ * absolute values taken once for all tokens. */
+AVX2 SPECIALIZE static inline void q8_0_rows_m(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
+{
+    const struct kiri_block_q8_0 *y[4];
+    for (int j = 0; j < 4; j++)
+        y[j] = (const struct kiri_block_q8_0 *)((const char *)a + (size_t)(j < m ? j : m - 1) * as);
+    const int64_t nb = k / KIRI_QK8_0;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const struct kiri_block_q8_0 *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = (const struct kiri_block_q8_0 *)tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r, 4, nr, nx);
+        __m256 acc[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], 1);
+            const __m256i q0 = load256(x[0][b].qs), q1 = load256(x[1][b].qs);
+            const __m256i q2 = load256(x[2][b].qs), q3 = load256(x[3][b].qs);
+            const __m256i g0 = _mm256_sign_epi8(q0, q0), g1 = _mm256_sign_epi8(q1, q1);
+            const __m256i g2 = _mm256_sign_epi8(q2, q2), g3 = _mm256_sign_epi8(q3, q3);
+            const __m256 dx = quad_f16(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < m; j++) {
+                const __m256i av = load256(y[j][b].qs);
+                const __m256i s = fold_i32(dot_i8(g0, q0, av), dot_i8(g1, q1, av), dot_i8(g2, q2, av), dot_i8(g3, q3, av));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dx, bcast_f16(y[j][b].d)), acc[j]);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            put_rows(acc[j], dst + (size_t)j * ds + r, nr - r);
+    }
+}
+
+AVX2 static void q8_0_small(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst, size_t ds,
+                            int64_t nr, int nt)
+{
+    if (nt == 2)
+        q8_0_rows_m(k, w, ws, a, as, dst, ds, nr, 2);
+    else if (nt == 3)
+        q8_0_rows_m(k, w, ws, a, as, dst, ds, nr, 3);
+    else
+        q8_0_rows_m(k, w, ws, a, as, dst, ds, nr, 4);
+}
+
+GEMM_DRIVER_SMALL(gemm_q8_0_avx2, q8_0_tok4, q8_0_rows, q8_0_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q4_K weights, Q8_K activations: x = d sc q - dmin m per sub-block of 32, so
@@ -829,6 +1018,8 @@ void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx2;
     k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx2;
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx2;
+    k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* GEMM_DRIVER_SMALL */
+    k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
 }
 
 #else

@@ -10,11 +10,15 @@
  * elements inside each 128-bit lane produces from four registers of four rows each; the
  * activation's matching 4 bytes are broadcast to every lane. The weights stay where they are in
  * the model's mapping: each group of 16 rows is transposed into registers as it is read, once
- * per block and then used for 16 or 8 tokens (prefill) or one (decode). K-quant super-blocks are
- * transposed whole into a stack buffer, with their scales as vectors of 16 rows, and then used
- * for every token of an octet. A single K-quant token (decode) takes other kernels, which read
- * four rows as they lie, with no transposition (see "One token" below): for one token the
- * transposition costs more than it saves, and its sixteen row streams defeat the prefetchers.
+ * per block and then used for 16 or 8 tokens (prefill), for the 2 to 4 tokens of a small batch
+ * (a serving step with a few sequences: streamed once like one token, not padded to an octet) or
+ * for one (Q8_0 decode). K-quant super-blocks are transposed whole into a stack buffer, with
+ * their scales as vectors of 16 rows, and then used for every token of an octet. A single
+ * K-quant or Q4_0 token (decode) takes other kernels, which read four rows as they lie, with no
+ * transposition (see "One token" below): for one token the transposition costs more than it
+ * saves, and its sixteen row streams defeat the prefetchers.
+ * The Q4_0 ones add each row's blocks in the order of the transposed kernels, so a token gets
+ * the same floats alone or in a small batch.
  *
  * Integer ranges: vpdpbusd multiplies unsigned by signed bytes. Q4_0 quants enter as their
  * nibbles 0..15 and the term 8 sum a is subtracted afterwards; Q8_0 quants w enter as w + 128
@@ -280,28 +284,72 @@ AVX512 SPECIALIZE static inline void tile_rows(int64_t k, const void *w, size_t 
     }
 }
 
-/* A tile: octets of tokens where at least three tokens remain, single tokens for the rest; the
- * rows in pieces of MAX_GROUPS groups of 16. */
+/* m (2..4) tokens against the rows, 16 at a time: a small batch (a serving step with a few
+ * sequences) is memory-bound like one token, so each block of 16 rows is transposed once for
+ * all m tokens and streamed with tile_rows's prefetch, instead of once per token or padded to
+ * an octet whose table passes cost more than the tokens they carry. */
+AVX512 SPECIALIZE static inline void tile_rows_m(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
+                                                 int bias, const void *a, size_t as, float *dst, size_t ds,
+                                                 int64_t nr, int m)
+{
+    const struct kiri_block_q8_0 *y[4];
+    for (int j = 0; j < 4; j++)
+        y[j] = (const struct kiri_block_q8_0 *)((const char *)a + (size_t)(j < m ? j : m - 1) * as);
+    const int64_t nb = k / KIRI_QK8_0;
+    for (int64_t r = 0; r < nr; r += 16) {
+        const char *rows[16], *next[16];
+        for (int i = 0; i < 16; i++) {
+            rows[i] = tile_row(w, ws, r + i, nr);
+            next[i] = r + 16 < nr ? tile_row(w, ws, r + 16 + i, nr) : NULL;
+        }
+        __m512 acc[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            acc[j] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            if (next[0] && (bsize >= 32 || !(b & 1))) { /* as in tile_rows */
+                UNROLL
+                for (int i = 0; i < 16; i++)
+                    _mm_prefetch(next[i] + (size_t)b * bsize, _MM_HINT_T0);
+            }
+            __m512i q[8];
+            quants(rows, b, q);
+            const __m512 sw = scales16(rows, b, bsize);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < m; j++) {
+                const __m512i s = _mm512_sub_epi32(dot16(q, y[j][b].qs), _mm512_set1_epi32(bias * sum_q8(&y[j][b])));
+                const __m512 d = _mm512_mul_ps(sw, _mm512_set1_ps(_cvtsh_ss(y[j][b].d)));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[j]);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            put16(dst + (size_t)j * ds + r, acc[j], nr - r, 1);
+    }
+}
+
+/* A tile: octets of tokens (the last one padded when it would carry 5 to 7), then the rest of
+ * 1 to 4 tokens streamed over the rows once (tile_rows, tile_rows_m); the octets' rows in pieces
+ * of MAX_GROUPS groups of 16. */
 AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants, int bias,
                                  const void *a, size_t as, float *dst, size_t ds, int64_t nr, int64_t nt)
 {
-    int64_t t = 0;
-    if (nt >= 3) {
-        t = nt - nt % 8;
-        if (nt - t >= 3)
-            t = nt;
+    int64_t t = nt - nt % 8;
+    if (nt - t > 4)
+        t = nt;
+    if (t > 0)
         for (int64_t r = 0; r < nr; r += 16 * MAX_GROUPS)
             tile_octets(k, (const char *)w + (size_t)r * ws, ws, bsize, quants, bias, a, as, dst + r, ds,
                         min64(nr - r, 16 * MAX_GROUPS), t);
+    const void *at = (const char *)a + (size_t)t * as;
+    float *dt = dst + (size_t)t * ds;
+    switch (nt - t) {
+    case 4: tile_rows_m(k, w, ws, bsize, quants, bias, at, as, dt, ds, nr, 4); break;
+    case 3: tile_rows_m(k, w, ws, bsize, quants, bias, at, as, dt, ds, nr, 3); break;
+    case 2: tile_rows_m(k, w, ws, bsize, quants, bias, at, as, dt, ds, nr, 2); break;
+    case 1: tile_rows(k, w, ws, bsize, quants, bias, at, dt, nr); break;
+    default: break;
     }
-    for (; t < nt; t++)
-        tile_rows(k, w, ws, bsize, quants, bias, (const char *)a + (size_t)t * as, dst + (size_t)t * ds, nr);
-}
-
-AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                    float *dst, size_t ds, int64_t nr, int64_t nt)
-{
-    gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
 }
 
 AVX512 static void gemm_q8_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
@@ -512,15 +560,17 @@ typedef void (*unpack16_fn)(const char *const rows[16], int64_t b, struct sb16 *
 
 /* The octets of tokens of a tile of K-quant rows: per group of 16 rows and super-block, one
  * unpack serves 16 or 8 tokens. Returns the first token not done (the single tokens left over,
- * 1 or 2, or all of them when nt < 3), which the one-token kernels below take. */
+ * 1 or 2, or all of them when nt <= 4), which the one-token kernels below take: up to four
+ * tokens, one streaming pass each costs less than a padded octet, whose transposition runs far
+ * below the memory's speed (bench_vec_dot's small-batch table). */
 AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_t ws, unpack16_fn unpack, int q6,
                                                  const void *a, size_t as, float *dst, size_t ds, int64_t nr,
                                                  int64_t nt)
 {
     const int64_t nb = k / KIRI_QK_K;
     struct sb16 u;
-    int64_t t_oct = nt < 3 ? 0 : nt - nt % 8;
-    if (nt >= 3 && nt - t_oct >= 3)
+    int64_t t_oct = nt <= 4 ? 0 : nt - nt % 8;
+    if (nt > 4 && nt - t_oct >= 3)
         t_oct = nt;
     for (int64_t r = 0; r < nr && t_oct > 0; r += 16) {
         const char *rows[16];
@@ -787,6 +837,158 @@ AVX512 OUT_OF_LINE static void q6_K_rows4(int64_t k, const void *w, size_t ws, c
     }
 }
 
+/* Q4_0 rows against one token, four rows at a time, in groups of four blocks (72 bytes of each
+ * row). A row's group is two overlapping 64-byte loads (bytes 0..63 and 8..71), from which one
+ * word permutation (the quants are word-aligned: block j's 16 bytes are words 9j + 1 .. 9j + 8)
+ * gathers the four blocks' quants, one per 128-bit lane; the scales (words 0, 9, 18, 27) of the
+ * four rows go into [r0 r1 r2 r3] per lane, the order of fold4. The activation side (each block's
+ * halves by lane, 8 sum a and its scale) is laid out once per call in a table. A group past the
+ * end of the rows (nb not a multiple of 4) is read with masked loads and meets zeros there. The
+ * float sums follow tile_rows's order exactly (one chain per row, block by block). */
+#define Q4_0_ROWS4_MAX_BLOCKS 512 /* table: 4 vectors per 4 blocks, 32 KiB; longer rows use tile_rows */
+
+struct q4_0_act4 {
+    __m512i lo, hi; /* lane j: values 0..15 and 16..31 of block 4g + j */
+    __m512i c;      /* lane j: 8 sum a of block 4g + j in every dword */
+    __m512 d;       /* lane j: its scale in every dword */
+};
+
+AVX512 static inline void q4_0_act4_fill(const struct kiri_block_q8_0 *y, int64_t nb, struct q4_0_act4 *t)
+{
+    for (int64_t g = 0; 4 * g < nb; g++) {
+        __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(), c = _mm512_setzero_si512();
+        __m512 d = _mm512_setzero_ps();
+        for (int j = 0; j < 4 && 4 * g + j < nb; j++) {
+            const struct kiri_block_q8_0 *b = &y[4 * g + j];
+            const __mmask16 lane = (__mmask16)(0xFu << (4 * j));
+            lo = _mm512_mask_broadcast_i32x4(lo, lane, _mm_loadu_si128((const __m128i *)b->qs));
+            hi = _mm512_mask_broadcast_i32x4(hi, lane, _mm_loadu_si128((const __m128i *)(b->qs + 16)));
+            c = _mm512_mask_set1_epi32(c, lane, 8 * sum_q8(b));
+            d = _mm512_mask_mov_ps(d, lane, _mm512_set1_ps(_cvtsh_ss(b->d)));
+        }
+        t[g].lo = lo;
+        t[g].hi = hi;
+        t[g].c = c;
+        t[g].d = d;
+    }
+}
+
+/* vpermw indices: block j's quants (words 9j + 1 .. 9j + 8 of the 72 bytes, taken from the load
+ * at byte 8 from word 4 on) into lane j. */
+static const uint16_t q4_0_qs_idx[32] = {
+#define Q4_0_W(j, i) (9 * (j) + 1 + (i) < 4 ? 9 * (j) + 1 + (i) : 32 + 9 * (j) + 1 + (i) - 4)
+#define Q4_0_LANE(j) \
+    Q4_0_W(j, 0), Q4_0_W(j, 1), Q4_0_W(j, 2), Q4_0_W(j, 3), Q4_0_W(j, 4), Q4_0_W(j, 5), Q4_0_W(j, 6), Q4_0_W(j, 7)
+    Q4_0_LANE(0), Q4_0_LANE(1), Q4_0_LANE(2), Q4_0_LANE(3)
+#undef Q4_0_LANE
+#undef Q4_0_W
+};
+/* The scales (word 9j) of two rows' loads a, b into words 4j (a) and 4j + 1 (b), then the pairs
+ * of rows (0, 1) and (2, 3) into words 4j + i. */
+static const uint16_t q4_0_d_idx[32] = {0, 32, 0, 0, 9, 41, 0, 0, 18, 50, 0, 0, 27, 59, 0, 0,
+                                        0, 0,  0, 0, 0, 0,  0, 0, 0,  0,  0, 0, 0,  0,  0, 0};
+static const uint16_t q4_0_d_pair_idx[32] = {0, 1, 32, 33, 4, 5, 36, 37, 8, 9, 40, 41, 12, 13, 44, 45,
+                                             0, 0, 0,  0,  0, 0, 0,  0,  0, 0, 0,  0,  0,  0,  0,  0};
+
+/* One group of four blocks of four rows: the integer block sums minus 8 sum a as floats (sum)
+ * and the products of the scales (dd), [r0 r1 r2 r3] for block 4g + j in lane j. */
+AVX512 static inline void q4_0_group4(const char *const x[4], size_t o, int full, __mmask64 mlo, __mmask64 mhi,
+                                      const struct q4_0_act4 *t, __m512 *sum, __m512 *dd)
+{
+    const __m512i qidx = _mm512_loadu_si512(q4_0_qs_idx), m4 = _mm512_set1_epi8(0x0F);
+    __m512i l[4], is[4];
+    UNROLL
+    for (int i = 0; i < 4; i++) {
+        __m512i h;
+        if (full) {
+            l[i] = _mm512_loadu_si512(x[i] + o);
+            h = _mm512_loadu_si512(x[i] + o + 8);
+        } else {
+            l[i] = _mm512_maskz_loadu_epi8(mlo, x[i] + o);
+            h = _mm512_maskz_loadu_epi8(mhi, x[i] + o + 8);
+        }
+        const __m512i q = _mm512_permutex2var_epi16(l[i], qidx, h);
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(q, m4), t->lo);
+        is[i] = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4), t->hi);
+    }
+    const __m512i didx = _mm512_loadu_si512(q4_0_d_idx), pidx = _mm512_loadu_si512(q4_0_d_pair_idx);
+    const __m512i d01 = _mm512_permutex2var_epi16(l[0], didx, l[1]);
+    const __m512i d23 = _mm512_permutex2var_epi16(l[2], didx, l[3]);
+    const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(d01, pidx, d23)));
+    *sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(fold4(is[0], is[1], is[2], is[3]), t->c));
+    *dd = _mm512_mul_ps(d, t->d);
+}
+
+/* Adds the first n (1..4) blocks of a group into the rows' chains, block by block as tile_rows
+ * adds them: the same float results as the 2-4-token path, so a sequence decodes alike alone
+ * or batched. */
+AVX512 static inline __m128 q4_0_chain(__m512 sum, __m512 dd, int n, __m128 acc)
+{
+    acc = _mm_fmadd_ps(_mm512_castps512_ps128(sum), _mm512_castps512_ps128(dd), acc);
+    if (n > 1)
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 1), _mm512_extractf32x4_ps(dd, 1), acc);
+    if (n > 2)
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 2), _mm512_extractf32x4_ps(dd, 2), acc);
+    if (n > 3)
+        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 3), _mm512_extractf32x4_ps(dd, 3), acc);
+    return acc;
+}
+
+/* Eight rows per pass, two quads whose chains of dependent additions interleave. */
+AVX512 OUT_OF_LINE static void q4_0_rows4(int64_t k, const void *w, size_t ws, const struct q4_0_act4 *t, float *out,
+                                          int64_t nr)
+{
+    const int64_t nb = k / KIRI_QK8_0, ng = (nb + 3) / 4, nfull = nb / 4;
+    const size_t span = 4 * sizeof(struct kiri_block_q4_0);
+    /* The last, partial group: bytes of the blocks there are, in each of the two loads. */
+    const unsigned tail = (unsigned)(nb % 4) * sizeof(struct kiri_block_q4_0);
+    const __mmask64 mlo = tail >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << tail) - 1);
+    const __mmask64 mhi = tail > 8 ? (((__mmask64)1 << (tail - 8)) - 1) : 0;
+    for (int64_t r = 0; r < nr; r += 8) {
+        const char *x[8];
+        for (int i = 0; i < 8; i++)
+            x[i] = tile_row(w, ws, r + i, nr);
+        const int pf = r + PREFETCH_ROWS < nr;
+        __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const size_t o = (size_t)g * span;
+            if (pf)
+                for (int i = 0; i < 8; i++)
+                    prefetch_span(x[i] + PREFETCH_ROWS * ws + o, span);
+            const int full = g < nfull, n = full ? 4 : (int)(nb % 4);
+            __m512 s0, d0, s1, d1;
+            q4_0_group4(x, o, full, mlo, mhi, &t[g], &s0, &d0);
+            q4_0_group4(x + 4, o, full, mlo, mhi, &t[g], &s1, &d1);
+            acc0 = q4_0_chain(s0, d0, n, acc0);
+            acc1 = q4_0_chain(s1, d1, n, acc1);
+        }
+        float v[4];
+        _mm_storeu_ps(v, acc0);
+        put4(out, v, r, nr);
+        if (r + 4 < nr) {
+            _mm_storeu_ps(v, acc1);
+            put4(out, v, r + 4, nr);
+        }
+    }
+}
+
+/* One token: the activation's table in a frame of its own (not beside the octets' tables). */
+AVX512 OUT_OF_LINE static void q4_0_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    struct q4_0_act4 t[Q4_0_ROWS4_MAX_BLOCKS / 4];
+    q4_0_act4_fill(a, k / KIRI_QK8_0, t);
+    q4_0_rows4(k, w, ws, t, out, nr);
+}
+
+AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    if (nt == 1 && k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
+        q4_0_one(k, w, ws, a, dst, nr);
+    else
+        gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
+}
+
 AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
@@ -813,6 +1015,10 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx512;
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx512;
+    k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* gemm16: tile_rows_m */
+    k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
+    k->gemm_stream[KIRI_TYPE_Q4_K] = 0; /* one pass per token */
+    k->gemm_stream[KIRI_TYPE_Q6_K] = 0;
     k->path = "avx2+avx512vnni";
 }
 
