@@ -372,7 +372,17 @@ int kiri_platform_thread_start(struct kiri_thread **out, void (*fn)(void *), voi
         return KIRI_E_NOMEM;
     t->fn = fn;
     t->arg = arg;
-    if (pthread_create(&t->tid, NULL, thread_entry, t) != 0) {
+    /* An explicit stack size: musl's default (128 KiB) is too small for the kernels' on-stack
+     * tiles, glibc's (8 MiB of address space, touched lazily) more than needed. */
+    pthread_attr_t attr;
+    int rc = pthread_attr_init(&attr);
+    if (rc == 0) {
+        rc = pthread_attr_setstacksize(&attr, (size_t)2 << 20);
+        if (rc == 0)
+            rc = pthread_create(&t->tid, &attr, thread_entry, t);
+        pthread_attr_destroy(&attr);
+    }
+    if (rc != 0) {
         kiri_mem_free(t);
         return KIRI_E_NOMEM;
     }
