@@ -76,6 +76,9 @@ except ImportError:
     raise SystemExit("bench_serve.py needs the gguf package: run it with the test venv's Python "
                      "(V=$(scripts/make-venv.sh); $V/bin/python bench/bench_serve.py ...)")
 
+import bench_cpu  # noqa: E402  (beside this script)
+from bench_cpu import _renice, cpu_name, tool_output, warm  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT_BODY = ("Once upon a time, there was a little robot who lived in a small town by the sea. "
                "Every morning it walked along the harbour, counted the boats and wrote a short "
@@ -84,42 +87,22 @@ TARGETS = {"aggregate": 1.3, "ttft_p99": 1.0, "single": 0.95, "other_mb": 20.0}
 MiB = 1 << 20
 LLAMA_EXTRAS = ["uvicorn>=0.22.0", "fastapi>=0.100.0", "pydantic-settings>=2.0.1",
                 "sse-starlette>=1.6.1", "starlette-context>=0.3.6,<0.4", "PyYAML>=5.1"]
-NICE = 0
 
 
 # ------------------------------------------------------------------------------------------------
-# Processes
+# Processes (the nice handling, page-cache warming and machine facts are bench_cpu.py's)
 # ------------------------------------------------------------------------------------------------
-
-def _renice():
-    """Runs in a child that starts its own session: with autogroup scheduling CPU time is shared
-    between sessions first, so the session's autogroup gets the nice value as well."""
-    if not NICE:
-        return
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(NICE))
-    except OSError:
-        pass
-    os.setpriority(os.PRIO_PROCESS, 0, NICE)
-
 
 def renice_self():
     """The client threads measure time: starved of CPU they would add to both sides' TTFT."""
-    if not NICE:
+    if not bench_cpu.NICE:
         return
     try:
         os.setsid()  # fails when already a process-group leader (run from an interactive shell)
     except OSError:
-        os.setpriority(os.PRIO_PROCESS, 0, NICE)  # leave the caller's session's autogroup alone
+        os.setpriority(os.PRIO_PROCESS, 0, bench_cpu.NICE)  # leave the caller's session's autogroup alone
         return
     _renice()
-
-
-def warm(path):
-    with open(path, "rb", buffering=0) as f:
-        while f.read(16 << 20):
-            pass
 
 
 def free_port():
@@ -568,8 +551,7 @@ def main():
     ap.add_argument("--nice", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
-    global NICE
-    NICE = a.nice
+    bench_cpu.NICE = a.nice
     if a.quick:
         a.clients, a.duration, a.rounds = [1, 4], 6.0, 1
     if not (1 <= a.threads <= 256 and all(1 <= c <= 256 for c in a.clients) and 0 < a.duration <= 3600
@@ -609,24 +591,6 @@ def main():
     print(md)
     print(f"\n(results: {a.json}, server logs: {a.log_dir}, {time.time() - t_start:.0f} s)", file=sys.stderr)
     return 0
-
-
-def tool_output(cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -253,6 +253,37 @@ struct kiri_threads {
     void *pool;
 };
 
+/* Checks a GPU backend's supports() shares: every tensor of the node F32, and RoPE / attention
+ * parameters its kernels can run (the graph never emits others; a hand-made node may). */
+static inline int kiri_node_all_f32(const struct kiri_node *nd, int n_src)
+{
+    if (nd->dst->type != KIRI_TYPE_F32)
+        return 0;
+    for (int i = 0; i < n_src; i++)
+        if (nd->src[i] && nd->src[i]->type != KIRI_TYPE_F32)
+            return 0;
+    return 1;
+}
+
+static inline int kiri_node_rope_ok(const struct kiri_node *nd)
+{
+    const struct kiri_tensor *s0 = nd->src[0], *s1 = nd->src[1];
+    return s1 && s0->type == KIRI_TYPE_F32 && s1->type == KIRI_TYPE_I32 &&
+           (!nd->src[2] || nd->src[2]->type == KIRI_TYPE_F32) && nd->p.rope.n_rot > 0 && nd->p.rope.n_rot % 2 == 0 &&
+           nd->p.rope.n_rot <= s0->ne[0] && (nd->p.rope.mode == KIRI_ROPE_NORMAL || nd->p.rope.mode == KIRI_ROPE_NEOX);
+}
+
+static inline int kiri_node_attention_ok(const struct kiri_node *nd)
+{
+    const struct kiri_attn_params *p = &nd->p.attn;
+    const struct kiri_tensor *s1 = nd->src[1];
+    const int t = s1 ? s1->type : -1;
+    return s1 && nd->src[2] && nd->src[3] && nd->src[4] && nd->src[2]->type == t &&
+           (t == KIRI_TYPE_F32 || t == KIRI_TYPE_F16 || (t == KIRI_TYPE_Q8_0 && p->head_dim % 32 == 0)) &&
+           nd->src[0]->type == KIRI_TYPE_F32 && nd->dst->type == KIRI_TYPE_F32 && p->head_dim > 0 &&
+           p->head_dim <= 1024 && p->n_head_kv > 0 && p->n_head % p->n_head_kv == 0 && p->block_size > 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The backend interface
  * ------------------------------------------------------------------------------------------- */

@@ -219,7 +219,9 @@ static inline const char *const *next_rows(const void *w, size_t ws, int64_t r, 
  * tokens of a serving step) go to small(k, w, ws, a, as, dst, ds, nr, nt), which reads the rows
  * once for all of them, as the one-token path does; larger tiles go as above, with a rest of two
  * tokens also to small. */
-#define GEMM_DRIVER_SMALL(name, tok4, rows, small)                                               \
+/* rows_m(..., m) handles 2-4 tokens; it is called with a constant m so each count gets its own
+ * inlined copy (SPECIALIZE) with the accumulators in registers. */
+#define GEMM_DRIVER_SMALL(name, tok4, rows, rows_m)                                              \
     AVX2 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as,         \
                           float *dst, size_t ds, int64_t nr, int64_t nt)                        \
     {                                                                                            \
@@ -237,9 +239,12 @@ static inline const char *const *next_rows(const void *w, size_t ws, int64_t r, 
         }                                                                                        \
         if (nt - t == 1)                                                                         \
             rows(k, w, ws, (const char *)a + (size_t)t * as, dst + (size_t)t * ds, nr);          \
+        else if (nt - t == 2)                                                                    \
+            rows_m(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr, 2); \
+        else if (nt - t == 3)                                                                    \
+            rows_m(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr, 3); \
         else if (nt > t)                                                                         \
-            small(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,  \
-                  (int)(nt - t));                                                                \
+            rows_m(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr, 4); \
     }
 
 /* Small batches are inlined per token count so their accumulators stay in registers. */
@@ -497,18 +502,7 @@ AVX2 SPECIALIZE static inline void q4_0_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-AVX2 static void q4_0_small(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst, size_t ds,
-                            int64_t nr, int nt)
-{
-    if (nt == 2)
-        q4_0_rows_m(k, w, ws, a, as, dst, ds, nr, 2);
-    else if (nt == 3)
-        q4_0_rows_m(k, w, ws, a, as, dst, ds, nr, 3);
-    else
-        q4_0_rows_m(k, w, ws, a, as, dst, ds, nr, 4);
-}
-
-GEMM_DRIVER_SMALL(gemm_q4_0_avx2, q4_0_tok4, q4_0_rows, q4_0_small)
+GEMM_DRIVER_SMALL(gemm_q4_0_avx2, q4_0_tok4, q4_0_rows, q4_0_rows_m)
 
 /* ---------------------------------------------------------------------------------------------
  * Q8_0 weights, Q8_0 activations: int8 x int8 through maddubs with |w| and a carrying w's sign;
@@ -642,18 +636,7 @@ AVX2 SPECIALIZE static inline void q8_0_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-AVX2 static void q8_0_small(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst, size_t ds,
-                            int64_t nr, int nt)
-{
-    if (nt == 2)
-        q8_0_rows_m(k, w, ws, a, as, dst, ds, nr, 2);
-    else if (nt == 3)
-        q8_0_rows_m(k, w, ws, a, as, dst, ds, nr, 3);
-    else
-        q8_0_rows_m(k, w, ws, a, as, dst, ds, nr, 4);
-}
-
-GEMM_DRIVER_SMALL(gemm_q8_0_avx2, q8_0_tok4, q8_0_rows, q8_0_small)
+GEMM_DRIVER_SMALL(gemm_q8_0_avx2, q8_0_tok4, q8_0_rows, q8_0_rows_m)
 
 /* ---------------------------------------------------------------------------------------------
  * Q4_K weights, Q8_K activations: x = d sc q - dmin m per sub-block of 32, so

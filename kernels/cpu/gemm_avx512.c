@@ -1017,8 +1017,6 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx512;
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* gemm16: tile_rows_m */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
-    k->gemm_stream[KIRI_TYPE_Q4_K] = 0; /* one pass per token */
-    k->gemm_stream[KIRI_TYPE_Q6_K] = 0;
     k->path = "avx2+avx512vnni";
 }
 

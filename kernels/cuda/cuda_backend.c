@@ -497,16 +497,6 @@ static void cu_weight_release(struct kiri_backend *be, struct kiri_tensor *t)
  * Nodes
  * ------------------------------------------------------------------------------------------- */
 
-static int all_f32(const struct kiri_node *nd, int n_src)
-{
-    if (nd->dst->type != KIRI_TYPE_F32)
-        return 0;
-    for (int i = 0; i < n_src; i++)
-        if (nd->src[i] && nd->src[i]->type != KIRI_TYPE_F32)
-            return 0;
-    return 1;
-}
-
 /* Every tensor of the node lives where the device sees it (a weight still pending registration
  * counts: compute registers it first). */
 static int visible(const struct kiri_node *nd)
@@ -536,29 +526,20 @@ static int cu_supports(struct kiri_backend *be, const struct kiri_node *nd)
                flat_rows(s1, &rows) == 0 && flat_rows(d, &rows) == 0 && s0->ne[2] == 1 && s0->ne[3] == 1 &&
                (kiri_cuda_act_format(s0->type) == KIRI_CUDA_ACT_F32 || s0->ne[0] % kiri_type_block_size(s0->type) == 0);
     case KIRI_OP_RMS_NORM:
-        return all_f32(nd, 2) && s0->ne[3] == 1;
+        return kiri_node_all_f32(nd, 2) && s0->ne[3] == 1;
     case KIRI_OP_ADD:
     case KIRI_OP_MUL:
     case KIRI_OP_SWIGLU:
-        return s1 && all_f32(nd, 2) && s1->ne[0] == s0->ne[0] && flat_rows(s0, &rows) == 0 &&
+        return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0] && flat_rows(s0, &rows) == 0 &&
                flat_rows(s1, &rows) == 0 && flat_rows(d, &rows) == 0;
     case KIRI_OP_ROPE:
-        return s1 && s0->type == KIRI_TYPE_F32 && s1->type == KIRI_TYPE_I32 && s0->ne[3] == 1 &&
-               (!nd->src[2] || nd->src[2]->type == KIRI_TYPE_F32) && nd->p.rope.n_rot > 0 &&
-               nd->p.rope.n_rot % 2 == 0 && nd->p.rope.n_rot <= s0->ne[0] &&
-               (nd->p.rope.mode == KIRI_ROPE_NORMAL || nd->p.rope.mode == KIRI_ROPE_NEOX);
+        return kiri_node_rope_ok(nd) && s0->ne[3] == 1;
     case KIRI_OP_STORE_KV:
         return s1 && s0->type == KIRI_TYPE_F32 && s1->type == KIRI_TYPE_I32 &&
                (d->type == KIRI_TYPE_F32 || d->type == KIRI_TYPE_F16 ||
                 (d->type == KIRI_TYPE_Q8_0 && s0->ne[0] % 32 == 0));
-    case KIRI_OP_ATTENTION: {
-        const struct kiri_attn_params *p = &nd->p.attn;
-        const int t = s1 ? s1->type : -1;
-        return s1 && nd->src[2] && nd->src[3] && nd->src[4] && nd->src[2]->type == t &&
-               (t == KIRI_TYPE_F32 || t == KIRI_TYPE_F16 || (t == KIRI_TYPE_Q8_0 && p->head_dim % 32 == 0)) &&
-               s0->type == KIRI_TYPE_F32 && d->type == KIRI_TYPE_F32 && p->head_dim > 0 &&
-               p->head_dim <= 1024 && p->n_head_kv > 0 && p->n_head % p->n_head_kv == 0 && p->block_size > 0;
-    }
+    case KIRI_OP_ATTENTION:
+        return kiri_node_attention_ok(nd);
     default:
         return 0;
     }

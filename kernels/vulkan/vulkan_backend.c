@@ -1402,16 +1402,6 @@ static void vk_weight_release(struct kiri_backend *be, struct kiri_tensor *t)
     t->extra = NULL;
 }
 
-static int all_f32(const struct kiri_node *nd, int n_src)
-{
-    if (nd->dst->type != KIRI_TYPE_F32)
-        return 0;
-    for (int i = 0; i < n_src; i++)
-        if (nd->src[i] && nd->src[i]->type != KIRI_TYPE_F32)
-            return 0;
-    return 1;
-}
-
 static int vk_supports(struct kiri_backend *be, const struct kiri_node *nd)
 {
     (void)be;
@@ -1426,28 +1416,19 @@ static int vk_supports(struct kiri_backend *be, const struct kiri_node *nd)
         return s1 && wtype_index(s0->type) >= 0 && s1->type == KIRI_TYPE_F32 && d->type == KIRI_TYPE_F32 &&
                s1->ne[0] == s0->ne[0] && d->ne[0] == s0->ne[1];
     case KIRI_OP_RMS_NORM:
-        return all_f32(nd, 2) && s0->ne[3] == 1;
+        return kiri_node_all_f32(nd, 2) && s0->ne[3] == 1;
     case KIRI_OP_ADD:
     case KIRI_OP_MUL:
     case KIRI_OP_SWIGLU:
-        return s1 && all_f32(nd, 2) && s1->ne[0] == s0->ne[0];
+        return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0];
     case KIRI_OP_ROPE:
-        return s1 && s0->type == KIRI_TYPE_F32 && s1->type == KIRI_TYPE_I32 &&
-               (!nd->src[2] || nd->src[2]->type == KIRI_TYPE_F32) && nd->p.rope.n_rot > 0 &&
-               nd->p.rope.n_rot % 2 == 0 && nd->p.rope.n_rot <= s0->ne[0] &&
-               (nd->p.rope.mode == KIRI_ROPE_NORMAL || nd->p.rope.mode == KIRI_ROPE_NEOX);
+        return kiri_node_rope_ok(nd);
     case KIRI_OP_STORE_KV:
         return s1 && s0->type == KIRI_TYPE_F32 && s1->type == KIRI_TYPE_I32 &&
                ((d->type == KIRI_TYPE_F32) || (d->type == KIRI_TYPE_F16 && s0->ne[0] % 2 == 0) ||
                 (d->type == KIRI_TYPE_Q8_0 && s0->ne[0] % 32 == 0));
-    case KIRI_OP_ATTENTION: {
-        const struct kiri_attn_params *p = &nd->p.attn;
-        const int t = s1 ? s1->type : -1;
-        return s1 && nd->src[2] && nd->src[3] && nd->src[4] && nd->src[2]->type == t &&
-               (t == KIRI_TYPE_F32 || t == KIRI_TYPE_F16 || (t == KIRI_TYPE_Q8_0 && p->head_dim % 32 == 0)) &&
-               s0->type == KIRI_TYPE_F32 && d->type == KIRI_TYPE_F32 && p->head_dim > 0 &&
-               p->head_dim <= 1024 && p->n_head_kv > 0 && p->n_head % p->n_head_kv == 0 && p->block_size > 0;
-    }
+    case KIRI_OP_ATTENTION:
+        return kiri_node_attention_ok(nd);
     default:
         return 0;
     }

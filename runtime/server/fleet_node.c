@@ -461,33 +461,9 @@ void kiri_fleet_node_metrics(struct kiri_fleet_node *n, struct kiri_metrics_mode
     f->model_install_failures = n->install_failures;
     f->heartbeats = n->heartbeats;
     f->heartbeat_failures = n->heartbeat_failures;
+    f->removals = n->removals;
+    f->removed_files = n->removed_files;
     kiri_platform_mutex_unlock(n->lock);
-}
-
-char *kiri_fleet_node_render_metrics(struct kiri_fleet_node *n, char *page)
-{
-    if (!page)
-        return NULL;
-    kiri_platform_mutex_lock(n->lock);
-    const unsigned long long removals = n->removals, files = n->removed_files;
-    kiri_platform_mutex_unlock(n->lock);
-    char add[512];
-    const int len = snprintf(add, sizeof add,
-                             "# HELP kiri_model_removals_total Models a fleet manifest superseded whose files were deleted.\n"
-                             "# TYPE kiri_model_removals_total counter\n"
-                             "kiri_model_removals_total %llu\n"
-                             "# HELP kiri_model_removed_files_total Files of superseded models deleted (model and kept previous version).\n"
-                             "# TYPE kiri_model_removed_files_total counter\n"
-                             "kiri_model_removed_files_total %llu\n",
-                             removals, files);
-    const size_t have = strlen(page);
-    char *out = len > 0 && (size_t)len < sizeof add ? kiri_mem_realloc(page, have + (size_t)len + 1) : NULL;
-    if (!out) {
-        kiri_mem_free(page);
-        return NULL;
-    }
-    memcpy(out + have, add, (size_t)len + 1);
-    return out;
 }
 
 uint64_t kiri_fleet_node_policy(struct kiri_fleet_node *n, char routing[16], char *upstream_url, size_t cap)

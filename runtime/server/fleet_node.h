@@ -55,10 +55,6 @@ void kiri_fleet_node_free(struct kiri_fleet_node *n);
 /* Fills the fleet fields of the metrics (fleet = 1, manifest version, counters). */
 void kiri_fleet_node_metrics(struct kiri_fleet_node *n, struct kiri_metrics_models *f);
 
-/* Appends the node's own families (kiri_model_removals_total, kiri_model_removed_files_total) to
- * page (owned, reallocated; the result replaces it, NULL when out of memory with page freed). */
-char *kiri_fleet_node_render_metrics(struct kiri_fleet_node *n, char *page);
-
 /* What the accepted manifest says about routing, for the request router: routing ("local",
  * "local-first", "upstream-first", "upstream"; "" when no manifest is held) and the upstream URL
  * ("" when none). Returns the manifest's version, 0 when none is held. */

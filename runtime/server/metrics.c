@@ -586,6 +586,10 @@ char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f
         counter(&b, "kiri_heartbeats_total", "Heartbeats sent to the manifest's heartbeat URL.", f->heartbeats);
         counter(&b, "kiri_heartbeat_failures_total", "Heartbeats that did not reach the collector.",
                 f->heartbeat_failures);
+        counter(&b, "kiri_model_removals_total", "Models a fleet manifest superseded whose files were deleted.",
+                f->removals);
+        counter(&b, "kiri_model_removed_files_total",
+                "Files of superseded models deleted (model and kept previous version).", f->removed_files);
     }
     if (b.failed) {
         kiri_mem_free(b.p);

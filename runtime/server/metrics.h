@@ -46,6 +46,7 @@ struct kiri_metrics_models {
     uint64_t manifest_version;              /* 0: none accepted */
     uint64_t manifest_rejections, syncs, sync_failures, model_install_failures;
     uint64_t heartbeats, heartbeat_failures;
+    uint64_t removals, removed_files;   /* superseded models deleted, and their files */
 };
 /* Appends those families to page (an owned string from kiri_metrics_render, reallocated; the
  * result replaces it, or NULL when out of memory, page freed). */

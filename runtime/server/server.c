@@ -889,8 +889,10 @@ static void follow_manifest(struct kiri_server *s)
     if (!s->fleet || atomic_load(&s->draining))
         return;
     char routing[16] = "", url[2048] = "";
-    const uint64_t v = kiri_fleet_node_policy(s->fleet, routing, url, sizeof url);
     uint64_t seen = atomic_load(&s->routing_version);
+    if (kiri_fleet_node_policy(s->fleet, routing, NULL, 0) == seen)
+        return; /* the common case, every request: the URL is copied only for a new version */
+    const uint64_t v = kiri_fleet_node_policy(s->fleet, routing, url, sizeof url);
     if (v == 0 || v == seen || !atomic_compare_exchange_strong(&s->routing_version, &seen, v))
         return;
     struct kiri_upstream_config uc;
@@ -1159,8 +1161,6 @@ static char *render_models(struct kiri_server *s, char *page)
     f.sha256_hex = shas;
     f.is_loaded = loaded;
     char *out = kiri_metrics_render_models(page, &f);
-    if (out && s->fleet)
-        out = kiri_fleet_node_render_metrics(s->fleet, out);
     kiri_mem_free(info);
     return out;
 }
