@@ -31,6 +31,21 @@ static void fill_cache(void *cache, int kv_type, int n_slots, int head_dim, size
     free(row);
 }
 
+#if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
+/* The reference table with the AVX2 row operations on top, or 0 (after saying so) when this CPU
+ * cannot run them. */
+static int avx2_table(const char *test, struct kiri_cpu_kernels *k)
+{
+    if (!(kiri_platform_cpu_features() & KIRI_CPU_AVX2)) {
+        fprintf(stderr, "%s: SKIPPED: this CPU lacks AVX2, FMA or F16C\n", test);
+        return 0;
+    }
+    kiri_cpu_kernels_init_ref(k);
+    kiri_cpu_kernels_init_ops_avx2(k);
+    return 1;
+}
+#endif
+
 struct attn_case {
     int kv_type, head_dim, n_kv;
     float q_scale; /* large values give scores far apart: most weights underflow */
@@ -48,13 +63,9 @@ static const struct attn_case attn_cases[] = {
 static void test_attend_head(void)
 {
 #if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
-    if (!(kiri_platform_cpu_features() & KIRI_CPU_AVX2)) {
-        fprintf(stderr, "test_attend_head: SKIPPED: this CPU lacks AVX2, FMA or F16C\n");
-        return;
-    }
     struct kiri_cpu_kernels fast;
-    kiri_cpu_kernels_init_ref(&fast);
-    kiri_cpu_kernels_init_ops_avx2(&fast);
+    if (!avx2_table(__func__, &fast))
+        return;
     CHECK(fast.attend_head != NULL);
     if (!fast.attend_head)
         return;
@@ -118,13 +129,9 @@ static const struct group_case group_cases[] = {
 static void test_attend_group(void)
 {
 #if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
-    if (!(kiri_platform_cpu_features() & KIRI_CPU_AVX2)) {
-        fprintf(stderr, "test_attend_group: SKIPPED: this CPU lacks AVX2, FMA or F16C\n");
-        return;
-    }
     struct kiri_cpu_kernels fast;
-    kiri_cpu_kernels_init_ref(&fast);
-    kiri_cpu_kernels_init_ops_avx2(&fast);
+    if (!avx2_table(__func__, &fast))
+        return;
     CHECK(fast.attend_group != NULL);
     if (!fast.attend_group)
         return;
@@ -146,7 +153,7 @@ static void test_attend_group(void)
         float *out = test_xmalloc(out_stride * (size_t)tc->n_q * sizeof *out);
         for (size_t i = 0; i < out_stride * (size_t)tc->n_q; i++)
             out[i] = NAN;
-        float *scratch = test_xmalloc((size_t)tc->n_kv * 8 * sizeof(float));
+        float *scratch = test_xmalloc((size_t)tc->n_kv * KIRI_ATTEND_TILE_ROWS * sizeof(float));
         float *s_ref = test_xmalloc((size_t)tc->n_kv * sizeof(float)), *o_ref = test_xmalloc((size_t)d * sizeof(float));
         const float scale = 1.0f / sqrtf((float)d);
         fast.attend_group(q, q_stride, tc->n_q, kc, stride, vc, stride, tc->kv_type, slots, tc->n_kv, d, scale,
@@ -183,18 +190,122 @@ static void test_attend_group(void)
 #endif
 }
 
+struct tile_case {
+    int kv_type, head_dim, n_t, n_q, n_kv0; /* token i sees n_kv0 + i keys */
+    float q_scale;
+};
+
+static const struct tile_case tile_cases[] = {
+    {KIRI_TYPE_F16, 64, 5, 3, 1, 1.0f},    {KIRI_TYPE_F16, 64, 5, 3, 300, 1.0f}, {KIRI_TYPE_F16, 64, 2, 8, 37, 1.0f},
+    {KIRI_TYPE_F16, 64, 4, 4, 9, 30.f},    {KIRI_TYPE_F16, 128, 2, 7, 50, 1.0f}, {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f},
+    {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f},   {KIRI_TYPE_F16, 64, 3, 5, 0, 1.0f},   {KIRI_TYPE_F16, 72, 3, 3, 12, 1.0f},
+    {KIRI_TYPE_F32, 64, 5, 3, 130, 1.0f},  {KIRI_TYPE_F32, 96, 2, 6, 7, 2.0f},   {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f},
+};
+
+/* Runs of tokens times heads against the reference one (token, head) at a time, token i seeing
+ * n_kv0 + i keys (a prompt's causal mask; n_kv0 = 0 gives a first token that sees nothing). The keys
+ * and values only later tokens see hold NaN and infinities: an earlier token's result must not
+ * depend on them. Output padding stays untouched. */
+static void test_attend_tile(void)
+{
+#if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
+    struct kiri_cpu_kernels fast;
+    if (!avx2_table(__func__, &fast))
+        return;
+    CHECK(fast.attend_tile != NULL);
+    if (!fast.attend_tile)
+        return;
+    for (size_t c = 0; c < sizeof tile_cases / sizeof tile_cases[0]; c++) {
+        const struct tile_case *tc = &tile_cases[c];
+        const int d = tc->head_dim, n_max = tc->n_kv0 + tc->n_t - 1;
+        int n_slots = n_max + 5;
+        while (n_slots % 7 == 0) /* slots below are distinct */
+            n_slots++;
+        CHECK(tc->n_t * tc->n_q <= KIRI_ATTEND_TILE_ROWS);
+        const size_t row = (size_t)(d / kiri_type_block_size(tc->kv_type)) * kiri_type_size(tc->kv_type);
+        const size_t stride = row * 2;
+        void *kc = test_xmalloc(stride * (size_t)n_slots), *vc = test_xmalloc(stride * (size_t)n_slots);
+        fill_cache(kc, tc->kv_type, n_slots, d, stride);
+        fill_cache(vc, tc->kv_type, n_slots, d, stride);
+        int32_t *slots = test_xmalloc((size_t)(n_max > 0 ? n_max : 1) * sizeof *slots);
+        for (int j = 0; j < n_max; j++)
+            slots[j] = (int32_t)((j * 7 + 2) % n_slots);
+        int32_t n_kv[KIRI_ATTEND_TILE_ROWS];
+        for (int i = 0; i < tc->n_t; i++)
+            n_kv[i] = tc->n_kv0 + i;
+        const size_t q_head = (size_t)d + 8, q_tok = q_head * (size_t)tc->n_q + 24;
+        const size_t out_head = (size_t)d + 16, out_tok = out_head * (size_t)tc->n_q + 8;
+        float *q = test_xmalloc(q_tok * (size_t)tc->n_t * sizeof *q);
+        for (size_t i = 0; i < q_tok * (size_t)tc->n_t; i++)
+            q[i] = test_rand_sym() * tc->q_scale;
+        float *out = test_xmalloc(out_tok * (size_t)tc->n_t * sizeof *out);
+        for (size_t i = 0; i < out_tok * (size_t)tc->n_t; i++)
+            out[i] = NAN;
+        float *scratch = test_xmalloc((size_t)(n_max > 0 ? n_max : 1) * KIRI_ATTEND_TILE_ROWS * sizeof(float));
+        float *s_ref = test_xmalloc((size_t)(n_max > 0 ? n_max : 1) * sizeof(float));
+        float **o_ref = test_xmalloc((size_t)tc->n_t * (size_t)tc->n_q * sizeof *o_ref);
+        const float scale = 1.0f / sqrtf((float)d);
+        /* The reference first, on clean keys and values; then the keys and values of the last
+         * token's last key turn into NaN and infinity, which only that token sees. */
+        for (int r = 0; r < tc->n_t * tc->n_q; r++) {
+            o_ref[r] = test_xmalloc((size_t)d * sizeof(float));
+            kiri_cpu_attend_head(q + (size_t)(r / tc->n_q) * q_tok + (size_t)(r % tc->n_q) * q_head, kc, stride, vc,
+                                 stride, tc->kv_type, slots, n_kv[r / tc->n_q], d, scale, s_ref, o_ref[r]);
+        }
+        const int poisoned = tc->n_t > 1 && tc->kv_type != KIRI_TYPE_Q8_0;
+        if (poisoned) {
+            char *kr = (char *)kc + (size_t)slots[n_max - 1] * stride, *vr = (char *)vc + (size_t)slots[n_max - 1] * stride;
+            float *bad = test_xmalloc((size_t)d * sizeof *bad);
+            for (int i = 0; i < d; i++)
+                bad[i] = i % 2 ? NAN : INFINITY;
+            CHECK(kiri_cpu_quantize_row(tc->kv_type, bad, kr, d) > 0);
+            CHECK(kiri_cpu_quantize_row(tc->kv_type, bad, vr, d) > 0);
+            free(bad);
+        }
+        fast.attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kc, stride, vc, stride, tc->kv_type, slots, n_kv, d,
+                         scale, scratch, out, out_tok, out_head);
+        const double tol = tc->kv_type == KIRI_TYPE_F32 ? 1e-5 : tc->kv_type == KIRI_TYPE_F16 ? 2e-4 : 0.0;
+        int bad = 0;
+        for (int r = 0; r < tc->n_t * tc->n_q; r++) {
+            const int i_t = r / tc->n_q, h = r % tc->n_q;
+            const float *o = out + (size_t)i_t * out_tok + (size_t)h * out_head;
+            if (poisoned && i_t == tc->n_t - 1)
+                continue; /* sees the poisoned key: no reference to compare with */
+            for (int i = 0; i < d; i++)
+                if (!(fabs((double)o[i] - (double)o_ref[r][i]) <= tol) && bad++ < 3) {
+                    fprintf(stderr, "  tile case %zu (%s, d %d, %d tokens x %d heads, n_kv0 %d): token %d head %d value %d\n",
+                            c, kiri_type_name(tc->kv_type), d, tc->n_t, tc->n_q, tc->n_kv0, i_t, h, i);
+                    CHECK_NEAR(o[i], o_ref[r][i], tol);
+                }
+            for (size_t i = (size_t)d; i < out_head; i++)
+                CHECK(isnan(o[i]));
+        }
+        for (int r = 0; r < tc->n_t * tc->n_q; r++)
+            free(o_ref[r]);
+        free(o_ref);
+        free(kc);
+        free(vc);
+        free(slots);
+        free(q);
+        free(out);
+        free(scratch);
+        free(s_ref);
+    }
+    fprintf(stderr, "test_attend_tile: %zu cases checked against the reference\n",
+            sizeof tile_cases / sizeof tile_cases[0]);
+#else
+    fprintf(stderr, "test_attend_tile: SKIPPED: no AVX2 kernels in this build\n");
+#endif
+}
+
 /* SwiGLU and RMS norm rows against the reference, including lengths that are not multiples of 8,
  * gates far into both tails of the sigmoid, and a norm without weights. */
 static void test_rows(void)
 {
 #if defined(__x86_64__) && defined(KIRI_CPU_AVX2_KERNELS)
-    if (!(kiri_platform_cpu_features() & KIRI_CPU_AVX2)) {
-        fprintf(stderr, "test_rows: SKIPPED: this CPU lacks AVX2, FMA or F16C\n");
-        return;
-    }
     struct kiri_cpu_kernels fast;
-    kiri_cpu_kernels_init_ref(&fast);
-    kiri_cpu_kernels_init_ops_avx2(&fast);
+    if (!avx2_table(__func__, &fast))
+        return;
     CHECK(fast.swiglu_row != NULL && fast.rms_norm_row != NULL);
     if (!fast.swiglu_row || !fast.rms_norm_row)
         return;
@@ -238,4 +349,4 @@ static void test_rows(void)
 #endif
 }
 
-TEST_MAIN(test_attend_head, test_attend_group, test_rows)
+TEST_MAIN(test_attend_head, test_attend_group, test_attend_tile, test_rows)

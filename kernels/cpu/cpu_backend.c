@@ -85,9 +85,9 @@ static char *row_ptr(const struct kiri_tensor *t, int64_t r)
     return (char *)t->data + (size_t)i1 * t->nb[1] + (size_t)i2 * t->nb[2] + (size_t)i3 * t->nb[3];
 }
 
-/* Attention scores per key in a worker's scratch: one per head of a group of up to 8 (see
- * kiri_attend_group_fn). */
-#define ATTN_SCORES 8
+/* Attention scores per key in a worker's scratch: one per query row of a tile (see
+ * kiri_attend_tile_fn and kiri_attend_group_fn). */
+#define ATTN_SCORES KIRI_ATTEND_TILE_ROWS
 
 /* Scratch bytes a node needs, shared by all workers and per worker (see struct kiri_backend):
  * converted activations for products, per-worker score and slot buffers for attention. */
@@ -216,8 +216,120 @@ static void run_store_kv(struct kiri_backend *be, const struct kiri_node *nd, in
     }
 }
 
+/* Cost of one (token, head) pair of attention: its keys, plus a fixed share for the query's own
+ * work. */
+static int64_t attention_cost(const int32_t *meta, int64_t t, int64_t slots_cap)
+{
+    const int64_t n_kv = meta[2 * t];
+    return (n_kv > 0 && n_kv <= slots_cap ? n_kv : 0) + 16;
+}
+
+/* The first (token, head) pair whose work starts at or after `target` (in attention_cost units). */
+static int64_t attention_pair_at(const int32_t *meta, int64_t n_tok, int n_head, int64_t slots_cap,
+                                 int64_t target)
+{
+    int64_t sum = 0;
+    for (int64_t t = 0; t < n_tok; t++) {
+        const int64_t c = attention_cost(meta, t, slots_cap);
+        if (sum + c * n_head > target) {
+            const int64_t k = target > sum ? (target - sum + c - 1) / c : 0;
+            return t * n_head + k;
+        }
+        sum += c * n_head;
+    }
+    return n_tok * n_head;
+}
+
+/* The (token, head) pairs [*j0, *j1) that worker ith of nth takes. Tokens of a prompt see ever more
+ * keys (its last one all of them, its first one only itself), so the pairs are split by their
+ * cost rather than their count: otherwise the worker with the prompt's end does most of the work
+ * while the others wait. */
+static void split_attention(const int32_t *meta, int64_t n_tok, int n_head, int64_t slots_cap, int ith,
+                            int nth, int64_t *j0, int64_t *j1)
+{
+    int64_t total = 0;
+    for (int64_t t = 0; t < n_tok; t++)
+        total += attention_cost(meta, t, slots_cap) * n_head;
+    *j0 = attention_pair_at(meta, n_tok, n_head, slots_cap, total * ith / nth);
+    *j1 = ith == nth - 1 ? n_tok * n_head
+                         : attention_pair_at(meta, n_tok, n_head, slots_cap, total * (ith + 1) / nth);
+}
+
+/* The cache slots of a sequence's first n keys, from its block table. */
+static void attention_slots(int32_t *slots, const int32_t *table, int n, int block_size)
+{
+    for (int i = 0; i < n; i++)
+        slots[i] = table[i / block_size] * block_size + i % block_size;
+}
+
+/* Whether two tokens of the step share a sequence (the same block table): a prompt, whose tokens
+ * attention takes in tiles. */
+static int attention_has_prompt(const int32_t *meta, int64_t n_tok)
+{
+    for (int64_t t = 1; t < n_tok; t++)
+        if (meta[2 * t + 1] == meta[2 * t - 1])
+            return 1;
+    return 0;
+}
+
+/* Attention in tiles (kiri_attend_tile_fn): runs of up to `per` consecutive tokens of one sequence
+ * times the heads of a key/value head (in chunks of at most KIRI_ATTEND_TILE_ROWS), each tile
+ * reading its keys and values once. Tiles go round-robin to the workers: consecutive tiles cost
+ * about the same, while a prompt's later tokens see more keys than its first ones. */
+static void run_attention_tiles(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
+{
+    const struct kiri_tensor *q = nd->src[0], *kc = nd->src[1], *vc = nd->src[2];
+    const int32_t *meta = nd->src[3]->data;
+    const int32_t *tables = nd->src[4]->data;
+    const struct kiri_attn_params *p = &nd->p.attn;
+    const int64_t n_tok = q->ne[2];
+    const int group = p->n_head / p->n_head_kv;
+    const int heads = group < KIRI_ATTEND_TILE_ROWS ? group : KIRI_ATTEND_TILE_ROWS;
+    const int chunks = (group + heads - 1) / heads;
+    const int per = KIRI_ATTEND_TILE_ROWS / heads;
+    const size_t slots_cap = (size_t)kc->ne[1];
+    char *mine = work_mine(be, ith);
+    float *scores = (float *)mine;
+    int32_t *slots = (int32_t *)(mine + slots_cap * ATTN_SCORES * sizeof(float));
+    const size_t kv_row = row_bytes(kc->type, (int64_t)p->head_dim);
+    const size_t q_tok = q->nb[2] / sizeof(float), q_head = q->nb[1] / sizeof(float);
+    const size_t out_tok = nd->dst->nb[1] / sizeof(float);
+    int64_t unit = 0;
+    for (int64_t t0 = 0, t1; t0 < n_tok; t0 = t1) {
+        int32_t n_kv[KIRI_ATTEND_TILE_ROWS];
+        int n_max = 0;
+        for (t1 = t0; t1 < n_tok && t1 - t0 < per && meta[2 * t1 + 1] == meta[2 * t0 + 1]; t1++) {
+            int32_t n = meta[2 * t1];
+            n = n < 0 || (size_t)n > slots_cap ? 0 : n;
+            n_kv[t1 - t0] = n;
+            n_max = n > n_max ? n : n_max;
+        }
+        int built = 0;
+        for (int hk = 0; hk < p->n_head_kv; hk++)
+            for (int c = 0; c < chunks; c++, unit++) {
+                if (unit % nth != ith)
+                    continue;
+                if (!built) { /* token t0's table holds the run's keys: the others see a prefix */
+                    attention_slots(slots, tables + meta[2 * t0 + 1], n_max, p->block_size);
+                    built = 1;
+                }
+                const int h = hk * group + c * heads;
+                const int n_q = group - c * heads < heads ? group - c * heads : heads;
+                const float *qh = (const float *)q->data + (size_t)t0 * q_tok + (size_t)h * q_head;
+                float *out = (float *)nd->dst->data + (size_t)t0 * out_tok + (size_t)h * (size_t)p->head_dim;
+                be->k.attend_tile(qh, q_tok, q_head, (int)(t1 - t0), n_q, (const char *)kc->data + (size_t)hk * kv_row,
+                                  kc->nb[1], (const char *)vc->data + (size_t)hk * kv_row, vc->nb[1], kc->type, slots,
+                                  n_kv, p->head_dim, p->scale, scores, out, out_tok, (size_t)p->head_dim);
+            }
+    }
+}
+
 static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
 {
+    if (be->k.attend_tile && attention_has_prompt(nd->src[3]->data, nd->src[0]->ne[2])) {
+        run_attention_tiles(be, nd, ith, nth);
+        return;
+    }
     const struct kiri_tensor *q = nd->src[0], *kc = nd->src[1], *vc = nd->src[2];
     const int32_t *meta = nd->src[3]->data;
     const int32_t *tables = nd->src[4]->data;
@@ -234,7 +346,7 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
     /* Split (token, head) pairs; the slot list is rebuilt when the token changes. The heads of a
      * worker's share that use the same key/value head go to attend_group together. */
     int64_t j0, j1;
-    split_rows(n_tok * p->n_head, ith, nth, &j0, &j1);
+    split_attention(meta, n_tok, p->n_head, (int64_t)slots_cap, ith, nth, &j0, &j1);
     int64_t built_for = -1;
     int n_kv = 0;
     for (int64_t j = j0; j < j1;) {
@@ -244,9 +356,7 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
             n_kv = meta[2 * t];
             if (n_kv < 0 || (size_t)n_kv > slots_cap)
                 n_kv = 0;
-            const int32_t *table = tables + meta[2 * t + 1];
-            for (int i = 0; i < n_kv; i++)
-                slots[i] = table[i / p->block_size] * p->block_size + i % p->block_size;
+            attention_slots(slots, tables + meta[2 * t + 1], n_kv, p->block_size);
             built_for = t;
         }
         const int hk = h / group;

@@ -58,13 +58,28 @@ typedef void (*kiri_attend_fn)(const float *q, const void *k, size_t k_stride, c
                                size_t v_stride, int kv_type, const int32_t *slots, int n_kv,
                                int head_dim, float scale, float *scratch, float *out);
 
+/* Query rows a kiri_attend_tile_fn takes at once (tokens times heads). */
+#define KIRI_ATTEND_TILE_ROWS 16
+
 /* n_q query heads that share one key/value head (grouped-query attention), each with the result
  * of kiri_attend_fn: head i's query at q + i * q_stride, its output at out + i * out_stride
- * (strides in floats). scratch holds 8 * n_kv floats. */
+ * (strides in floats). scratch holds KIRI_ATTEND_TILE_ROWS * n_kv floats. */
 typedef void (*kiri_attend_group_fn)(const float *q, size_t q_stride, int n_q, const void *k,
                                      size_t k_stride, const void *v, size_t v_stride, int kv_type,
                                      const int32_t *slots, int n_kv, int head_dim, float scale,
                                      float *scratch, float *out, size_t out_stride);
+
+/* n_t tokens of one sequence and n_q query heads sharing one key/value head, n_t * n_q at most
+ * KIRI_ATTEND_TILE_ROWS: each (token, head) with the result of kiri_attend_fn, token i seeing the
+ * first n_kv[i] of the slots. The query of token i, head h is at q + i * q_tok + h * q_head, its
+ * output at out + i * out_tok + h * out_head (strides in floats). Every key and value row is read
+ * once for all of them, which is what makes prefill's attention a matrix product. scratch holds
+ * KIRI_ATTEND_TILE_ROWS floats per key of the largest n_kv. */
+typedef void (*kiri_attend_tile_fn)(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q,
+                                    const void *k, size_t k_stride, const void *v, size_t v_stride,
+                                    int kv_type, const int32_t *slots, const int32_t *n_kv,
+                                    int head_dim, float scale, float *scratch, float *out,
+                                    size_t out_tok, size_t out_head);
 
 /* Row operations with the contracts of kiri_cpu_swiglu_row and kiri_cpu_rms_norm_row below. */
 typedef void (*kiri_swiglu_fn)(const float *g, const float *u, float *y, int64_t n);
@@ -82,6 +97,7 @@ struct kiri_cpu_kernels {
     uint8_t gemm_stream[KIRI_TYPE_COUNT];
     kiri_attend_fn attend_head;                     /* NULL: kiri_cpu_attend_head */
     kiri_attend_group_fn attend_group;              /* NULL: attend_head for each head */
+    kiri_attend_tile_fn attend_tile;                /* NULL: attend_group for each token */
     kiri_swiglu_fn swiglu_row;                      /* NULL: kiri_cpu_swiglu_row */
     kiri_rms_norm_fn rms_norm_row;                  /* NULL: kiri_cpu_rms_norm_row */
     const char *path;                               /* "c", "avx2", "neon+dotprod", ... */
@@ -98,8 +114,7 @@ void kiri_cpu_kernels_init_avx2(struct kiri_cpu_kernels *k);
  * Q6_K, F16, F32). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k);
 /* Sets the row-operation entries that have AVX2 versions (ops_avx2.c: attend_head, attend_group,
- * swiglu_row, rms_norm_row). Same
- * preconditions as kiri_cpu_kernels_init_avx2. */
+ * attend_tile, swiglu_row, rms_norm_row). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k);
 /* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q8_0, Q4_K,
  * Q6_K). Call after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports

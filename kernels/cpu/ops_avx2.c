@@ -166,30 +166,28 @@ AVX2 static void attend_head_avx2(const float *q, const void *k, size_t k_stride
         const float w = scratch[j] * inv;
         scratch[j] = f16 ? _cvtsh_ss(_cvtss_sh(w, _MM_FROUND_TO_NEAREST_INT)) : w;
     }
-    for (int c0 = 0; c0 < d; c0 += 64) {
-        const int nc = d - c0 < 64 ? (d - c0) / 8 : 8;
+    int c0 = 0;
+    for (; c0 + 64 <= d; c0 += 64) { /* apart from the remainder, so o stays in registers */
         __m256 o[8];
         UNROLL
         for (int c = 0; c < 8; c++)
             o[c] = _mm256_setzero_ps();
-        if (nc == 8) {
-            for (j = 0; j < n_kv; j++) {
-                const __m256 w = _mm256_broadcast_ss(scratch + j);
-                const char *vr = VROW(j);
-                UNROLL
-                for (int c = 0; c < 8; c++)
-                    o[c] = _mm256_fmadd_ps(w, load_kv(vr, f16, c0 + 8 * c), o[c]);
-            }
-        } else {
-            for (j = 0; j < n_kv; j++) {
-                const __m256 w = _mm256_broadcast_ss(scratch + j);
-                const char *vr = VROW(j);
-                for (int c = 0; c < nc; c++)
-                    o[c] = _mm256_fmadd_ps(w, load_kv(vr, f16, c0 + 8 * c), o[c]);
-            }
+        for (j = 0; j < n_kv; j++) {
+            const __m256 w = _mm256_broadcast_ss(scratch + j);
+            const char *vr = VROW(j);
+            UNROLL
+            for (int c = 0; c < 8; c++)
+                o[c] = _mm256_fmadd_ps(w, load_kv(vr, f16, c0 + 8 * c), o[c]);
         }
-        for (int c = 0; c < nc; c++)
+        UNROLL
+        for (int c = 0; c < 8; c++)
             _mm256_storeu_ps(out + c0 + 8 * c, o[c]);
+    }
+    for (; c0 < d; c0 += 8) {
+        __m256 o = _mm256_setzero_ps();
+        for (j = 0; j < n_kv; j++)
+            o = _mm256_fmadd_ps(_mm256_broadcast_ss(scratch + j), load_kv(VROW(j), f16, c0), o);
+        _mm256_storeu_ps(out + c0, o);
     }
 #undef KROW
 #undef VROW
@@ -203,92 +201,149 @@ AVX2 static inline __m256 fold8(const __m256 a[8])
     return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
 }
 
-/* Up to 8 query heads sharing one key/value head (grouped-query attention), each with the result
- * of attend_head_avx2: every key and value row is read and widened once for all of them.
- * scratch holds n_kv * 8 floats: the scores, then the weights, of key j for head i at 8j + i.
- * Heads past n_q repeat the last one (their results are dropped). head_dim is a multiple of 16,
- * at most 256; the cache F16 or F32. */
-AVX2 static void attend_group8(const float *q, size_t q_stride, int n_q, const void *k, size_t k_stride,
-                               const void *v, size_t v_stride, int f16, const int32_t *slots, int n_kv,
-                               int d, float scale, float *scratch, float *out, size_t out_stride)
+/* Tokens times heads (see kiri_attend_tile_fn): up to 16 query rows against one key/value head.
+ * Scores of key j for the 16 rows sit at scratch[16 j ..]; a row's lanes past its token's n_kv are
+ * masked out of the softmax (weight exactly 0) and its weighted sum stops at its own n_kv, so every
+ * row gets the result of attend_head_avx2 whatever the later rows' keys and values hold. */
+#define TILE_ROWS KIRI_ATTEND_TILE_ROWS
+
+AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q,
+                                  const void *k, size_t k_stride, const void *v, size_t v_stride,
+                                  int kv_type, const int32_t *slots, const int32_t *n_kv, int head_dim,
+                                  float scale, float *scratch, float *out, size_t out_tok, size_t out_head)
 {
-    float qr[8][256];
-    for (int h = 0; h < 8; h++) {
-        const float *qh = q + (size_t)(h < n_q ? h : n_q - 1) * q_stride;
+    const int d = head_dim, rows = n_t * n_q;
+    if (n_t <= 0 || n_q <= 0 || rows > TILE_ROWS)
+        return;
+    if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 16 != 0 || d <= 0 || d > 256) {
+        for (int r = 0; r < rows; r++)
+            attend_head_avx2(q + (size_t)(r / n_q) * q_tok + (size_t)(r % n_q) * q_head, k, k_stride, v,
+                             v_stride, kv_type, slots, n_kv[r / n_q], d, scale, scratch,
+                             out + (size_t)(r / n_q) * out_tok + (size_t)(r % n_q) * out_head);
+        return;
+    }
+    const int f16 = kv_type == KIRI_TYPE_F16;
+    const int groups = rows > 8 ? 2 : 1; /* lanes of 8 rows */
+    float qr[TILE_ROWS][256] __attribute__((aligned(32)));
+    int32_t nk[TILE_ROWS] __attribute__((aligned(32)));
+    int n_max = 0;
+    for (int r = 0; r < TILE_ROWS; r++) {
+        /* Rows past the tile repeat the last one, seeing no keys: their lanes are dropped. */
+        const int rr = r < rows ? r : rows - 1;
+        const float *qh = q + (size_t)(rr / n_q) * q_tok + (size_t)(rr % n_q) * q_head;
         for (int i = 0; i < d; i += 8) {
             const __m256 qv = _mm256_loadu_ps(qh + i);
-            _mm256_storeu_ps(&qr[h][i], f16 ? round_f16(qv) : qv);
+            _mm256_storeu_ps(&qr[r][i], f16 ? round_f16(qv) : qv);
         }
+        nk[r] = r < rows && n_kv[r / n_q] > 0 ? n_kv[r / n_q] : 0;
+        n_max = nk[r] > n_max ? nk[r] : n_max;
     }
 #define KROW(j) ((const char *)k + (size_t)slots[j] * k_stride)
 #define VROW(j) ((const char *)v + (size_t)slots[j] * v_stride)
-    /* Scores of key j for the 8 heads, scaled, and their maxima per head. */
+    /* Scores: each key row is widened once for 8 rows, scaled after the dot product. */
     const __m256 sc = _mm256_set1_ps(scale);
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
-    for (int j = 0; j < n_kv; j++) {
+    for (int j = 0; j < n_max; j++) {
         const char *kr = KROW(j);
-        __m256 acc[8];
-        UNROLL
-        for (int h = 0; h < 8; h++)
-            acc[h] = _mm256_setzero_ps();
-        for (int i = 0; i < d; i += 8) {
-            const __m256 kv = load_kv(kr, f16, i);
+        for (int g = 0; g < groups; g++) {
+            __m256 acc[8];
             UNROLL
             for (int h = 0; h < 8; h++)
-                acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(&qr[h][i]), kv, acc[h]);
+                acc[h] = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8) {
+                const __m256 kv = load_kv(kr, f16, i);
+                UNROLL
+                for (int h = 0; h < 8; h++)
+                    acc[h] = _mm256_fmadd_ps(_mm256_load_ps(&qr[8 * g + h][i]), kv, acc[h]);
+            }
+            _mm256_storeu_ps(scratch + (size_t)TILE_ROWS * j + 8 * g, _mm256_mul_ps(fold8(acc), sc));
         }
-        const __m256 s = _mm256_mul_ps(fold8(acc), sc);
-        _mm256_storeu_ps(scratch + 8 * (size_t)j, s);
-        vmax = _mm256_max_ps(vmax, s);
     }
-    /* Softmax numerators, their sums in double, then the weights. */
-    __m256d sum_lo = _mm256_setzero_pd(), sum_hi = _mm256_setzero_pd();
-    for (int j = 0; j < n_kv; j++) {
-        const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scratch + 8 * (size_t)j), vmax));
-        _mm256_storeu_ps(scratch + 8 * (size_t)j, e);
-        sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    /* Softmax per lane over the lane's own keys: maxima, numerators (0 past n_kv), sums in double,
+     * then the weights. */
+    for (int g = 0; g < groups; g++) {
+        const __m256i lim = _mm256_load_si256((const __m256i *)(nk + 8 * g));
+        const __m256 ninf = _mm256_set1_ps(-INFINITY);
+        __m256 vmax = ninf;
+        for (int j = 0; j < n_max; j++) {
+            const __m256 ok = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_set1_epi32(j)));
+            vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, _mm256_loadu_ps(scratch + (size_t)TILE_ROWS * j + 8 * g), ok));
+        }
+        __m256d sum_lo = _mm256_setzero_pd(), sum_hi = _mm256_setzero_pd();
+        for (int j = 0; j < n_max; j++) {
+            float *sj = scratch + (size_t)TILE_ROWS * j + 8 * g;
+            const __m256 ok = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_set1_epi32(j)));
+            const __m256 e = _mm256_and_ps(ok, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sj), vmax)));
+            _mm256_storeu_ps(sj, e);
+            sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+        }
+        double sums[8];
+        _mm256_storeu_pd(sums, sum_lo);
+        _mm256_storeu_pd(sums + 4, sum_hi);
+        float invs[8];
+        for (int h = 0; h < 8; h++)
+            invs[h] = sums[h] > 0.0 ? (float)(1.0 / sums[h]) : 0.0f;
+        const __m256 inv = _mm256_loadu_ps(invs);
+        for (int j = 0; j < n_max; j++) {
+            float *sj = scratch + (size_t)TILE_ROWS * j + 8 * g;
+            const __m256 w = _mm256_mul_ps(_mm256_loadu_ps(sj), inv);
+            _mm256_storeu_ps(sj, f16 ? round_f16(w) : w);
+        }
     }
-    double sums[8];
-    _mm256_storeu_pd(sums, sum_lo);
-    _mm256_storeu_pd(sums + 4, sum_hi);
-    float invs[8];
-    for (int h = 0; h < 8; h++)
-        invs[h] = sums[h] > 0.0 ? (float)(1.0 / sums[h]) : 0.0f;
-    const __m256 inv = _mm256_loadu_ps(invs);
-    for (int j = 0; j < n_kv; j++) {
-        const __m256 w = _mm256_mul_ps(_mm256_loadu_ps(scratch + 8 * (size_t)j), inv);
-        _mm256_storeu_ps(scratch + 8 * (size_t)j, f16 ? round_f16(w) : w);
-    }
-    /* Weighted sums of the value rows: 4 heads x 16 values in registers per pass over the keys. */
-    for (int h0 = 0; h0 < n_q && h0 < 8; h0 += 4) {
+    /* Weighted sums of the value rows: 4 rows x 16 values in registers per pass over the keys all
+     * 4 rows see, then each row alone over the few keys only some of them see. */
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const int nr = rows - r0 < 4 ? rows - r0 : 4;
+        int lo = nk[r0], hi = nk[r0];
+        for (int h = 1; h < nr; h++) {
+            lo = nk[r0 + h] < lo ? nk[r0 + h] : lo;
+            hi = nk[r0 + h] > hi ? nk[r0 + h] : hi;
+        }
         for (int c = 0; c < d; c += 16) {
             __m256 o[4][2];
             UNROLL
             for (int h = 0; h < 4; h++)
                 o[h][0] = o[h][1] = _mm256_setzero_ps();
-            for (int j = 0; j < n_kv; j++) {
+            for (int j = 0; j < lo; j++) {
                 const char *vr = VROW(j);
+                const float *wj = scratch + (size_t)TILE_ROWS * j + r0;
                 const __m256 v0 = load_kv(vr, f16, c), v1 = load_kv(vr, f16, c + 8);
                 UNROLL
                 for (int h = 0; h < 4; h++) {
-                    const __m256 w = _mm256_broadcast_ss(scratch + 8 * (size_t)j + h0 + h);
+                    const __m256 w = _mm256_broadcast_ss(wj + h);
                     o[h][0] = _mm256_fmadd_ps(w, v0, o[h][0]);
                     o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
                 }
             }
-            for (int h = 0; h < 4 && h0 + h < n_q; h++) {
-                _mm256_storeu_ps(out + (size_t)(h0 + h) * out_stride + c, o[h][0]);
-                _mm256_storeu_ps(out + (size_t)(h0 + h) * out_stride + c + 8, o[h][1]);
+            for (int j = lo; j < hi; j++) {
+                const char *vr = VROW(j);
+                const float *wj = scratch + (size_t)TILE_ROWS * j + r0;
+                const __m256 v0 = load_kv(vr, f16, c), v1 = load_kv(vr, f16, c + 8);
+                UNROLL
+                for (int h = 0; h < 4; h++)
+                    if (h < nr && j < nk[r0 + h]) {
+                        const __m256 w = _mm256_broadcast_ss(wj + h);
+                        o[h][0] = _mm256_fmadd_ps(w, v0, o[h][0]);
+                        o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
+                    }
             }
+            UNROLL
+            for (int h = 0; h < 4; h++)
+                if (h < nr) {
+                    const int r = r0 + h;
+                    float *o_r = out + (size_t)(r / n_q) * out_tok + (size_t)(r % n_q) * out_head;
+                    _mm256_storeu_ps(o_r + c, o[h][0]);
+                    _mm256_storeu_ps(o_r + c + 8, o[h][1]);
+                }
         }
     }
 #undef KROW
 #undef VROW
 }
 
-/* n_q query heads sharing one key/value head: groups of up to 8 through attend_group8 where that
- * pays (4 or more heads, a supported cache type and head size), else one head at a time. */
+/* n_q query heads sharing one key/value head (grouped-query attention): tiles of one token and up
+ * to 16 heads where that pays (4 or more heads, a supported cache type and head size: every key
+ * and value row is read and widened once for all of them), else one head at a time. */
 AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, const void *k, size_t k_stride,
                                    const void *v, size_t v_stride, int kv_type, const int32_t *slots,
                                    int n_kv, int head_dim, float scale, float *scratch, float *out,
@@ -296,12 +351,13 @@ AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, con
 {
     const int ok = (kv_type == KIRI_TYPE_F16 || kv_type == KIRI_TYPE_F32) && head_dim % 16 == 0 &&
                    head_dim > 0 && head_dim <= 256;
+    const int32_t nk[1] = {n_kv};
     int h = 0;
     if (ok)
-        for (; n_q - h >= 4; h += 8)
-            attend_group8(q + (size_t)h * q_stride, q_stride, n_q - h < 8 ? n_q - h : 8, k, k_stride, v,
-                          v_stride, kv_type == KIRI_TYPE_F16, slots, n_kv, head_dim, scale, scratch,
-                          out + (size_t)h * out_stride, out_stride);
+        for (; n_q - h >= 4; h += TILE_ROWS)
+            attend_tile_avx2(q + (size_t)h * q_stride, 0, q_stride, 1, n_q - h < TILE_ROWS ? n_q - h : TILE_ROWS,
+                             k, k_stride, v, v_stride, kv_type, slots, nk, head_dim, scale, scratch,
+                             out + (size_t)h * out_stride, 0, out_stride);
     for (; h < n_q; h++)
         attend_head_avx2(q + (size_t)h * q_stride, k, k_stride, v, v_stride, kv_type, slots, n_kv, head_dim,
                          scale, scratch, out + (size_t)h * out_stride);
@@ -363,6 +419,7 @@ void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k)
 {
     k->attend_head = attend_head_avx2;
     k->attend_group = attend_group_avx2;
+    k->attend_tile = attend_tile_avx2;
     k->swiglu_row = swiglu_row_avx2;
     k->rms_norm_row = rms_norm_row_avx2;
 }
