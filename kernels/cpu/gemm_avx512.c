@@ -558,17 +558,22 @@ AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct
 
 typedef void (*unpack16_fn)(const char *const rows[16], int64_t b, struct sb16 *u);
 
-/* The octets of tokens of a tile of K-quant rows: per group of 16 rows and super-block, one
- * unpack serves 16 or 8 tokens. Returns the first token not done (the single tokens left over,
- * 1 or 2, or all of them when nt <= 4), which the one-token kernels below take: up to four
- * tokens, one streaming pass each costs less than a padded octet, whose transposition runs far
- * below the memory's speed (bench_vec_dot's small-batch table). */
+/* Super-blocks of 16 rows unpacked at a time by gemm16_k: 8 of them (2048 values) take 45 KiB,
+ * which stay in L1 and L2 while every token of the tile passes over them. */
+#define K_CHUNK 8
+
+/* The octets of tokens of a tile of K-quant rows: per group of 16 rows, up to K_CHUNK super-blocks
+ * are unpacked once, then serve every token, 16 (or 8) at a time; the partial sums of a chunk are
+ * added to dst. Returns the first token not done (the single tokens left over, 1 or 2, or all of
+ * them when nt <= 4), which the one-token kernels below take: up to four tokens, one streaming pass
+ * each costs less than a padded octet, whose transposition runs far below the memory's speed
+ * (bench_vec_dot's small-batch table). */
 AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_t ws, unpack16_fn unpack, int q6,
                                                  const void *a, size_t as, float *dst, size_t ds, int64_t nr,
                                                  int64_t nt)
 {
     const int64_t nb = k / KIRI_QK_K;
-    struct sb16 u;
+    struct sb16 u[K_CHUNK];
     int64_t t_oct = nt <= 4 ? 0 : nt - nt % 8;
     if (nt > 4 && nt - t_oct >= 3)
         t_oct = nt;
@@ -576,36 +581,37 @@ AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_
         const char *rows[16];
         for (int i = 0; i < 16; i++)
             rows[i] = tile_row(w, ws, r + i, nr);
-        int64_t t = 0;
-        for (; t_oct - t >= 16; t += 16) { /* 16 tokens per unpack while they last */
-            const struct kiri_block_q8_K *y[16];
-            for (int i = 0; i < 16; i++)
-                y[i] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t + i) * as);
-            __m512 acc[16];
-            UNROLL
-            for (int i = 0; i < 16; i++)
-                acc[i] = _mm512_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                unpack(rows, b, &u);
-                tokens_k(&u, y, b, 16, q6, acc);
+        for (int64_t b0 = 0; b0 < nb; b0 += K_CHUNK) {
+            const int64_t b1 = nb - b0 < K_CHUNK ? nb : b0 + K_CHUNK;
+            for (int64_t b = b0; b < b1; b++)
+                unpack(rows, b, &u[b - b0]);
+            int64_t t = 0;
+            for (; t_oct - t >= 16; t += 16) { /* 16 tokens at a time while they last */
+                const struct kiri_block_q8_K *y[16];
+                for (int i = 0; i < 16; i++)
+                    y[i] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t + i) * as);
+                __m512 acc[16];
+                UNROLL
+                for (int i = 0; i < 16; i++)
+                    acc[i] = _mm512_setzero_ps();
+                for (int64_t b = b0; b < b1; b++)
+                    tokens_k(&u[b - b0], y, b, 16, q6, acc);
+                for (int i = 0; i < 16; i++)
+                    put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, b0 == 0);
             }
-            for (int i = 0; i < 16; i++)
-                put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, 1);
-        }
-        for (; t < t_oct; t += 8) {
-            const struct kiri_block_q8_K *y[8];
-            for (int i = 0; i < 8; i++)
-                y[i] = (const struct kiri_block_q8_K *)tile_row(a, as, t + i, t_oct);
-            __m512 acc[8];
-            UNROLL
-            for (int i = 0; i < 8; i++)
-                acc[i] = _mm512_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                unpack(rows, b, &u);
-                tokens_k(&u, y, b, 8, q6, acc);
+            for (; t < t_oct; t += 8) {
+                const struct kiri_block_q8_K *y[8];
+                for (int i = 0; i < 8; i++)
+                    y[i] = (const struct kiri_block_q8_K *)tile_row(a, as, t + i, t_oct);
+                __m512 acc[8];
+                UNROLL
+                for (int i = 0; i < 8; i++)
+                    acc[i] = _mm512_setzero_ps();
+                for (int64_t b = b0; b < b1; b++)
+                    tokens_k(&u[b - b0], y, b, 8, q6, acc);
+                for (int i = 0; i < 8 && t + i < t_oct; i++)
+                    put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, b0 == 0);
             }
-            for (int i = 0; i < 8 && t + i < t_oct; i++)
-                put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, 1);
         }
     }
     return t_oct;
