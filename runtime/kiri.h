@@ -56,6 +56,9 @@ struct kiri_model_params {
                               0: the CPU runs everything; < 0 or >= the layer count: all on the
                               GPU, head included. Ignored when the CPU backend is picked. */
     int vocab_only;        /* load only the tokenizer (a GGUF without tensors is fine) */
+    const char *cpu_kernels; /* the best CPU kernels to use: "auto" (NULL: the best this CPU
+                                runs), "c" (portable), "avx2", "avx512" (x86), "neon",
+                                "dotprod", "i8mm" (ARM); a tier this CPU lacks is an error */
 };
 
 void kiri_model_params_default(struct kiri_model_params *p);

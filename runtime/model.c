@@ -396,6 +396,39 @@ static int start_backend(struct kiri_model *m, const struct kiri_model_params *p
     return KIRI_OK;
 }
 
+/* The CPU features the kernels may use: those detected, capped at the tier asked for (for
+ * comparing kernel paths, or to step around one that misbehaves on some CPU). */
+static int cpu_features_capped(const char *tier, uint32_t *features, struct kiri_status_info *info)
+{
+    static const struct {
+        const char *name;
+        uint32_t keep, need;
+        const char *lacks;
+    } tiers[] = {
+        {"c", 0, 0, ""},
+        {"avx2", KIRI_CPU_AVX2, KIRI_CPU_AVX2, "AVX2, FMA or F16C"},
+        {"avx512", KIRI_CPU_AVX2 | KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI | KIRI_CPU_AVX_VNNI,
+         KIRI_CPU_AVX2 | KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI, "AVX-512 with VNNI"},
+        {"neon", KIRI_CPU_NEON, KIRI_CPU_NEON, "NEON"},
+        {"dotprod", KIRI_CPU_NEON | KIRI_CPU_DOTPROD, KIRI_CPU_NEON | KIRI_CPU_DOTPROD, "the dotprod extension"},
+        {"i8mm", KIRI_CPU_NEON | KIRI_CPU_DOTPROD | KIRI_CPU_I8MM, KIRI_CPU_NEON | KIRI_CPU_DOTPROD | KIRI_CPU_I8MM,
+         "the dotprod and i8mm extensions"},
+    };
+    if (!tier || !tier[0] || strcmp(tier, "auto") == 0)
+        return KIRI_OK;
+    for (size_t i = 0; i < sizeof tiers / sizeof tiers[0]; i++) {
+        if (strcmp(tier, tiers[i].name) != 0)
+            continue;
+        if ((*features & tiers[i].need) != tiers[i].need)
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "CPU kernels \"%s\": this CPU lacks %s", tier,
+                                  tiers[i].lacks);
+        *features &= tiers[i].keep;
+        return KIRI_OK;
+    }
+    return kiri_error_set(info, KIRI_E_INVALID_ARG,
+                          "unknown CPU kernels \"%.32s\" (auto, c, avx2, avx512, neon, dotprod or i8mm)", tier);
+}
+
 int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, struct kiri_model **out,
                     struct kiri_status_info *info)
 {
@@ -408,7 +441,10 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
     /* A file without tensors is a vocabulary: it loads for tokenizing only. */
     m->vocab_only = p->vocab_only || kiri_gguf_n_tensors(g) == 0;
     m->cpu_features = kiri_platform_cpu_features();
-    int rc = kiri_tokenizer_init(g, &m->tokenizer, info);
+    int rc = cpu_features_capped(p->cpu_kernels, &m->cpu_features, info);
+    if (rc < 0)
+        goto fail;
+    rc = kiri_tokenizer_init(g, &m->tokenizer, info);
     if (rc < 0)
         goto fail;
     m->hp.n_vocab = kiri_tokenizer_n_vocab(m->tokenizer);

@@ -135,8 +135,9 @@ def dump_tool():
     return built
 
 
-def run_dump(tool, path, tokens, *, kv="f16", chunk=1, batch=False, greedy=0):
+def run_dump(tool, path, tokens, *, kv="f16", chunk=1, batch=False, greedy=0, cpu_kernels=None):
     """Returns (rows (r, n_vocab) float32, generated ids)."""
+    env = dict(os.environ, KIRI_CPU_KERNELS=cpu_kernels) if cpu_kernels else None
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "logits.f32")
         cmd = [tool, "--kv", kv, "--n-ctx", str(N_CTX), "--out", out]
@@ -144,7 +145,7 @@ def run_dump(tool, path, tokens, *, kv="f16", chunk=1, batch=False, greedy=0):
         if greedy:
             cmd += ["--greedy", str(greedy)]
         cmd += [path] + [str(t) for t in tokens]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
         if r.returncode:
             pytest.fail(f"dump_logits failed ({r.returncode}): {' '.join(cmd[:12])} ...\n"
                         f"{r.stderr.strip()}")
@@ -371,6 +372,42 @@ def _check_subset(case, toks, rows, at, kv, what, L, E):
         allowed = max(QUANT_FACTOR * rel_err(L, E).max(), QUANT_FLOOR)
         assert e_ke <= allowed, f"{tag}: kiri vs exact {e_ke:.2e} > {allowed:.2e}; " + \
             worst(rows, Es, "kiri", "exact", ("llama.cpp", Ls))
+
+
+def _cpu_tiers():
+    """The CPU kernel tiers (kiri_model_params.cpu_kernels) below this machine's best one: each
+    holds its own kernels to the references, whatever tier the other tests ran on. From the
+    kernel flags Linux reports; a tier the CPU lacks is not listed."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((ln for ln in f if ln.startswith(("flags", "Features"))), ":").split(":")[1].split())
+    except OSError:
+        flags = set()
+    tiers = ["c"]
+    if {"avx2", "fma", "f16c"} <= flags:
+        tiers.append("avx2")
+    if {"asimddp"} <= flags:
+        tiers += ["neon"]
+    return tiers
+
+
+TIER_CASES = [c for c in CASES if c.name.startswith("qwen2-") and "fullvocab" not in c.name]
+
+
+@pytest.mark.parametrize("tier", _cpu_tiers())
+@pytest.mark.parametrize("model", TIER_CASES, indirect=True, ids=repr)
+def test_cpu_kernel_tiers(model, tier, dump_tool):
+    """Every weight type through each lower CPU kernel tier (the portable C kernels, AVX2 without
+    AVX-512, NEON without dotprod), token by token and in 7-token chunks (the prefill kernels),
+    held to the same references as the best tier."""
+    kv = "f32" if model.wtype == "F32" else "f16"
+    toks = prompts(model)[2]
+    K, _ = run_dump(dump_tool, model.path, toks, kv=kv, cpu_kernels=tier)
+    check_rows(model, toks, K.astype(np.float64), kv, f"token by token, {tier} kernels")
+    chunked, _ = run_dump(dump_tool, model.path, toks, kv=kv, chunk=7, cpu_kernels=tier)
+    pos = list(range(6, len(toks), 7)) + [len(toks) - 1]
+    _check_subset(model, toks, chunked.astype(np.float64), pos, kv, f"--chunk 7, {tier} kernels",
+                  llama_logits(model.path, toks, kv), exact_logits(model.path, toks))
 
 
 @pytest.mark.parametrize("model", F32_CASES, indirect=True, ids=repr)

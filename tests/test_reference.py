@@ -100,3 +100,18 @@ def test_top_logits(entry, batch, dump_tool):  # noqa: F811
     assert abs(worst[1] - worst[2]) <= LOGIT_TOL, \
         f"token {worst[0]}: kiri {worst[1]:.6f} vs reference {worst[2]:.6f}; all: {diffs}"
     assert int(last.argmax()) == top[0]["id"]
+
+
+def test_cpu_kernels_flag(kiri_bin):
+    """--cpu-kernels c runs the portable kernels and still prints llama.cpp's text; a tier that does
+    not exist, or that this CPU lacks, is a clear error (exit 1), not a crash."""
+    entry = ENTRIES[0]
+    n = len(entry["output_tokens"])
+    out = run([kiri_bin, "run", "-m", MODEL, "-p", entry["prompt"], "-n", str(n), "--temp", "0",
+               "--cpu-kernels", "c"])
+    assert out == bytes.fromhex(entry["output_bytes_hex"]) + b"\n"
+    wrong = "neon" if os.uname().machine in ("x86_64", "AMD64") else "avx2"
+    for tier, msg in (("bogus", b"unknown CPU kernels"), (wrong, b"this CPU lacks")):
+        r = subprocess.run([kiri_bin, "run", "-m", MODEL, "-p", "x", "-n", "1", "--cpu-kernels", tier],
+                           capture_output=True, timeout=60)
+        assert r.returncode == 1 and msg in r.stderr, (tier, r.returncode, r.stderr)

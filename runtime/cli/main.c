@@ -23,6 +23,7 @@ struct options {
     int n_predict;
     int n_threads;
     int gpu_layers;
+    const char *cpu_kernels;
     int n_ctx;
     int n_batch;
     int kv_type;
@@ -62,6 +63,8 @@ static void usage(FILE *f)
             "      --backend NAME      auto, cpu, vulkan or cuda (default auto)\n"
             "      --gpu-layers N      with a GPU backend, run only the first N layers on it and the\n"
             "                          rest on the CPU (default -1: all; 0: none)\n"
+            "      --cpu-kernels TIER  the best CPU kernels to use: auto (default), c, avx2, avx512,\n"
+            "                          neon, dotprod or i8mm\n"
             "      --kv-type TYPE      f16 (default), f32 or q8_0\n"
             "      --temp T            temperature, 0 = greedy (default 0.8)\n"
             "      --top-k N --top-p P --min-p P --repeat-penalty P --repeat-last-n N\n"
@@ -146,6 +149,7 @@ static int parse_args(int argc, char **argv, struct options *o)
         else if (IS("-b", "--batch-size")) { NEED(); if (parse_int(a, v, 1, 8192, &o->n_batch)) return -1; }
         else if (IS("-r", "--repetitions")) { NEED(); if (parse_int(a, v, 1, 100, &o->repetitions)) return -1; }
         else if (IS("--backend", NULL)) { NEED(); o->backend = v; }
+        else if (IS("--cpu-kernels", NULL)) { NEED(); o->cpu_kernels = v; }
         else if (IS("--gpu-layers", NULL)) { NEED(); if (parse_int(a, v, -1, 1 << 20, &o->gpu_layers)) return -1; }
         else if (IS("--kv-type", NULL)) {
             NEED();
@@ -224,6 +228,7 @@ static int open_model(const struct options *o, int vocab_only, struct kiri_model
     mp.backend = o->backend;
     mp.n_threads = o->n_threads;
     mp.gpu_layers = o->gpu_layers;
+    mp.cpu_kernels = o->cpu_kernels;
     mp.vocab_only = vocab_only;
     struct kiri_status_info info;
     if (kiri_model_open(o->model, &mp, m, &info) != KIRI_OK)

@@ -128,6 +128,9 @@ static const struct opt opts[] = {
     {"gpu-layers", 0, K_INT, FIELD(gpu_layers), -1, 1 << 20, 0, NULL, "N",
      "With a GPU backend, runs only the first N layers on it and the rest on the CPU (for a model "
      "larger than the GPU's memory); -1 runs all of them there, 0 none.", "-1 (all)"},
+    {"cpu-kernels", 0, K_CHOICE, FIELD(cpu_kernels), 0, 0, 0, "auto|c|avx2|avx512|neon|dotprod|i8mm", "TIER",
+     "The best CPU kernels to use; auto picks the best this CPU runs, a tier it lacks is an error.",
+     "auto"},
     {"ctx", 0, K_I32, FIELD(ctx), 0, MAX_TOKENS, 0, NULL, "N",
      "Most tokens one sequence may hold, prompt and output together; 0 uses the model's training "
      "length.", "0 (the model's)"},
@@ -176,6 +179,7 @@ static void set_defaults(struct kiri_server_config *c)
     if (c->threads > 1024)   /* the flag's range */
         c->threads = 1024;
     snprintf(c->backend, sizeof c->backend, "auto");
+    snprintf(c->cpu_kernels, sizeof c->cpu_kernels, "auto");
     c->gpu_layers = -1;
     snprintf(c->kv_type, sizeof c->kv_type, "f16");
     c->parallel = 8;

@@ -163,6 +163,7 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
     mp.backend = r->p.backend && r->p.backend[0] ? r->p.backend : "auto";
     mp.n_threads = r->p.n_threads;
     mp.gpu_layers = r->p.gpu_layers;
+    mp.cpu_kernels = r->p.cpu_kernels;
     int rc = kiri_model_open(path, &mp, &m->model, info);
     if (rc != KIRI_OK) {
         kiri_mem_free(m);

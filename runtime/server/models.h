@@ -53,6 +53,7 @@ struct kiri_models_params {
     const char *backend;      /* "auto", "cpu", ... */
     int n_threads;
     int gpu_layers;           /* as kiri_model_params: < 0 all layers on a GPU backend */
+    const char *cpu_kernels;  /* as kiri_model_params; NULL: auto */
     int32_t n_ctx;            /* 0: the model's */
     uint64_t kv_memory;       /* 0: n_ctx * max_seqs tokens */
     int kv_type;              /* KIRI_TYPE_F16, F32 or Q8_0 */

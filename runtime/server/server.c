@@ -1409,6 +1409,7 @@ static int load_models(struct kiri_server *s, struct kiri_status_info *info)
     mp.backend = cfg->backend[0] ? cfg->backend : "auto";
     mp.n_threads = cfg->threads;
     mp.gpu_layers = cfg->gpu_layers;
+    mp.cpu_kernels = cfg->cpu_kernels;
     mp.n_ctx = cfg->ctx;
     mp.kv_memory = cfg->kv_memory;
     mp.kv_type = strcmp(cfg->kv_type, "f32") == 0 ? KIRI_TYPE_F32 : strcmp(cfg->kv_type, "q8_0") == 0 ? KIRI_TYPE_Q8_0 : KIRI_TYPE_F16;

@@ -212,6 +212,7 @@ int main(int argc, char **argv)
     kiri_model_params_default(&mp);
     const char *backend = getenv("KIRI_BACKEND");
     mp.backend = backend && *backend ? backend : NULL;
+    mp.cpu_kernels = getenv("KIRI_CPU_KERNELS");
     const char *threads = getenv("KIRI_THREADS");
     long nt;
     if (threads && !parse_int(threads, 0, 4096, &nt))
