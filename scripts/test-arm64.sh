@@ -2,7 +2,8 @@
 # Builds the fully static aarch64 kiri (musl; ports/linux-arm64) and tests it for real under
 # user-mode QEMU:
 #   1. every unit test (ctest) on QEMU's "max" core (NEON, dotprod, i8mm), then the NEON kernel
-#      test again on a Cortex-A72 (NEON without dotprod), so both kernel paths run;
+#      tests again on a Neoverse N1 (dotprod without i8mm) and a Cortex-A72 (NEON without
+#      dotprod), so every kernel path runs;
 #   2. tests/arm64_smoke.py: the CLI and the server (HTTP and HTTPS) against llama.cpp's
 #      recorded greedy outputs.
 # Needs scripts/install-deps.sh --arm64 (the Makefile's arm64 targets run it). Prints the
@@ -17,7 +18,8 @@ cmake -S . -B "$BUILD" -DCMAKE_TOOLCHAIN_FILE=ports/linux-arm64/toolchain-musl.c
       -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 QEMU_CPU=${QEMU_CPU:-max} ctest --test-dir "$BUILD" --output-on-failure
-QEMU_CPU=cortex-a72 ctest --test-dir "$BUILD" -R test_neon --output-on-failure
+QEMU_CPU=neoverse-n1 ctest --test-dir "$BUILD" -R "test_neon|test_ops_neon" --output-on-failure
+QEMU_CPU=cortex-a72 ctest --test-dir "$BUILD" -R "test_neon|test_ops_neon" --output-on-failure
 VENV=$(scripts/make-venv.sh)
 "$VENV/bin/python" tests/arm64_smoke.py "$BUILD"
 aarch64-linux-gnu-strip -o "$BUILD/kiri.stripped" "$BUILD/kiri"

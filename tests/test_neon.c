@@ -1,13 +1,16 @@
-/* Tests of kernels/neon/quants_neon.c against the portable reference kernels (kernels/cpu/quants.c)
- * on random inputs: every NEON entry of the kernel table, once with the base NEON kernels and once
- * with the SDOT (dotprod) kernels when the CPU has them.
+/* Tests of kernels/neon/quants_neon.c and gemm_neon.c against the portable reference kernels
+ * (kernels/cpu/quants.c) on random inputs: every NEON entry of the kernel table, once with the base
+ * NEON kernels and once with the SDOT (dotprod) kernels when the CPU has them; the gemm tiles once
+ * with SDOT and once with SMMLA (i8mm) when the CPU has them, by building the table with the
+ * features masked.
  *
  * Tolerances:
  * - Activation conversions (F16, Q8_0, Q8_1, Q8_K) must write the reference's bytes exactly.
  * - Dot products compute the same integer block sums as the reference and add the scaled block
  *   sums in another order (and with fused multiply-adds), so they must agree within
  *   1e-5 * sum |x_i * y_i| over the dequantized values; a single wrong element of a 4096-long row
- *   is already 20 times that.
+ *   is already 20 times that. Every value of a gemm tile is held to the same bound against the
+ *   reference vec_dot of its row and token, and the floats beside the tile must stay untouched.
  *
  * Only built as a test on aarch64 (under qemu-aarch64 when cross-compiled: QEMU_CPU=max has
  * dotprod, QEMU_CPU=cortex-a72 does not). Elsewhere the program says so and exits 0. */
@@ -166,6 +169,9 @@ static void test_table(void)
     neon_table(&sdot, KIRI_CPU_NEON | KIRI_CPU_DOTPROD);
     CHECK_STR(base.path, "neon");
     CHECK_STR(sdot.path, "neon+dotprod");
+    struct kiri_cpu_kernels mm;
+    neon_table(&mm, KIRI_CPU_NEON | KIRI_CPU_DOTPROD | KIRI_CPU_I8MM);
+    CHECK_STR(mm.path, "neon+dotprod+i8mm");
     for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
         const int t = weight_types[i];
         CHECK(base.vec_dot[t] != NULL && base.vec_dot[t] != ref.vec_dot[t]);
@@ -444,7 +450,228 @@ static void test_vec_dot_extremes(void)
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Matrix-product tiles (gemm_neon.c): every (row, token) of a tile within 1e-5 * sum |x_i y_i|
+ * of the reference vec_dot, with the tile's other floats untouched
+ * ------------------------------------------------------------------------------------------- */
+
+static int have_i8mm(void)
+{
+    const uint32_t need = KIRI_CPU_DOTPROD | KIRI_CPU_I8MM;
+    return (kiri_platform_cpu_features() & need) == need;
+}
+
+static const int gemm_types[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q6_K};
+#define N_GEMM_TYPES (sizeof gemm_types / sizeof gemm_types[0])
+
+/* Without dotprod there is no gemm (the backend falls back to vec_dot); dotprod gives the SDOT
+ * tiles, dotprod + i8mm other (SMMLA) tiles; i8mm alone is not a CPU that exists and gives none. */
+static void test_gemm_table(void)
+{
+    struct kiri_cpu_kernels base, i8only, sdot, mmla, host;
+    neon_table(&base, KIRI_CPU_NEON);
+    neon_table(&i8only, KIRI_CPU_NEON | KIRI_CPU_I8MM);
+    neon_table(&sdot, KIRI_CPU_NEON | KIRI_CPU_DOTPROD);
+    neon_table(&mmla, KIRI_CPU_NEON | KIRI_CPU_DOTPROD | KIRI_CPU_I8MM);
+    neon_table(&host, kiri_platform_cpu_features());
+    for (int t = 0; t < KIRI_TYPE_COUNT; t++) {
+        CHECK(base.gemm[t] == NULL);
+        CHECK(i8only.gemm[t] == NULL);
+        if (!have_dotprod())
+            CHECK(host.gemm[t] == NULL);
+    }
+    for (size_t i = 0; i < N_GEMM_TYPES; i++) {
+        const int t = gemm_types[i];
+        CHECK(sdot.gemm[t] != NULL);
+        CHECK(mmla.gemm[t] != NULL);
+        CHECK(sdot.gemm[t] != mmla.gemm[t]);
+        if (have_dotprod())
+            CHECK(host.gemm[t] == (have_i8mm() ? mmla.gemm[t] : sdot.gemm[t]));
+    }
+    fprintf(stderr, "test_neon: host features: dotprod %s, i8mm %s; gemm entries %s\n",
+            have_dotprod() ? "yes" : "no", have_i8mm() ? "yes" : "no",
+            host.gemm[KIRI_TYPE_Q4_0] ? "installed" : "NULL");
+}
+
+/* Weight rows for a gemm check: random bytes, quantized normal values, or (extreme) every quant
+ * at its most negative (even rows) or most positive (odd rows) with unit super-block scales and
+ * the largest sub-block scales and mins (Q4_K: 63; Q6_K: -128). */
+enum gemm_fill { GEMM_RANDOM_BYTES, GEMM_QUANTIZED, GEMM_EXTREME };
+
+static void gemm_weights(int t, void *row, int64_t k, int64_t r, int fill, float *scratch)
+{
+    if (fill == GEMM_RANDOM_BYTES) {
+        random_weights(t, row, k);
+    } else if (fill == GEMM_QUANTIZED) {
+        for (int64_t i = 0; i < k; i++)
+            scratch[i] = rnd_normal();
+        kiri_cpu_quantize_row(t, scratch, row, k);
+    } else {
+        /* Q4_0 nibble 0 is -8, 15 is 7; Q8_0 byte 0x80 is -128, 0x7F is 127; Q4_K nibbles 0..15
+         * (a min of 63 makes 0 the most negative); Q6_K 6-bit quants 0..63 are -32..31. */
+        const int hi = (int)(r & 1);
+        const uint8_t q = t == KIRI_TYPE_Q8_0 ? (hi ? 0x7F : 0x80) : (hi ? 0xFF : 0x00);
+        const kiri_f16 one = kiri_f32_to_f16(1.0f);
+        const size_t bsize = kiri_type_size(t);
+        uint8_t *p = row;
+        for (size_t off = 0; off < row_bytes(t, k); off += bsize) {
+            memset(p + off, q, bsize);
+            if (t == KIRI_TYPE_Q6_K) {
+                struct kiri_block_q6_K *b = (struct kiri_block_q6_K *)(p + off);
+                memset(b->scales, 0x80, sizeof b->scales);
+                b->d = one;
+            } else if (t == KIRI_TYPE_Q4_K) {
+                struct kiri_block_q4_K *b = (struct kiri_block_q4_K *)(p + off);
+                memset(b->scales, 0xFF, sizeof b->scales);
+                b->d = b->dmin = one;
+            } else {
+                memcpy(p + off, &one, sizeof one); /* d first in Q4_0 and Q8_0 */
+            }
+        }
+    }
+}
+
+/* One tile of nr rows x nt tokens over k values of weight type t; strides padded when pad.
+ * Extreme tiles take activations of all 127 (even tokens) or all -127 (odd tokens).
+ * Returns the number of (row, token) values checked. */
+static int check_gemm(const struct kiri_cpu_kernels *ref, const struct kiri_cpu_kernels *k, int t,
+                      int64_t len, int64_t nr, int64_t nt, int fill, int pad)
+{
+    const int vt = kiri_cpu_vec_dot_type(t);
+    const size_t ws = row_bytes(t, len) + (pad ? 2 * kiri_type_size(t) + 2 : 0);
+    /* Padded strides keep the blocks' alignment (2 bytes; Q8_K's float scale 4). */
+    const size_t as = row_bytes(vt, len) + (pad ? kiri_type_size(vt) + 4 : 0);
+    const size_t ds = (size_t)nr + (pad ? 5 : 0);
+    uint8_t *w = xmalloc(ws * (size_t)nr), *a = xmalloc(as * (size_t)nt);
+    float *xf = xmalloc((size_t)len * sizeof *xf), *wf = xmalloc((size_t)(len * nr) * sizeof *wf);
+    float *af = xmalloc((size_t)(len * nt) * sizeof *af);
+    float *dst = xmalloc(ds * (size_t)nt * sizeof *dst);
+    const float sentinel = -12345.0f;
+
+    memset(w, 0xA5, ws * (size_t)nr);
+    memset(a, 0x5A, as * (size_t)nt);
+    for (int64_t r = 0; r < nr; r++) {
+        gemm_weights(t, w + (size_t)r * ws, len, r, fill, xf);
+        dequant_any(t, w + (size_t)r * ws, wf + r * len, len);
+    }
+    for (int64_t i = 0; i < nt; i++) {
+        for (int64_t j = 0; j < len; j++)
+            xf[j] = fill == GEMM_EXTREME ? ((i & 1) ? -1.0f : 1.0f) : rnd_normal();
+        ref->from_float[vt](xf, a + (size_t)i * as, len);
+        dequant_any(vt, a + (size_t)i * as, af + i * len, len);
+    }
+    for (size_t i = 0; i < ds * (size_t)nt; i++)
+        dst[i] = sentinel;
+
+    k->gemm[t](len, w, ws, a, as, dst, ds, nr, nt);
+
+    int bad = 0;
+    for (int64_t i = 0; i < nt; i++) {
+        for (int64_t r = 0; r < nr; r++) {
+            float want = -1.0f;
+            ref->vec_dot[t](len, &want, w + (size_t)r * ws, a + (size_t)i * as);
+            double sabs = 0;
+            for (int64_t j = 0; j < len; j++)
+                sabs += fabs((double)wf[r * len + j] * (double)af[i * len + j]);
+            const double tol = fill == GEMM_EXTREME ? 1e-6 * fabs((double)want) : DOT_REL_TOL * sabs;
+            const float got = dst[(size_t)i * ds + (size_t)r];
+            if (!(fabs((double)got - (double)want) <= tol)) {
+                if (bad++ < 3)
+                    fprintf(stderr, "  %s gemm %s k=%lld tile %lldx%lld fill %d: [t %lld, r %lld] %.9g vs reference %.9g (tol %.3g)\n",
+                            k->path, kiri_type_name(t), (long long)len, (long long)nr, (long long)nt,
+                            fill, (long long)i, (long long)r, (double)got, (double)want, tol);
+            }
+        }
+        for (size_t r = (size_t)nr; r < ds; r++)
+            if (dst[(size_t)i * ds + r] != sentinel && bad++ < 3)
+                fprintf(stderr, "  %s gemm %s tile %lldx%lld wrote past row %lld of token %lld\n", k->path,
+                        kiri_type_name(t), (long long)nr, (long long)nt, (long long)nr, (long long)i);
+    }
+    CHECK(bad == 0);
+    free(w);
+    free(a);
+    free(xf);
+    free(wf);
+    free(af);
+    free(dst);
+    return (int)(nr * nt);
+}
+
+static void check_gemms(const struct kiri_cpu_kernels *ref, const struct kiri_cpu_kernels *k)
+{
+    static const int64_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 17};
+    /* In values: 1, 3 and 8 blocks of 32, or 1 and 3 super-blocks of 256. */
+    static const int64_t small_k[] = {32, 96, 256}, small_k256[] = {256, 768};
+    /* Past one pass over the token side (64 blocks of 32, 16 of 256), several passes with a
+     * partial last one, and a model's width. */
+    static const int64_t large_k[] = {2080, 9600, 4096}, large_k256[] = {4352, 9728, 4096};
+    static const int64_t large_tiles[][2] = {{1, 1}, {4, 8}, {5, 9}, {17, 3}, {7, 17}, {64, 2}, {3, 1}};
+    const size_t n_sizes = sizeof sizes / sizeof sizes[0];
+    int tiles = 0, values = 0;
+    for (size_t ti = 0; ti < N_GEMM_TYPES; ti++) {
+        const int t = gemm_types[ti];
+        CHECK(k->gemm[t] != NULL);
+        if (!k->gemm[t])
+            continue;
+        /* No whole block: every value 0, as the reference's empty sum. */
+        {
+            float z[3 * 6];
+            const int8_t none[1] = {0};
+            for (int i = 0; i < 3 * 6; i++)
+                z[i] = -1.0f;
+            k->gemm[t](0, none, 0, none, 0, z, 6, 5, 3);
+            for (int i = 0; i < 3 * 6; i++)
+                CHECK(z[i] == (i % 6 < 5 ? 0.0f : -1.0f));
+        }
+        const int kq = kiri_type_block_size(t) == KIRI_QK_K;
+        const int64_t *sk = kq ? small_k256 : small_k, *lk = kq ? large_k256 : large_k;
+        const size_t n_sk = kq ? 2 : 3;
+        for (size_t ki = 0; ki < n_sk; ki++)
+            for (size_t ri = 0; ri < n_sizes; ri++)
+                for (size_t ci = 0; ci < n_sizes; ci++, tiles++)
+                    values += check_gemm(ref, k, t, sk[ki], sizes[ri], sizes[ci],
+                                         (int)((ri + ci + ki) % 2), (int)((ri + ci) % 3 == 0));
+        for (size_t ki = 0; ki < 3; ki++)
+            for (size_t li = 0; li < sizeof large_tiles / sizeof large_tiles[0]; li++, tiles++)
+                values += check_gemm(ref, k, t, lk[ki], large_tiles[li][0], large_tiles[li][1],
+                                     (int)(li % 2), (int)(li % 3 == 1));
+        /* Extremes: the largest block sums, both signs, over more than one pass. */
+        for (size_t li = 0; li < sizeof large_tiles / sizeof large_tiles[0]; li++, tiles++)
+            values += check_gemm(ref, k, t, kq ? 4352 : 4128, large_tiles[li][0], large_tiles[li][1],
+                                 GEMM_EXTREME, 0);
+    }
+    fprintf(stderr, "test_neon: %s gemm: %d tiles, %d values checked against the reference (tol %g * sum|x*y|)\n",
+            k->path, tiles, values, DOT_REL_TOL);
+}
+
+/* The SDOT tiles, also on a CPU with i8mm (its table takes the SMMLA ones). */
+static void test_gemm_sdot(void)
+{
+    if (!have_dotprod()) {
+        fprintf(stderr, "test_gemm_sdot: SKIPPED: this CPU lacks dotprod (SDOT)\n");
+        return;
+    }
+    struct kiri_cpu_kernels ref, k;
+    kiri_cpu_kernels_init_ref(&ref);
+    neon_table(&k, KIRI_CPU_NEON | KIRI_CPU_DOTPROD);
+    k.path = "neon+dotprod (SDOT)";
+    check_gemms(&ref, &k);
+}
+
+static void test_gemm_i8mm(void)
+{
+    if (!have_i8mm()) {
+        fprintf(stderr, "test_gemm_i8mm: SKIPPED: this CPU lacks i8mm (SMMLA)\n");
+        return;
+    }
+    struct kiri_cpu_kernels ref, k;
+    kiri_cpu_kernels_init_ref(&ref);
+    neon_table(&k, KIRI_CPU_NEON | KIRI_CPU_DOTPROD | KIRI_CPU_I8MM);
+    k.path = "neon+dotprod+i8mm (SMMLA)";
+    check_gemms(&ref, &k);
+}
+
 TEST_MAIN(test_table, test_from_float_neon, test_from_float_dotprod, test_vec_dot_neon,
-          test_vec_dot_dotprod, test_vec_dot_extremes)
+          test_vec_dot_dotprod, test_vec_dot_extremes, test_gemm_table, test_gemm_sdot, test_gemm_i8mm)
 
 #endif

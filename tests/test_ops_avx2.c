@@ -6,8 +6,9 @@
  *
  * Tolerance: the outputs are weighted means of value rows with |v| <= 1. The kernels sum in
  * another order and use their own exp (within 2 ulp), so a weight rounded to F16 may land one
- * F16 step (2^-11 relative) away: 2e-4 absolute for F16 caches (observed at most 1.1e-5 over 200
- * random heads), 1e-5 for F32 (observed 1e-6). A wrong key or weight is off by far more. */
+ * F16 step away, which for a weight in [0.5, 1) is 2^-11 = 4.9e-4: 5e-4 absolute for F16 caches
+ * (the NEON kernels' test met such a flip at 2.4e-4), 1e-5 for F32 (observed 1e-6). A wrong key
+ * or weight is off by far more. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +16,7 @@
 
 #include "../kernels/cpu/cpu_kernels.h"
 #include "../runtime/platform.h"
+#define ATTN_TOL_F16 5e-4 /* see above */
 #define TEST_RNG_SEED 0x853C49E6748FEA9Bull
 #include "test.h"
 
@@ -88,7 +90,7 @@ static void test_attend_head(void)
         const float scale = 1.0f / sqrtf((float)d);
         kiri_cpu_attend_head(q, kc, stride, vc, stride, tc->kv_type, slots, tc->n_kv, d, scale, s_ref, o_ref);
         fast.attend_head(q, kc, stride, vc, stride, tc->kv_type, slots, tc->n_kv, d, scale, s_fast, o_fast);
-        const double tol = tc->kv_type == KIRI_TYPE_F32 ? 1e-5 : tc->kv_type == KIRI_TYPE_F16 ? 2e-4 : 0.0;
+        const double tol = tc->kv_type == KIRI_TYPE_F32 ? 1e-5 : tc->kv_type == KIRI_TYPE_F16 ? ATTN_TOL_F16 : 0.0;
         int bad = 0;
         for (int i = 0; i < d; i++)
             if (!(fabs((double)o_fast[i] - (double)o_ref[i]) <= tol) && bad++ < 3) {
@@ -158,7 +160,7 @@ static void test_attend_group(void)
         const float scale = 1.0f / sqrtf((float)d);
         fast.attend_group(q, q_stride, tc->n_q, kc, stride, vc, stride, tc->kv_type, slots, tc->n_kv, d, scale,
                           scratch, out, out_stride);
-        const double tol = tc->kv_type == KIRI_TYPE_F32 ? 1e-5 : tc->kv_type == KIRI_TYPE_F16 ? 2e-4 : 0.0;
+        const double tol = tc->kv_type == KIRI_TYPE_F32 ? 1e-5 : tc->kv_type == KIRI_TYPE_F16 ? ATTN_TOL_F16 : 0.0;
         int bad = 0;
         for (int h = 0; h < tc->n_q; h++) {
             kiri_cpu_attend_head(q + (size_t)h * q_stride, kc, stride, vc, stride, tc->kv_type, slots, tc->n_kv, d,
@@ -264,7 +266,7 @@ static void test_attend_tile(void)
         }
         fast.attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kc, stride, vc, stride, tc->kv_type, slots, n_kv, d,
                          scale, scratch, out, out_tok, out_head);
-        const double tol = tc->kv_type == KIRI_TYPE_F32 ? 1e-5 : tc->kv_type == KIRI_TYPE_F16 ? 2e-4 : 0.0;
+        const double tol = tc->kv_type == KIRI_TYPE_F32 ? 1e-5 : tc->kv_type == KIRI_TYPE_F16 ? ATTN_TOL_F16 : 0.0;
         int bad = 0;
         for (int r = 0; r < tc->n_t * tc->n_q; r++) {
             const int i_t = r / tc->n_q, h = r % tc->n_q;

@@ -1166,6 +1166,7 @@ static void test_config_usage(void)
         "--models-dir DIR", "--models-memory BYTES", "--fleet URL", "--fleet-key FILE", "--fleet-ca FILE",
         "--fleet-interval SECONDS", "--node-name NAME", "--upstream URL", "--upstream-key-file FILE",
         "--upstream-ca FILE", "--route POLICY", "--route-queue N", "--upstream-timeout SECONDS", "--gpu-layers N",
+        "--cpu-kernels TIER",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         CHECK(strstr(buf, flags[i]) != NULL);

@@ -1,9 +1,12 @@
-/* The ARM NEON kernels of the CPU backend (quants_neon.c): the dot products a matmul spends its
- * time in and the activation conversions, as replacements for entries of the CPU kernel table.
+/* The ARM NEON kernels of the CPU backend, as replacements for entries of the CPU kernel table:
+ * the dot products and activation conversions (quants_neon.c), the matrix products of prefill
+ * (gemm_neon.c: SDOT, and SMMLA where the CPU has i8mm) and the row operations (ops_neon.c:
+ * attention, RMS norm, SwiGLU).
  *
- * Every replacement keeps the contract of the portable kernel it replaces (kernels/cpu/quants.c):
- * the activation conversions write the same bytes; the dot products compute the same integer
- * block sums and differ from the reference only in the order of float additions across blocks.
+ * Every replacement keeps the contract of the portable kernel it replaces (kernels/cpu/quants.c,
+ * ops.c): the activation conversions write the same bytes; the products compute the same integer
+ * block sums and differ from the reference only in the order of float additions; the row
+ * operations differ only in that order and in exp (ops_neon.c says how).
  */
 #ifndef KIRI_NEON_KERNELS_H
 #define KIRI_NEON_KERNELS_H
@@ -16,6 +19,12 @@
  * instruction. Call after kiri_cpu_kernels_init_ref. NEON is part of every AArch64 CPU; pass
  * KIRI_CPU_DOTPROD only when the CPU reports it (the SDOT kernels fault without it). */
 void kiri_cpu_kernels_init_neon(struct kiri_cpu_kernels *k, uint32_t cpu_features);
+/* Sets the gemm entries that have NEON versions (gemm_neon.c), with SDOT when cpu_features has
+ * KIRI_CPU_DOTPROD and SMMLA when it has KIRI_CPU_I8MM. Called by kiri_cpu_kernels_init_neon. */
+void kiri_cpu_kernels_init_gemm_neon(struct kiri_cpu_kernels *k, uint32_t cpu_features);
+/* Sets the row-operation entries that have NEON versions (ops_neon.c: attention, norms,
+ * SwiGLU). Called by kiri_cpu_kernels_init_neon. */
+void kiri_cpu_kernels_init_ops_neon(struct kiri_cpu_kernels *k);
 #endif
 
 #endif

@@ -553,7 +553,9 @@ void kiri_cpu_kernels_init_neon(struct kiri_cpu_kernels *k, uint32_t cpu_feature
     k->from_float[KIRI_TYPE_Q8_0] = quant_q8_0_neon;
     k->from_float[KIRI_TYPE_Q8_1] = quant_q8_1_neon;
     k->from_float[KIRI_TYPE_Q8_K] = quant_q8_K_neon;
-    k->path = sdot ? "neon+dotprod" : "neon";
+    k->path = !sdot ? "neon" : cpu_features & KIRI_CPU_I8MM ? "neon+dotprod+i8mm" : "neon+dotprod";
+    kiri_cpu_kernels_init_gemm_neon(k, cpu_features);
+    kiri_cpu_kernels_init_ops_neon(k);
 }
 
 #else
