@@ -380,28 +380,31 @@ static int place_cache(const struct kiri_model *m, struct kiri_kvcache *kv)
     return kiri_kvcache_place(kv, m->n_offload, m->off_iface, m->off_be, m->iface, m->be);
 }
 
-/* One step of a split model: the embedding on the main side, layers [0, n_offload) on the
- * offload side, then the other layers and the head on the main side; the residual stream
- * crosses over and back. */
-static int run_split(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b)
+/* One step. Unsplit, the main backend runs every node. Split: the embedding on the main side,
+ * layers [0, n_offload) on the offload side, then the other layers and the head on the main side;
+ * the residual stream crosses over and back. */
+static int run_step(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b)
 {
     struct kiri_model *m = g->model;
     const int n_off = m->n_offload, n_layer = m->hp.n_layer;
     int rc = upload_inputs(g, &g->main, b, 1);
-    rc |= upload_inputs(g, &g->off, b, 0);
     shape_step(&m->hp, &g->main, b->n_tokens, b->n_outputs, 1);
-    shape_step(&m->hp, &g->off, b->n_tokens, b->n_outputs, 0);
-    struct kiri_tensor *rope_off = m->rope_freqs ? &m->rope_freqs_off : NULL;
+    if (n_off) {
+        rc |= upload_inputs(g, &g->off, b, 0);
+        shape_step(&m->hp, &g->off, b->n_tokens, b->n_outputs, 0);
+    }
     struct builder bl = {g->nodes, 0, g->max_nodes};
     add(&bl, KIRI_OP_GET_ROWS, &g->main.t[T_X], m->tok_embd, &g->main.t[T_TOKENS]);
     const int n_embed = bl.n;
-    build_layers(m, &g->off, kv, rope_off, 0, n_off, &bl);
+    if (n_off)
+        build_layers(m, &g->off, kv, m->rope_freqs ? &m->rope_freqs_off : NULL, 0, n_off, &bl);
     const int n_first = bl.n;
     build_layers(m, &g->main, kv, m->rope_freqs, n_off, n_layer, &bl);
     build_head(m, &g->main, &bl);
+    if (rc != 0 || !n_off)
+        return rc != 0 ? rc : run_nodes(&g->main, g->nodes, bl.n);
     const size_t xbytes = (size_t)m->hp.n_embd * (size_t)b->n_tokens * sizeof(float);
-    if (rc == 0)
-        rc = run_nodes(&g->main, g->nodes, n_embed);
+    rc = run_nodes(&g->main, g->nodes, n_embed);
     if (rc == 0)
         rc = cross(&g->main, &g->off, xbytes);
     if (rc == 0)
@@ -434,24 +437,13 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "output row %d is outside the batch", b->out_rows[i]);
 
     kiri_platform_mutex_lock(m->compute_lock);
-    int rc;
-    if (m->n_offload) {
-        if ((rc = place_cache(m, kv)) < 0) {
-            kiri_platform_mutex_unlock(m->compute_lock);
-            return kiri_error_set(info, rc, "cannot move the KV cache to the backends of its layers (%s)",
-                                  kiri_status_name(rc));
-        }
-        rc = run_split(g, kv, b);
-    } else {
-        rc = upload_inputs(g, &g->main, b, 1);
-        shape_step(&m->hp, &g->main, n, n_out, 1);
-        struct builder bl = {g->nodes, 0, g->max_nodes};
-        add(&bl, KIRI_OP_GET_ROWS, &g->main.t[T_X], m->tok_embd, &g->main.t[T_TOKENS]);
-        build_layers(m, &g->main, kv, m->rope_freqs, 0, m->hp.n_layer, &bl);
-        build_head(m, &g->main, &bl);
-        if (rc == 0)
-            rc = run_nodes(&g->main, g->nodes, bl.n);
+    int rc = m->n_offload ? place_cache(m, kv) : KIRI_OK;
+    if (rc < 0) {
+        kiri_platform_mutex_unlock(m->compute_lock);
+        return kiri_error_set(info, rc, "cannot move the KV cache to the backends of its layers (%s)",
+                              kiri_status_name(rc));
     }
+    rc = run_step(g, kv, b);
     const struct kiri_tensor *lt = &g->main.t[T_LOGITS];
     const size_t lbytes = (size_t)m->hp.n_vocab * (size_t)n_out * sizeof(float);
     if (rc == 0 && !lt->data)
