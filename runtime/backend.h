@@ -253,6 +253,33 @@ struct kiri_threads {
     void *pool;
 };
 
+/* Bytes of n elements of a type (whole blocks; 0 for an unknown type). */
+static inline size_t kiri_row_bytes(int type, int64_t n)
+{
+    const int64_t bs = kiri_type_block_size(type);
+    return bs ? (size_t)(n / bs) * kiri_type_size(type) : 0;
+}
+
+/* Bytes from a tensor's first byte to one past its last. */
+static inline size_t kiri_tensor_span_bytes(const struct kiri_tensor *t)
+{
+    size_t end = kiri_row_bytes(t->type, t->ne[0]);
+    for (int d = 1; d < KIRI_MAX_DIMS; d++)
+        end += (size_t)(t->ne[d] - 1) * t->nb[d];
+    return end;
+}
+
+/* The rows of a tensor when dimensions 1..3 can be walked with the single stride nb[1]; -1 when
+ * they cannot. */
+static inline int kiri_tensor_flat_rows(const struct kiri_tensor *t, int64_t *rows)
+{
+    if ((t->ne[2] > 1 && t->nb[2] != t->nb[1] * (size_t)t->ne[1]) ||
+        (t->ne[3] > 1 && t->nb[3] != t->nb[2] * (size_t)t->ne[2]))
+        return -1;
+    *rows = t->ne[1] * t->ne[2] * t->ne[3];
+    return 0;
+}
+
 /* Checks a GPU backend's supports() shares: every tensor of the node F32, and RoPE / attention
  * parameters its kernels can run (the graph never emits others; a hand-made node may). */
 static inline int kiri_node_all_f32(const struct kiri_node *nd, int n_src)

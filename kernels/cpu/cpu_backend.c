@@ -48,12 +48,6 @@ struct kiri_backend {
  * Helpers
  * ------------------------------------------------------------------------------------------- */
 
-static size_t row_bytes(int type, int64_t n)
-{
-    const int64_t bs = kiri_type_block_size(type);
-    return bs ? (size_t)(n / bs) * kiri_type_size(type) : 0;
-}
-
 static size_t align_up(size_t x) { return (x + WORK_ALIGN - 1) & ~(size_t)(WORK_ALIGN - 1); }
 
 /* The rows [*r0, *r1) of n that worker ith of nth takes. */
@@ -98,7 +92,7 @@ static void node_work_size(const struct kiri_node *nd, size_t *shared, size_t *m
         const int vt = kiri_cpu_vec_dot_type(nd->src[0]->type);
         if (vt < 0)
             return;
-        const size_t act = align_up(row_bytes(vt, nd->src[1]->ne[0]) * (size_t)n_rows(nd->src[1]));
+        const size_t act = align_up(kiri_row_bytes(vt, nd->src[1]->ne[0]) * (size_t)n_rows(nd->src[1]));
         if (n_rows(nd->src[1]) == 1)
             *mine = act;
         else
@@ -291,7 +285,7 @@ static void run_attention_tiles(struct kiri_backend *be, const struct kiri_node 
     char *mine = work_mine(be, ith);
     float *scores = (float *)mine;
     int32_t *slots = (int32_t *)(mine + slots_cap * ATTN_SCORES * sizeof(float));
-    const size_t kv_row = row_bytes(kc->type, (int64_t)p->head_dim);
+    const size_t kv_row = kiri_row_bytes(kc->type, (int64_t)p->head_dim);
     const size_t q_tok = q->nb[2] / sizeof(float), q_head = q->nb[1] / sizeof(float);
     const size_t out_tok = nd->dst->nb[1] / sizeof(float);
     int64_t unit = 0;
@@ -340,7 +334,7 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
     char *mine = work_mine(be, ith);
     float *scores = (float *)mine;
     int32_t *slots = (int32_t *)(mine + slots_cap * ATTN_SCORES * sizeof(float));
-    const size_t kv_row = row_bytes(kc->type, (int64_t)p->head_dim);
+    const size_t kv_row = kiri_row_bytes(kc->type, (int64_t)p->head_dim);
     const kiri_attend_fn attend = be->k.attend_head ? be->k.attend_head : kiri_cpu_attend_head;
 
     /* Split (token, head) pairs; the slot list is rebuilt when the token changes. The heads of a
@@ -395,7 +389,7 @@ static void run_matmul(struct kiri_backend *be, const struct kiri_node *nd, unsi
     const struct kiri_tensor *w = nd->src[0], *x = nd->src[1];
     const int vt = kiri_cpu_vec_dot_type(w->type);
     const int64_t k = x->ne[0], n = n_rows(x);
-    const size_t act_row = row_bytes(vt, k);
+    const size_t act_row = kiri_row_bytes(vt, k);
     char *act = plan & PLAN_MINE ? work_mine(be, ith) : be->work;
     if (!(plan & PLAN_REUSE)) {
         int64_t r0 = 0, r1 = n;
@@ -484,7 +478,7 @@ static struct span tensor_span(const struct kiri_tensor *t)
     struct span s = {NULL, NULL};
     if (!t || !t->data || t->ne[0] <= 0 || t->ne[1] <= 0 || t->ne[2] <= 0 || t->ne[3] <= 0)
         return s;
-    size_t end = row_bytes(t->type, t->ne[0]);
+    size_t end = kiri_row_bytes(t->type, t->ne[0]);
     for (int d = 1; d < KIRI_MAX_DIMS; d++)
         end += (size_t)(t->ne[d] - 1) * t->nb[d];
     s.lo = (const char *)t->data;

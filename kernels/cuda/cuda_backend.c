@@ -82,21 +82,6 @@ struct kiri_backend {
  * Helpers
  * ------------------------------------------------------------------------------------------- */
 
-static size_t row_bytes(int type, int64_t n)
-{
-    const int64_t bs = kiri_type_block_size(type);
-    return bs ? (size_t)(n / bs) * kiri_type_size(type) : 0;
-}
-
-/* Bytes from a tensor's first byte to one past its last. */
-static size_t span_bytes(const struct kiri_tensor *t)
-{
-    size_t end = row_bytes(t->type, t->ne[0]);
-    for (int d = 1; d < KIRI_MAX_DIMS; d++)
-        end += (size_t)(t->ne[d] - 1) * t->nb[d];
-    return end;
-}
-
 /* The device address of a tensor's element 0, or NULL when the device cannot see it. */
 static char *dev_ptr(const struct kiri_tensor *t)
 {
@@ -105,16 +90,6 @@ static char *dev_ptr(const struct kiri_tensor *t)
     if (t->buffer)
         return (char *)t->buffer->dev + t->offset;
     return NULL;
-}
-
-/* Rows of a tensor when dimensions 1..3 can be walked with the single stride nb[1]. */
-static int flat_rows(const struct kiri_tensor *t, int64_t *rows)
-{
-    if ((t->ne[2] > 1 && t->nb[2] != t->nb[1] * (size_t)t->ne[1]) ||
-        (t->ne[3] > 1 && t->nb[3] != t->nb[2] * (size_t)t->ne[2]))
-        return -1;
-    *rows = t->ne[1] * t->ne[2] * t->ne[3];
-    return 0;
 }
 
 static int weight_type_ok(int type) { return kiri_cuda_act_format(type) >= 0; }
@@ -340,7 +315,7 @@ static int cu_weight_prepare(struct kiri_backend *be, struct kiri_tensor *t, cha
         snprintf(msg, cap, "type %s is not supported by the CUDA backend", kiri_type_name(t->type));
         return -1;
     }
-    const size_t row = row_bytes(t->type, t->ne[0]);
+    const size_t row = kiri_row_bytes(t->type, t->ne[0]);
     if (t->ne[2] != 1 || t->ne[3] != 1 || t->nb[1] != row || row == 0 || !t->data) {
         snprintf(msg, cap, "only contiguous 1-D and 2-D weights can be used");
         return -1;
@@ -523,15 +498,15 @@ static int cu_supports(struct kiri_backend *be, const struct kiri_node *nd)
     case KIRI_OP_MATMUL:
         return s1 && weight_type_ok(s0->type) && s1->type == KIRI_TYPE_F32 && d->type == KIRI_TYPE_F32 &&
                s1->ne[0] == s0->ne[0] && d->ne[0] == s0->ne[1] && s0->ne[0] <= 0x7fffffff &&
-               flat_rows(s1, &rows) == 0 && flat_rows(d, &rows) == 0 && s0->ne[2] == 1 && s0->ne[3] == 1 &&
+               kiri_tensor_flat_rows(s1, &rows) == 0 && kiri_tensor_flat_rows(d, &rows) == 0 && s0->ne[2] == 1 && s0->ne[3] == 1 &&
                (kiri_cuda_act_format(s0->type) == KIRI_CUDA_ACT_F32 || s0->ne[0] % kiri_type_block_size(s0->type) == 0);
     case KIRI_OP_RMS_NORM:
         return kiri_node_all_f32(nd, 2) && s0->ne[3] == 1;
     case KIRI_OP_ADD:
     case KIRI_OP_MUL:
     case KIRI_OP_SWIGLU:
-        return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0] && flat_rows(s0, &rows) == 0 &&
-               flat_rows(s1, &rows) == 0 && flat_rows(d, &rows) == 0;
+        return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0] && kiri_tensor_flat_rows(s0, &rows) == 0 &&
+               kiri_tensor_flat_rows(s1, &rows) == 0 && kiri_tensor_flat_rows(d, &rows) == 0;
     case KIRI_OP_ROPE:
         return kiri_node_rope_ok(nd) && s0->ne[3] == 1;
     case KIRI_OP_STORE_KV:
@@ -550,13 +525,13 @@ static int run_matmul(struct kiri_backend *be, const struct kiri_node *nd)
     const struct kiri_tensor *w = nd->src[0], *x = nd->src[1], *y = nd->dst;
     const int act = kiri_cuda_act_format(w->type);
     int64_t n = 0;
-    flat_rows(x, &n);
+    kiri_tensor_flat_rows(x, &n);
     const int64_t k = w->ne[0];
     const char *xs = dev_ptr(x);
     const void *a = xs;
     size_t a_stride = x->nb[1];
     if (act != KIRI_CUDA_ACT_F32) {
-        const char *hi = xs + span_bytes(x);
+        const char *hi = xs + kiri_tensor_span_bytes(x);
         a_stride = kiri_cuda_act_row_bytes(act, k);
         if (!(be->act_valid && be->act_format == act && be->act_lo == xs && be->act_hi == hi && be->act_k == k &&
               be->act_n == n)) {
@@ -593,8 +568,8 @@ static int run_node(struct kiri_backend *be, const struct kiri_node *nd)
     case KIRI_OP_MUL:
     case KIRI_OP_SWIGLU: {
         int64_t rows_b = 0;
-        flat_rows(s0, &rows);
-        flat_rows(s1, &rows_b);
+        kiri_tensor_flat_rows(s0, &rows);
+        kiri_tensor_flat_rows(s1, &rows_b);
         const int op = nd->op == KIRI_OP_ADD ? 0 : nd->op == KIRI_OP_MUL ? 1 : 2;
         return kiri_cuda_binary(op, (const float *)dev_ptr(s0), s0->nb[1], (const float *)dev_ptr(s1),
                                 rows_b == 1 ? 0 : s1->nb[1], (float *)dev_ptr(d), d->nb[1], s0->ne[0], rows, be->stream);
@@ -636,7 +611,7 @@ static int cu_compute(struct kiri_backend *be, const struct kiri_node *nodes, in
             return -1;
         if (nd->op == KIRI_OP_MATMUL) {
             int64_t n = 0;
-            flat_rows(nd->src[1], &n);
+            kiri_tensor_flat_rows(nd->src[1], &n);
             const int f = kiri_cuda_act_format(nd->src[0]->type);
             const size_t bytes = f == KIRI_CUDA_ACT_F32 ? 0 : kiri_cuda_act_row_bytes(f, nd->src[0]->ne[0]) * (size_t)n;
             act = bytes > act ? bytes : act;
@@ -659,7 +634,7 @@ static int cu_compute(struct kiri_backend *be, const struct kiri_node *nodes, in
         if (run_node(be, nd) != 0)
             return -1; /* a launch error; a fault in a kernel shows at synchronize */
         /* A write over the converted rows makes them stale. */
-        const char *lo = dev_ptr(nd->dst), *hi = lo + span_bytes(nd->dst);
+        const char *lo = dev_ptr(nd->dst), *hi = lo + kiri_tensor_span_bytes(nd->dst);
         if (be->act_valid && lo < be->act_hi && be->act_lo < hi)
             be->act_valid = 0;
     }

@@ -248,31 +248,6 @@ struct kiri_backend {
  * Helpers
  * ------------------------------------------------------------------------------------------- */
 
-static size_t row_bytes(int type, int64_t n)
-{
-    const int64_t bs = kiri_type_block_size(type);
-    return bs ? (size_t)(n / bs) * kiri_type_size(type) : 0;
-}
-
-/* Bytes from a tensor's first byte to one past its last. */
-static VkDeviceSize tensor_span_bytes(const struct kiri_tensor *t)
-{
-    VkDeviceSize end = row_bytes(t->type, t->ne[0]);
-    for (int d = 1; d < KIRI_MAX_DIMS; d++)
-        end += (VkDeviceSize)(t->ne[d] - 1) * t->nb[d];
-    return end;
-}
-
-/* Rows of a tensor when dimensions 1..3 can be walked with the single stride nb[1]. */
-static int flat_rows(const struct kiri_tensor *t, int64_t *rows)
-{
-    if ((t->ne[2] > 1 && t->nb[2] != t->nb[1] * (size_t)t->ne[1]) ||
-        (t->ne[3] > 1 && t->nb[3] != t->nb[2] * (size_t)t->ne[2]))
-        return -1;
-    *rows = t->ne[1] * t->ne[2] * t->ne[3];
-    return 0;
-}
-
 static uint32_t u32(VkDeviceSize v) { return (uint32_t)v; }
 
 static int load_sym(void *lib, const struct kiri_backend_config *cfg, const char *name, void *out_fn)
@@ -663,7 +638,7 @@ static int bind_tensor(const struct kiri_backend *be, const struct kiri_tensor *
     }
     if (word && (off % 4 || t->nb[1] % 4 || t->nb[2] % 4 || t->nb[3] % 4))
         return -1;
-    return bind_bytes(be, b, off, tensor_span_bytes(t), out);
+    return bind_bytes(be, b, off, kiri_tensor_span_bytes(t), out);
 }
 
 static int spans_overlap(const struct span *a, const struct span *b)
@@ -799,7 +774,7 @@ static int rec_matmul(struct kiri_backend *be, const struct kiri_node *nd)
     const int wi = wtype_index(w->type), act = wtypes[wi].act;
     int64_t n, ny;
     struct bind b[3];
-    if (flat_rows(x, &n) != 0 || flat_rows(y, &ny) != 0 || ny != n ||
+    if (kiri_tensor_flat_rows(x, &n) != 0 || kiri_tensor_flat_rows(y, &ny) != 0 || ny != n ||
         bind_tensor(be, y, 1, &b[0]) != 0 || bind_tensor(be, x, 1, &b[2]) != 0)
         return -1;
     const uint32_t k = (uint32_t)w->ne[0];
@@ -902,7 +877,7 @@ static int rec_binary(struct kiri_backend *be, const struct kiri_node *nd, int p
     const struct kiri_tensor *a = nd->src[0], *s = nd->src[1], *y = nd->dst;
     int64_t rows, rows_b, rows_y;
     struct bind b[3];
-    if (flat_rows(a, &rows) != 0 || flat_rows(s, &rows_b) != 0 || flat_rows(y, &rows_y) != 0 ||
+    if (kiri_tensor_flat_rows(a, &rows) != 0 || kiri_tensor_flat_rows(s, &rows_b) != 0 || kiri_tensor_flat_rows(y, &rows_y) != 0 ||
         rows_y != rows || bind_tensor(be, y, 1, &b[0]) != 0 || bind_tensor(be, a, 1, &b[1]) != 0 ||
         bind_tensor(be, s, 1, &b[2]) != 0)
         return -1;
@@ -1349,7 +1324,7 @@ static int vk_weight_prepare(struct kiri_backend *be, struct kiri_tensor *t, cha
         snprintf(msg, cap, "type %s is not supported by the Vulkan backend", kiri_type_name(t->type));
         return -1;
     }
-    const size_t row = row_bytes(t->type, t->ne[0]);
+    const size_t row = kiri_row_bytes(t->type, t->ne[0]);
     if (t->ne[2] != 1 || t->ne[3] != 1 || t->nb[1] != row || row == 0) {
         snprintf(msg, cap, "only contiguous 1-D and 2-D weights can be uploaded");
         return -1;
@@ -1458,7 +1433,7 @@ static int vk_compute(struct kiri_backend *be, const struct kiri_node *nodes, in
         if (nd->op == KIRI_OP_MATMUL) {
             const int a = wtypes[wtype_index(nd->src[0]->type)].act;
             int64_t n;
-            if (flat_rows(nd->src[1], &n) != 0)
+            if (kiri_tensor_flat_rows(nd->src[1], &n) != 0)
                 return -1;
             const VkDeviceSize bytes = (VkDeviceSize)(nd->src[0]->ne[0] / act_block[a]) * act_words[a] * 4 * (VkDeviceSize)n;
             act = a != ACT_F32 && bytes > act ? bytes : act;
