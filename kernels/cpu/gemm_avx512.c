@@ -690,10 +690,17 @@ static const uint16_t q4k_scale_idx[4][4][32] = {
 #undef Q4K_IDX
 };
 
-/* Q4_K rows against one token: sum x a = d_a (d sum_s sc_s sum(q a) - dmin sum_s m_s bsum_s). */
-AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+/* Q4_K rows against m tokens (1..4): sum x a = d_a (d sum_s sc_s sum(q a) - dmin sum_s m_s bsum_s).
+ * Per super-block the four rows' scales and nibbles are unpacked once and used for each token, so
+ * a small batch (a serving step of a few sequences) streams the weights once like one token.
+ * Each token's float operations are the one-token kernel's, in its order, so a token gets the
+ * same floats alone or in a batch. */
+AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
 {
-    const struct kiri_block_q8_K *y = a;
+    const struct kiri_block_q8_K *y[4];
+    for (int t = 0; t < 4; t++)
+        y[t] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t < m ? t : 0) * as);
     const int64_t nb = k / KIRI_QK_K;
     const size_t bs = sizeof(struct kiri_block_q4_K);
     const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
@@ -707,22 +714,34 @@ AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, c
         for (int i = 0; i < 4; i++)
             x[i] = tile_row(w, ws, r + i, nr);
         const int pf = r + PREFETCH_ROWS < nr;
-        __m512 accq = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+        __m512 accq[4], accm[4];
+        UNROLL
+        for (int t = 0; t < 4; t++)
+            accq[t] = accm[t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bs;
-            if (pf)
+            if (pf) /* written out: GCC 12 drops prefetch_span's prefetches in this inlined body */
                 for (int i = 0; i < 4; i++)
-                    prefetch_span(x[i] + PREFETCH_ROWS * ws + o, bs);
-            /* The activation: values in the order of the rows' nibble vectors (see above). */
-            const int8_t *aq = y[b].qs;
-            const __m512i a0 = _mm512_loadu_si512(aq), a1 = _mm512_loadu_si512(aq + 64);
-            const __m512i a2 = _mm512_loadu_si512(aq + 128), a3 = _mm512_loadu_si512(aq + 192);
-            const __m512i p[4] = {_mm512_shuffle_i64x2(a0, a1, 0x44), _mm512_shuffle_i64x2(a0, a1, 0xEE),
-                                  _mm512_shuffle_i64x2(a2, a3, 0x44), _mm512_shuffle_i64x2(a2, a3, 0xEE)};
-            /* bsums of each sub-block (pairs of 16) as 8 int16, in every lane. */
-            const __m256i bsv = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[b].bsums), _mm256_set1_epi16(1));
-            const __m128i bs8 = _mm_packs_epi32(_mm256_castsi256_si128(bsv), _mm256_extracti128_si256(bsv, 1));
-            const __m512i bs2 = _mm512_broadcast_i32x4(bs8);
+                    for (size_t po = 0; po < bs; po += 64)
+                        _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
+            /* Each token's activation, in the order of the rows' nibble vectors (see above), and
+             * its bsums of each sub-block (pairs of 16) as 8 int16 in every lane. */
+            __m512i p[4][4], bs2[4];
+            UNROLL
+            for (int t = 0; t < 4; t++) {
+                if (t >= m)
+                    break;
+                const int8_t *aq = y[t][b].qs;
+                const __m512i a0 = _mm512_loadu_si512(aq), a1 = _mm512_loadu_si512(aq + 64);
+                const __m512i a2 = _mm512_loadu_si512(aq + 128), a3 = _mm512_loadu_si512(aq + 192);
+                p[t][0] = _mm512_shuffle_i64x2(a0, a1, 0x44);
+                p[t][1] = _mm512_shuffle_i64x2(a0, a1, 0xEE);
+                p[t][2] = _mm512_shuffle_i64x2(a2, a3, 0x44);
+                p[t][3] = _mm512_shuffle_i64x2(a2, a3, 0xEE);
+                const __m256i bsv = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][b].bsums), _mm256_set1_epi16(1));
+                const __m128i bs8 = _mm_packs_epi32(_mm256_castsi256_si128(bsv), _mm256_extracti128_si256(bsv, 1));
+                bs2[t] = _mm512_broadcast_i32x4(bs8);
+            }
 
             /* Header of the four rows: [d dmin | scales 0-11] in lane i. */
             const __m512i hd = lanes4(x, o);
@@ -732,16 +751,12 @@ AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, c
                                               _mm512_and_si512(_mm512_srli_epi32(sb, 2), mhi));
             const __m512i scw = _mm512_unpacklo_epi8(u, zero); /* lane i: row i's 8 scales */
             const __m512i mnw = _mm512_unpackhi_epi8(u, zero); /* lane i: row i's 8 mins */
-            /* The mins term, lane i = row i (four partial sums). */
-            const __m512i im = _mm512_madd_epi16(mnw, bs2);
             /* d and dmin: [d0 d1 d2 d3] in every lane; dmin per lane of its row. */
             const __m512i dq = _mm512_permutexvar_epi32(_mm512_set4_epi32(12, 8, 4, 0), hd);
-            const __m512 dy = _mm512_set1_ps(y[b].d);
-            const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(dq)), dy);
-            const __m512 dm = _mm512_mul_ps(
-                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_shuffle_epi32(hd, _MM_PERM_AAAA), 16))), dy);
+            const __m512 dr = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dq));
+            const __m512 dmr = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_shuffle_epi32(hd, _MM_PERM_AAAA), 16)));
 
-            __m512i is[4];
+            __m512i is[4][4];
             UNROLL
             for (int i = 0; i < 4; i++) {
                 const char *qs = x[i] + o + offsetof(struct kiri_block_q4_K, qs);
@@ -749,22 +764,57 @@ AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, c
                 const __m512i v0 = _mm512_and_si512(q0, m4), v1 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
                 const __m512i v2 = _mm512_and_si512(q1, m4), v3 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
                 const __m512i *ix = (const __m512i *)q4k_scale_idx[i];
-                __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(v0, p[0]),
-                                              _mm512_permutexvar_epi16(_mm512_loadu_si512(ix), scw));
-                s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v1, p[1]), _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 1), scw));
-                s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v2, p[2]), _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 2), scw));
-                is[i] = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v3, p[3]), _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 3), scw));
+                const __m512i s0 = _mm512_permutexvar_epi16(_mm512_loadu_si512(ix), scw);
+                const __m512i s1 = _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 1), scw);
+                const __m512i s2 = _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 2), scw);
+                const __m512i s3 = _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 3), scw);
+                UNROLL
+                for (int t = 0; t < 4; t++) {
+                    if (t >= m)
+                        break;
+                    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(v0, p[t][0]), s0);
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v1, p[t][1]), s1);
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v2, p[t][2]), s2);
+                    is[t][i] = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(v3, p[t][3]), s3);
+                }
             }
-            accq = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold4(is[0], is[1], is[2], is[3])), d, accq);
-            accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), dm, accm);
+            UNROLL
+            for (int t = 0; t < 4; t++) {
+                if (t >= m)
+                    break;
+                /* The mins term, lane i = row i (four partial sums). */
+                const __m512i im = _mm512_madd_epi16(mnw, bs2[t]);
+                const __m512 dy = _mm512_set1_ps(y[t][b].d);
+                accq[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold4(is[t][0], is[t][1], is[t][2], is[t][3])),
+                                          _mm512_mul_ps(dr, dy), accq[t]);
+                accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmr, dy), accm[t]);
+            }
         }
-        /* accm holds row i's four partial sums in lane i: transpose them into the fold's order. */
-        float q[4], m[16], v[4];
-        _mm_storeu_ps(q, fold4_sum(accq));
-        _mm512_storeu_ps(m, accm);
-        for (int i = 0; i < 4; i++)
-            v[i] = q[i] - ((m[4 * i] + m[4 * i + 1]) + (m[4 * i + 2] + m[4 * i + 3]));
-        put4(out, v, r, nr);
+        for (int t = 0; t < m; t++) {
+            /* accm holds row i's four partial sums in lane i: transpose them into the fold's order. */
+            float q[4], mm[16], v[4];
+            _mm_storeu_ps(q, fold4_sum(accq[t]));
+            _mm512_storeu_ps(mm, accm[t]);
+            for (int i = 0; i < 4; i++)
+                v[i] = q[i] - ((mm[4 * i] + mm[4 * i + 1]) + (mm[4 * i + 2] + mm[4 * i + 3]));
+            put4(dst + (size_t)t * ds, v, r, nr);
+        }
+    }
+}
+
+AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1);
+}
+
+/* 2-4 tokens; the dispatch turns m into a constant. */
+AVX512 OUT_OF_LINE static void q4_K_rows_small(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
+{
+    switch (m) {
+    case 2: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 2); break;
+    case 3: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 3); break;
+    default: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 4); break;
     }
 }
 
@@ -998,6 +1048,10 @@ AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const v
 AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
+    if (nt >= 2 && nt <= 4) {
+        q4_K_rows_small(k, w, ws, a, as, dst, ds, nr, (int)nt);
+        return;
+    }
     const int64_t t = gemm16_k(k, w, ws, unpack16_q4_K, 0, a, as, dst, ds, nr, nt);
     for (int64_t i = t; i < nt; i++)
         q4_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr);
@@ -1023,6 +1077,7 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx512;
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* gemm16: tile_rows_m */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
+    k->gemm_stream[KIRI_TYPE_Q4_K] = 4; /* q4_K_rows_small */
     k->path = "avx2+avx512vnni";
 }
 
