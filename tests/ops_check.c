@@ -1,0 +1,526 @@
+/* ops_check: the checks shared by the SIMD row-operation tests; see ops_check.h.
+ *
+ * Tolerances. The attention outputs are weighted means of value rows with |v| <= 1. The kernels
+ * sum in another order and use their own exp (within 2 ulp of expf), so a weight rounded to F16
+ * may land one F16 step away from the reference's: 2^-11 (4.9e-4) for a weight in [0.5, 1). F16
+ * caches therefore get 5e-4 absolute, which one such flip may use up (one seen on NEON: a weight
+ * of 0.40344289, 5e-7 above the midpoint of two F16 values, moved a result by 2.4e-4); without a
+ * flip the error stays near 1e-5. F32 caches get 1e-5 (weights are not rounded; seen: below
+ * 1e-6). A wrong key or weight is off by far more. Cases must match the reference exactly where
+ * every key is equal and the cache is F16 (see cache_init), and where the kernels hand the work
+ * to the reference (Q8_0 caches, head sizes the table does not take: see ops_check_init). Each
+ * attention check prints the largest error it saw. SwiGLU and RMS norm rows: see swiglu_close
+ * and ops_check_rows. */
+#include "ops_check.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cpu/cpu_kernels.h"
+#include "test.h"
+
+#define TOL_F16 5e-4 /* see above */
+#define TOL_F32 1e-5
+
+/* Floats written after a scratch area, which the kernels must leave alone. */
+#define GUARD 64
+#define GUARD_VALUE 12345.0f
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The checks here count in this file's test.h counters; every public entry hands them over to
+ * the caller's before it returns. */
+static void hand_over(struct ops_check *o)
+{
+    (void)test_run_all; /* the callers run the tests */
+    *o->checks += test_checks;
+    *o->failures += test_failures;
+    test_checks = test_failures = 0;
+}
+
+void ops_check_init(struct ops_check *o, const struct kiri_cpu_kernels *k, const char *name,
+                    int head_multiple, int group_scratch, uint64_t seed, int *checks, int *failures)
+{
+    memset(o, 0, sizeof *o);
+    o->k = k;
+    o->name = name;
+    o->head_multiple = head_multiple > 0 ? head_multiple : 1;
+    o->group_scratch = group_scratch > 0 && group_scratch <= KIRI_ATTEND_TILE_ROWS ? group_scratch
+                                                                                  : KIRI_ATTEND_TILE_ROWS;
+    o->checks = checks;
+    o->failures = failures;
+    test_rng_state = seed;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------------------------- */
+
+/* Bytes of one cache row. */
+static size_t row_size(int kv_type, int d)
+{
+    return (size_t)(d / kiri_type_block_size(kv_type)) * kiri_type_size(kv_type);
+}
+
+/* n floats uniform in [-spread, spread). */
+static float *random_floats(size_t n, float spread)
+{
+    float *p = test_xmalloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = test_rand_sym() * spread;
+    return p;
+}
+
+/* n floats of NaN: an output area whose padding must stay as it is. */
+static float *nan_floats(size_t n)
+{
+    float *p = test_xmalloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+
+static void check_nan(const float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        CHECK(isnan(p[i]));
+}
+
+/* A scratch area of n floats followed by the guard. */
+static float *scratch_alloc(size_t n)
+{
+    float *s = test_xmalloc((n + GUARD) * sizeof *s);
+    for (size_t i = 0; i < n + GUARD; i++)
+        s[i] = i < n ? NAN : GUARD_VALUE;
+    return s;
+}
+
+static int guard_intact(const float *s, size_t n)
+{
+    for (size_t i = n; i < n + GUARD; i++)
+        if (s[i] != GUARD_VALUE)
+            return 0;
+    return 1;
+}
+
+/* Rows of a cache for n keys: extra more, raised to a count that is not a multiple of 7, so that
+ * the slots of pick_slots are distinct. */
+static int cache_rows(int n, int extra)
+{
+    int rows = n + extra;
+    while (rows % 7 == 0)
+        rows++;
+    return rows;
+}
+
+/* n distinct, scattered slots (j * 7 + first) % rows (at least one entry allocated). */
+static int32_t *pick_slots(int n, int first, int rows)
+{
+    int32_t *slots = test_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *slots);
+    for (int j = 0; j < n; j++)
+        slots[j] = (int32_t)((j * 7 + first) % rows);
+    return slots;
+}
+
+/* A key and a value cache: n_rows rows of kv_type, head_dim values each, stride bytes apart (the
+ * bytes between belong to other heads). */
+struct cache {
+    void *k, *v; /* owned: (n_rows, stride) bytes each */
+    size_t stride;
+};
+
+static void fill_rows(void *cache, int kv_type, int n_rows, int head_dim, size_t stride)
+{
+    for (int s = 0; s < n_rows; s++) {
+        float *row = random_floats((size_t)head_dim, 1.0f);
+        CHECK(kiri_cpu_quantize_row(kv_type, row, (char *)cache + (size_t)s * stride, head_dim) > 0);
+        free(row);
+    }
+}
+
+/* Random keys and values. With same, every key row is a copy of the first: all scores are then
+ * equal whatever order their sums take, every weight is exactly 1/n_kv before rounding, and with
+ * an F16 cache every product of an F16 weight and an F16 value is exact, so the kernels must give
+ * the reference's bits. That is where a weight left unrounded (an error below the tolerance)
+ * shows. */
+static void cache_init(struct cache *c, int kv_type, int head_dim, int n_rows, size_t stride, int same)
+{
+    c->stride = stride;
+    c->k = test_xmalloc(stride * (size_t)n_rows);
+    c->v = test_xmalloc(stride * (size_t)n_rows);
+    fill_rows(c->k, kv_type, n_rows, head_dim, stride);
+    fill_rows(c->v, kv_type, n_rows, head_dim, stride);
+    for (int s = 1; same && s < n_rows; s++)
+        memcpy((char *)c->k + (size_t)s * stride, c->k, row_size(kv_type, head_dim));
+}
+
+static void cache_free(struct cache *c)
+{
+    free(c->k);
+    free(c->v);
+}
+
+static double tolerance(const struct ops_check *o, int kv_type, int d, int same)
+{
+    if (kv_type == KIRI_TYPE_Q8_0 || d % o->head_multiple != 0 || d > 1024 ||
+        (same && kv_type == KIRI_TYPE_F16))
+        return 0.0; /* the reference itself, or exact (see cache_init) */
+    return kv_type == KIRI_TYPE_F32 ? TOL_F32 : TOL_F16;
+}
+
+/* d attention outputs against the reference's within tol; records the largest error by cache
+ * type. The first 3 misses of a case (*bad counts them) print what (the case) and fail. */
+static void compare(struct ops_check *o, int kv_type, const float *got, const float *want, int d, double tol,
+                    int *bad, const char *what)
+{
+    for (int i = 0; i < d; i++) {
+        const double e = fabs((double)got[i] - (double)want[i]);
+        if (kv_type == KIRI_TYPE_F32)
+            o->worst_f32 = e > o->worst_f32 ? e : o->worst_f32;
+        else if (kv_type == KIRI_TYPE_F16)
+            o->worst_f16 = e > o->worst_f16 ? e : o->worst_f16;
+        if (!(e <= tol) && (*bad)++ < 3) {
+            fprintf(stderr, "  %s value %d\n", what, i);
+            CHECK_NEAR(got[i], want[i], tol);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One head
+ * ------------------------------------------------------------------------------------------- */
+
+struct attn_case {
+    int kv_type, head_dim, n_kv;
+    float q_scale; /* large values give scores far apart: most weights underflow */
+    int same_keys; /* every key row equal: see cache_init() */
+};
+
+/* Head sizes that are and are not multiples of 4, 8, 16 and 64 (and 1024, the largest the
+ * kernels take), key counts around the kernels' groups of 4 and 8. */
+static const struct attn_case attn_cases[] = {
+    {KIRI_TYPE_F16, 64, 1, 1.0f, 0},     {KIRI_TYPE_F16, 64, 3, 1.0f, 0},     {KIRI_TYPE_F16, 64, 4, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 5, 1.0f, 0},     {KIRI_TYPE_F16, 64, 7, 1.0f, 0},     {KIRI_TYPE_F16, 64, 8, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 9, 1.0f, 0},     {KIRI_TYPE_F16, 64, 12, 1.0f, 0},    {KIRI_TYPE_F16, 64, 15, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 17, 1.0f, 0},    {KIRI_TYPE_F16, 64, 33, 1.0f, 0},    {KIRI_TYPE_F16, 64, 300, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 300, 40.f, 0},   {KIRI_TYPE_F16, 128, 77, 1.0f, 0},   {KIRI_TYPE_F16, 72, 16, 1.0f, 0},
+    {KIRI_TYPE_F16, 8, 5, 1.0f, 0},      {KIRI_TYPE_F16, 8, 40, 30.f, 0},     {KIRI_TYPE_F16, 4, 6, 1.0f, 0},
+    {KIRI_TYPE_F16, 12, 11, 1.0f, 0},    {KIRI_TYPE_F16, 84, 19, 1.0f, 0},    {KIRI_TYPE_F16, 6, 9, 1.0f, 0},
+    {KIRI_TYPE_F16, 1024, 13, 1.0f, 0},  {KIRI_TYPE_F32, 64, 1, 1.0f, 0},     {KIRI_TYPE_F32, 64, 10, 1.0f, 0},
+    {KIRI_TYPE_F32, 64, 513, 3.0f, 0},   {KIRI_TYPE_F32, 136, 20, 1.0f, 0},   {KIRI_TYPE_F32, 20, 23, 1.0f, 0},
+    {KIRI_TYPE_F32, 10, 7, 1.0f, 0},     {KIRI_TYPE_Q8_0, 64, 50, 1.0f, 0},   {KIRI_TYPE_F16, 64, 3, 1.0f, 1},
+    {KIRI_TYPE_F16, 64, 7, 1.0f, 1},     {KIRI_TYPE_F16, 64, 13, 1.0f, 1},    {KIRI_TYPE_F16, 12, 6, 1.0f, 1},
+    {KIRI_TYPE_F32, 64, 7, 1.0f, 1},
+};
+
+/* The output past head_dim stays untouched, the scratch within its n_kv floats. */
+void ops_check_attend_head(struct ops_check *o)
+{
+    const struct kiri_cpu_kernels *k = o->k;
+    o->worst_f32 = o->worst_f16 = 0.0;
+    CHECK(k->attend_head != NULL && k->attend_head != kiri_cpu_attend_head);
+    for (size_t c = 0; k->attend_head && c < COUNT(attn_cases); c++) {
+        const struct attn_case *tc = &attn_cases[c];
+        const int d = tc->head_dim, n_rows = cache_rows(tc->n_kv, 11);
+        struct cache kv;
+        cache_init(&kv, tc->kv_type, d, n_rows, row_size(tc->kv_type, d) + 32, tc->same_keys);
+        int32_t *slots = pick_slots(tc->n_kv, 3, n_rows);
+        float *q = random_floats((size_t)d, tc->q_scale);
+        float *s_ref = test_xmalloc((size_t)tc->n_kv * sizeof(float)), *s_fast = scratch_alloc((size_t)tc->n_kv);
+        float *o_ref = test_xmalloc((size_t)d * sizeof(float)), *o_fast = nan_floats((size_t)d + 4);
+        const float scale = 1.0f / sqrtf((float)d);
+        kiri_cpu_attend_head(q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots, tc->n_kv, d, scale, s_ref,
+                             o_ref);
+        k->attend_head(q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots, tc->n_kv, d, scale, s_fast, o_fast);
+        char what[96];
+        snprintf(what, sizeof what, "case %zu (%s, d %d, n_kv %d%s):", c, kiri_type_name(tc->kv_type), d,
+                 tc->n_kv, tc->same_keys ? ", equal keys" : "");
+        int bad = 0;
+        compare(o, tc->kv_type, o_fast, o_ref, d, tolerance(o, tc->kv_type, d, tc->same_keys), &bad, what);
+        check_nan(o_fast + d, 4);
+        CHECK(guard_intact(s_fast, (size_t)tc->n_kv));
+        cache_free(&kv);
+        free(slots);
+        free(q);
+        free(s_ref);
+        free(s_fast);
+        free(o_ref);
+        free(o_fast);
+    }
+    fprintf(stderr, "%s: %zu cases checked against the reference (largest error F16 %.2g, F32 %.2g)\n",
+            o->name, COUNT(attn_cases), o->worst_f16, o->worst_f32);
+    hand_over(o);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Groups of heads
+ * ------------------------------------------------------------------------------------------- */
+
+/* The cases of groups, each run with every group size from 1 to 16. Head sizes above 256 (260,
+ * 264) go one head at a time inside the kernels. */
+static const struct attn_case group_cases[] = {
+    {KIRI_TYPE_F16, 64, 1, 1.0f, 0},    {KIRI_TYPE_F16, 64, 37, 1.0f, 0},   {KIRI_TYPE_F16, 64, 300, 30.f, 0},
+    {KIRI_TYPE_F16, 128, 50, 1.0f, 0},  {KIRI_TYPE_F16, 256, 9, 1.0f, 0},   {KIRI_TYPE_F16, 72, 12, 1.0f, 0},
+    {KIRI_TYPE_F16, 8, 20, 1.0f, 0},    {KIRI_TYPE_F16, 12, 6, 1.0f, 0},    {KIRI_TYPE_F16, 260, 5, 1.0f, 0},
+    {KIRI_TYPE_F16, 6, 4, 1.0f, 0},     {KIRI_TYPE_F16, 64, 20, 1.0f, 0},   {KIRI_TYPE_F16, 264, 6, 1.0f, 0},
+    {KIRI_TYPE_F32, 64, 130, 1.0f, 0},  {KIRI_TYPE_F32, 96, 7, 2.0f, 0},    {KIRI_TYPE_F32, 20, 3, 1.0f, 0},
+    {KIRI_TYPE_Q8_0, 64, 40, 1.0f, 0},  {KIRI_TYPE_F16, 64, 7, 1.0f, 1},    {KIRI_TYPE_F16, 72, 13, 1.0f, 1},
+};
+
+/* Every head of a group against the reference one head at a time; the output rows' padding must
+ * stay untouched and the scratch within its group_scratch floats per key. */
+void ops_check_attend_group(struct ops_check *o)
+{
+    const struct kiri_cpu_kernels *k = o->k;
+    o->worst_f32 = o->worst_f16 = 0.0;
+    CHECK(k->attend_group != NULL);
+    int runs = 0;
+    for (size_t c = 0; k->attend_group && c < COUNT(group_cases); c++) {
+        const struct attn_case *tc = &group_cases[c];
+        const int d = tc->head_dim, n_rows = cache_rows(tc->n_kv, 5);
+        struct cache kv;
+        cache_init(&kv, tc->kv_type, d, n_rows, row_size(tc->kv_type, d) * 3, tc->same_keys);
+        int32_t *slots = pick_slots(tc->n_kv, 1, n_rows);
+        float *s_ref = test_xmalloc((size_t)tc->n_kv * sizeof(float)), *o_ref = test_xmalloc((size_t)d * sizeof(float));
+        const float scale = 1.0f / sqrtf((float)d);
+        const double tol = tolerance(o, tc->kv_type, d, tc->same_keys);
+        for (int n_q = 1; n_q <= 16; n_q++, runs++) {
+            const size_t q_stride = (size_t)d + 8, out_stride = (size_t)d + 16;
+            const size_t n_scratch = (size_t)tc->n_kv * (size_t)o->group_scratch;
+            float *q = random_floats(q_stride * (size_t)n_q, tc->q_scale);
+            float *out = nan_floats(out_stride * (size_t)n_q);
+            float *scratch = scratch_alloc(n_scratch);
+            k->attend_group(q, q_stride, n_q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots, tc->n_kv, d,
+                            scale, scratch, out, out_stride);
+            int bad = 0;
+            for (int h = 0; h < n_q; h++) {
+                kiri_cpu_attend_head(q + (size_t)h * q_stride, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots,
+                                     tc->n_kv, d, scale, s_ref, o_ref);
+                char what[128];
+                snprintf(what, sizeof what, "group case %zu (%s, d %d, n_kv %d, n_q %d): head %d", c,
+                         kiri_type_name(tc->kv_type), d, tc->n_kv, n_q, h);
+                compare(o, tc->kv_type, out + (size_t)h * out_stride, o_ref, d, tol, &bad, what);
+                check_nan(out + (size_t)h * out_stride + d, out_stride - (size_t)d);
+            }
+            CHECK(guard_intact(scratch, n_scratch));
+            free(q);
+            free(out);
+            free(scratch);
+        }
+        cache_free(&kv);
+        free(slots);
+        free(s_ref);
+        free(o_ref);
+    }
+    fprintf(stderr, "%s: %d groups (%zu cases x 1..16 heads) checked against the reference "
+                    "(largest error F16 %.2g, F32 %.2g)\n",
+            o->name, runs, COUNT(group_cases), o->worst_f16, o->worst_f32);
+    hand_over(o);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tiles of tokens times heads
+ * ------------------------------------------------------------------------------------------- */
+
+struct tile_case {
+    int kv_type, head_dim, n_t, n_q, n_kv0; /* token i sees n_kv0 + i keys */
+    float q_scale;
+    int same_keys;
+};
+
+/* Tiles of 1 to 16 rows (one or two vectors of 8 lanes), n_kv0 = 0 for a first token that sees
+ * nothing, head sizes above 256 (one head at a time inside the kernels). */
+static const struct tile_case tile_cases[] = {
+    {KIRI_TYPE_F16, 64, 5, 3, 1, 1.0f, 0},     {KIRI_TYPE_F16, 64, 5, 3, 300, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 2, 8, 37, 1.0f, 0},    {KIRI_TYPE_F16, 64, 4, 4, 9, 30.f, 0},
+    {KIRI_TYPE_F16, 128, 2, 7, 50, 1.0f, 0},   {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0},    {KIRI_TYPE_F16, 64, 3, 5, 0, 1.0f, 0},
+    {KIRI_TYPE_F16, 72, 3, 3, 12, 1.0f, 0},    {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 0},
+    {KIRI_TYPE_F16, 8, 8, 2, 0, 1.0f, 0},      {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 1, 1, 8, 1.0f, 0},     {KIRI_TYPE_F16, 64, 2, 1, 7, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 3, 2, 5, 1.0f, 0},     {KIRI_TYPE_F16, 64, 6, 2, 2, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 13, 1, 0, 1.0f, 0},    {KIRI_TYPE_F16, 260, 3, 2, 6, 1.0f, 0},
+    {KIRI_TYPE_F16, 264, 3, 2, 6, 1.0f, 0},    {KIRI_TYPE_F16, 6, 4, 2, 3, 1.0f, 0},
+    {KIRI_TYPE_F32, 64, 5, 3, 130, 1.0f, 0},   {KIRI_TYPE_F32, 96, 2, 6, 7, 2.0f, 0},
+    {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0},     {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0},
+    {KIRI_TYPE_F16, 64, 3, 5, 2, 1.0f, 1},     {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 1},
+    {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 1},
+};
+
+/* Runs of tokens times heads against the reference one (token, head) at a time, token i seeing
+ * n_kv0 + i keys (a prompt's causal mask). The key and value only the last token sees hold NaN
+ * and infinities: an earlier token's result must not depend on them. Output padding stays
+ * untouched, the scratch within its KIRI_ATTEND_TILE_ROWS floats per key. */
+void ops_check_attend_tile(struct ops_check *o)
+{
+    const struct kiri_cpu_kernels *k = o->k;
+    o->worst_f32 = o->worst_f16 = 0.0;
+    CHECK(k->attend_tile != NULL);
+    for (size_t c = 0; k->attend_tile && c < COUNT(tile_cases); c++) {
+        const struct tile_case *tc = &tile_cases[c];
+        const int d = tc->head_dim, n_max = tc->n_kv0 + tc->n_t - 1, n_rows = cache_rows(n_max, 5);
+        const int rows = tc->n_t * tc->n_q;
+        CHECK(rows <= KIRI_ATTEND_TILE_ROWS);
+        struct cache kv;
+        cache_init(&kv, tc->kv_type, d, n_rows, row_size(tc->kv_type, d) * 2, tc->same_keys);
+        int32_t *slots = pick_slots(n_max, 2, n_rows);
+        int32_t n_kv[KIRI_ATTEND_TILE_ROWS];
+        for (int i = 0; i < tc->n_t && i < KIRI_ATTEND_TILE_ROWS; i++)
+            n_kv[i] = tc->n_kv0 + i;
+        const size_t q_head = (size_t)d + 8, q_tok = q_head * (size_t)tc->n_q + 24;
+        const size_t out_head = (size_t)d + 16, out_tok = out_head * (size_t)tc->n_q + 8;
+        float *q = random_floats(q_tok * (size_t)tc->n_t, tc->q_scale);
+        float *out = nan_floats(out_tok * (size_t)tc->n_t);
+        const size_t n_scratch = (size_t)(n_max > 0 ? n_max : 1) * KIRI_ATTEND_TILE_ROWS;
+        float *scratch = scratch_alloc(n_scratch);
+        float *s_ref = test_xmalloc((size_t)(n_max > 0 ? n_max : 1) * sizeof(float));
+        float *o_ref = test_xmalloc((size_t)rows * (size_t)d * sizeof(float)); /* (rows, d) */
+        const float scale = 1.0f / sqrtf((float)d);
+        /* The reference first, on clean keys and values; then the key and value of the last
+         * token's last key turn into NaN and infinity, which only that token sees. */
+        for (int r = 0; r < rows; r++)
+            kiri_cpu_attend_head(q + (size_t)(r / tc->n_q) * q_tok + (size_t)(r % tc->n_q) * q_head, kv.k, kv.stride,
+                                 kv.v, kv.stride, tc->kv_type, slots, n_kv[r / tc->n_q], d, scale, s_ref,
+                                 o_ref + (size_t)r * (size_t)d);
+        const int poisoned = tc->n_t > 1 && tc->kv_type != KIRI_TYPE_Q8_0;
+        if (poisoned) {
+            const size_t at = (size_t)slots[n_max - 1] * kv.stride;
+            float *nan_inf = test_xmalloc((size_t)d * sizeof *nan_inf);
+            for (int i = 0; i < d; i++)
+                nan_inf[i] = i % 2 ? NAN : INFINITY;
+            CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.k + at, d) > 0);
+            CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.v + at, d) > 0);
+            free(nan_inf);
+        }
+        k->attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots, n_kv,
+                       d, scale, scratch, out, out_tok, out_head);
+        const double tol = tolerance(o, tc->kv_type, d, tc->same_keys);
+        int bad = 0;
+        for (int r = 0; r < rows; r++) {
+            const int i_t = r / tc->n_q, h = r % tc->n_q;
+            const float *got = out + (size_t)i_t * out_tok + (size_t)h * out_head;
+            if (poisoned && i_t == tc->n_t - 1)
+                continue; /* sees the poisoned key: no reference to compare with */
+            char what[160];
+            snprintf(what, sizeof what, "tile case %zu (%s, d %d, %d tokens x %d heads, n_kv0 %d): token %d head %d",
+                     c, kiri_type_name(tc->kv_type), d, tc->n_t, tc->n_q, tc->n_kv0, i_t, h);
+            compare(o, tc->kv_type, got, o_ref + (size_t)r * (size_t)d, d, tol, &bad, what);
+            check_nan(got + d, out_head - (size_t)d);
+        }
+        CHECK(guard_intact(scratch, n_scratch));
+        cache_free(&kv);
+        free(slots);
+        free(q);
+        free(out);
+        free(scratch);
+        free(s_ref);
+        free(o_ref);
+    }
+    fprintf(stderr, "%s: %zu cases checked against the reference (largest error F16 %.2g, F32 %.2g)\n",
+            o->name, COUNT(tile_cases), o->worst_f16, o->worst_f32);
+    hand_over(o);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Element-wise rows
+ * ------------------------------------------------------------------------------------------- */
+
+/* A few ulp of silu(g) u; where e^g is below the smallest normal float (g < -87.3) the kernels'
+ * exp flushes to 0, leaving results under 1e-35 instead of tiny values. */
+static double swiglu_tol(float want)
+{
+    return 4e-7 * fabs((double)want) + 1e-35;
+}
+
+/* The same scale as the reference's up to its last bit. */
+static double rms_norm_tol(float want)
+{
+    return 2.5e-7 * fabs((double)want);
+}
+
+/* The SwiGLU sweep: gates evenly spaced from -100 to 100, which walks the kernels' exp over its
+ * whole range. Returns the worst relative error. */
+static double swiglu_sweep(const struct kiri_cpu_kernels *k)
+{
+    enum { N_SWEEP = 200001 };
+    float *g = test_xmalloc(N_SWEEP * sizeof *g), *u = test_xmalloc(N_SWEEP * sizeof *u);
+    float *a = test_xmalloc(N_SWEEP * sizeof *a), *b = test_xmalloc(N_SWEEP * sizeof *b);
+    for (int i = 0; i < N_SWEEP; i++) {
+        g[i] = -100.0f + 200.0f * (float)i / (float)(N_SWEEP - 1);
+        u[i] = 1.0f;
+    }
+    kiri_cpu_swiglu_row(g, u, a, N_SWEEP);
+    k->swiglu_row(g, u, b, N_SWEEP);
+    double worst = 0.0;
+    int bad = 0;
+    for (int i = 0; i < N_SWEEP; i++) {
+        if (fabs((double)a[i]) > 1e-30)
+            worst = fmax(worst, fabs((double)b[i] - (double)a[i]) / fabs((double)a[i]));
+        if (!(fabs((double)b[i] - (double)a[i]) <= swiglu_tol(a[i])) && bad++ < 3) {
+            fprintf(stderr, "  swiglu sweep: g %.9g\n", (double)g[i]);
+            CHECK_NEAR(b[i], a[i], swiglu_tol(a[i]));
+        }
+    }
+    free(g);
+    free(u);
+    free(a);
+    free(b);
+    return worst;
+}
+
+/* SwiGLU and RMS norm rows against the reference, with lengths around the vector widths of 4 and
+ * 8, gates far into both tails of the sigmoid, and a norm without weights; nothing is written
+ * past n. Then the SwiGLU sweep. */
+void ops_check_rows(struct ops_check *o)
+{
+    const struct kiri_cpu_kernels *k = o->k;
+    CHECK(k->swiglu_row != NULL && k->swiglu_row != kiri_cpu_swiglu_row);
+    CHECK(k->rms_norm_row != NULL && k->rms_norm_row != kiri_cpu_rms_norm_row);
+    if (!k->swiglu_row || !k->rms_norm_row) {
+        hand_over(o);
+        return;
+    }
+    static const int64_t lens[] = {1, 3, 4, 5, 7, 8, 9, 16, 29, 2048, 5632};
+    static const float spreads[] = {1.0f, 30.0f, 200.0f};
+    for (size_t li = 0; li < COUNT(lens); li++)
+        for (size_t si = 0; si < COUNT(spreads); si++) {
+            const int64_t n = lens[li];
+            float *g = random_floats((size_t)n, spreads[si]), *u = random_floats((size_t)n, 1.0f);
+            float *w = random_floats((size_t)n, 2.0f);
+            float *a = test_xmalloc((size_t)n * sizeof *a), *b = nan_floats((size_t)n + 4);
+            kiri_cpu_swiglu_row(g, u, a, n);
+            k->swiglu_row(g, u, b, n);
+            int bad = 0;
+            for (int64_t i = 0; i < n; i++)
+                if (!(fabs((double)b[i] - (double)a[i]) <= swiglu_tol(a[i])) && bad++ < 3) {
+                    fprintf(stderr, "  swiglu n %lld spread %g: value %lld (g %.9g)\n", (long long)n,
+                            (double)spreads[si], (long long)i, (double)g[i]);
+                    CHECK_NEAR(b[i], a[i], swiglu_tol(a[i]));
+                }
+            for (int with_w = 0; with_w < 2; with_w++) {
+                kiri_cpu_rms_norm_row(g, with_w ? w : NULL, a, n, 1e-5f);
+                k->rms_norm_row(g, with_w ? w : NULL, b, n, 1e-5f);
+                for (int64_t i = 0; i < n; i++)
+                    if (!(fabs((double)b[i] - (double)a[i]) <= rms_norm_tol(a[i])) && bad++ < 3) {
+                        fprintf(stderr, "  rms_norm n %lld spread %g weights %d: value %lld\n", (long long)n,
+                                (double)spreads[si], with_w, (long long)i);
+                        CHECK_NEAR(b[i], a[i], rms_norm_tol(a[i]));
+                    }
+            }
+            check_nan(b + n, 4);
+            free(g);
+            free(u);
+            free(w);
+            free(a);
+            free(b);
+        }
+    const double worst = swiglu_sweep(k);
+    fprintf(stderr, "%s: swiglu (%zu lengths x %zu spreads) and rms_norm checked against the reference "
+                    "(swiglu sweep: worst %.2g relative)\n",
+            o->name, COUNT(lens), COUNT(spreads), worst);
+    hand_over(o);
+}
