@@ -14,9 +14,10 @@
  * (a serving step with a few sequences: streamed once like one token, not padded to an octet) or
  * for one (Q8_0 decode). K-quant super-blocks are transposed whole into a stack buffer, with
  * their scales as vectors of 16 rows, and then used for every token of an octet. A single
- * K-quant or Q4_0 token (decode) takes other kernels, which read four rows as they lie, with no
- * transposition (see "One token" below): for one token the transposition costs more than it
- * saves, and its sixteen row streams defeat the prefetchers.
+ * K-quant or Q4_0 token (decode), and a K-quant small batch of 2 to 4 tokens, take other kernels,
+ * which read four rows as they lie, with no transposition (see "One token" below): for so few
+ * tokens the transposition costs more than it saves, and its sixteen row streams defeat the
+ * prefetchers.
  * The Q4_0 ones add each row's blocks in the order of the transposed kernels, so a token gets
  * the same floats alone or in a small batch.
  *
@@ -830,14 +831,20 @@ static const uint16_t q6k_scale_idx[4][32] = {
 #undef Q6K_IDX
 };
 
-/* Q6_K rows against one token: sum x a = d_a d (sum_g sc_g sum(q a) - 32 sum_g sc_g bsum_g), q in
- * 0..63. The bias enters the same int32 lanes as (2 sc_g) (-16 bsum_g), both factors in int16
+/* Q6_K rows against m tokens (1..4): sum x a = d_a d (sum_g sc_g sum(q a) - 32 sum_g sc_g bsum_g),
+ * q in 0..63. The bias enters the same int32 lanes as (2 sc_g) (-16 bsum_g), both factors in int16
  * range (16 * 16 * 127 < 2^15). Half h of a block: 64 bytes of low nibbles give values
  * 128h .. 128h + 63 (low nibbles) and 128h + 64 .. (high nibbles) in order, and the 32 bytes of
- * high bits, in both 256-bit halves, are shifted into place per half. */
-AVX512 OUT_OF_LINE static void q6_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+ * high bits, in both 256-bit halves, are shifted into place per half. Per super-block each row's
+ * quants and scales are unpacked once and used for each token, so a small batch streams the
+ * weights once like one token; each token's float operations are the one-token kernel's, in its
+ * order. */
+AVX512 SPECIALIZE static inline void q6_K_rows(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
 {
-    const struct kiri_block_q8_K *y = a;
+    const struct kiri_block_q8_K *y[4];
+    for (int t = 0; t < 4; t++)
+        y[t] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t < m ? t : 0) * as);
     const int64_t nb = k / KIRI_QK_K;
     const size_t bs = sizeof(struct kiri_block_q6_K);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
@@ -849,24 +856,43 @@ AVX512 OUT_OF_LINE static void q6_K_rows4(int64_t k, const void *w, size_t ws, c
         for (int i = 0; i < 4; i++)
             x[i] = tile_row(w, ws, r + i, nr);
         const int pf = r + PREFETCH_ROWS < nr;
-        __m512 acc = _mm512_setzero_ps();
+        __m512 acc[4];
+        UNROLL
+        for (int t = 0; t < 4; t++)
+            acc[t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bs;
-            if (pf)
+            if (pf) /* written out, not prefetch_span: see q4_K_rows */
                 for (int i = 0; i < 4; i++)
-                    prefetch_span(x[i] + PREFETCH_ROWS * ws + o, bs);
-            const int8_t *aq = y[b].qs;
-            const __m512i av[4] = {_mm512_loadu_si512(aq), _mm512_loadu_si512(aq + 64), _mm512_loadu_si512(aq + 128),
-                                   _mm512_loadu_si512(aq + 192)};
-            const __m512i nbs = _mm512_zextsi256_si512(
-                _mm256_mullo_epi16(_mm256_loadu_si256((const __m256i *)y[b].bsums), _mm256_set1_epi16(-16)));
-            __m512i is[4];
+                    for (size_t po = 0; po < bs; po += 64)
+                        _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
+            __m512i av[4][4], nbs[4];
+            UNROLL
+            for (int t = 0; t < 4; t++) {
+                if (t >= m)
+                    break;
+                const int8_t *aq = y[t][b].qs;
+                av[t][0] = _mm512_loadu_si512(aq);
+                av[t][1] = _mm512_loadu_si512(aq + 64);
+                av[t][2] = _mm512_loadu_si512(aq + 128);
+                av[t][3] = _mm512_loadu_si512(aq + 192);
+                nbs[t] = _mm512_zextsi256_si512(
+                    _mm256_mullo_epi16(_mm256_loadu_si256((const __m256i *)y[t][b].bsums), _mm256_set1_epi16(-16)));
+            }
+            __m512i is[4][4];
             UNROLL
             for (int i = 0; i < 4; i++) {
                 const struct kiri_block_q6_K *xb = (const struct kiri_block_q6_K *)(x[i] + o);
                 const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xb->scales));
                 const __m512i scw = _mm512_castsi256_si512(sc);
-                __m512i s = _mm512_madd_epi16(nbs, _mm512_zextsi256_si512(_mm256_add_epi16(sc, sc)));
+                const __m512i sc2 = _mm512_zextsi256_si512(_mm256_add_epi16(sc, sc));
+                __m512i s[4];
+                UNROLL
+                for (int t = 0; t < 4; t++) {
+                    if (t >= m)
+                        break;
+                    s[t] = _mm512_madd_epi16(nbs[t], sc2);
+                }
                 UNROLL
                 for (int h = 0; h < 2; h++) {
                     const __m512i l = _mm512_loadu_si512(xb->ql + 64 * h);
@@ -874,22 +900,56 @@ AVX512 OUT_OF_LINE static void q6_K_rows4(int64_t k, const void *w, size_t ws, c
                     const __m512i qa = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, sh_lo), m30));
                     const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                                        _mm512_and_si512(_mm512_srlv_epi16(hb, sh_hi), m30));
-                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(qa, av[2 * h]),
-                                            _mm512_permutexvar_epi16(_mm512_loadu_si512(q6k_scale_idx[2 * h]), scw));
-                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(qb, av[2 * h + 1]),
-                                            _mm512_permutexvar_epi16(_mm512_loadu_si512(q6k_scale_idx[2 * h + 1]), scw));
+                    const __m512i pa = _mm512_permutexvar_epi16(_mm512_loadu_si512(q6k_scale_idx[2 * h]), scw);
+                    const __m512i pb = _mm512_permutexvar_epi16(_mm512_loadu_si512(q6k_scale_idx[2 * h + 1]), scw);
+                    UNROLL
+                    for (int t = 0; t < 4; t++) {
+                        if (t >= m)
+                            break;
+                        s[t] = _mm512_dpwssd_epi32(s[t], _mm512_maddubs_epi16(qa, av[t][2 * h]), pa);
+                        s[t] = _mm512_dpwssd_epi32(s[t], _mm512_maddubs_epi16(qb, av[t][2 * h + 1]), pb);
+                    }
                 }
-                is[i] = s;
+                UNROLL
+                for (int t = 0; t < 4; t++) {
+                    if (t >= m)
+                        break;
+                    is[t][i] = s[t];
+                }
             }
             const size_t od = o + offsetof(struct kiri_block_q6_K, d);
             const __m128i dh = _mm_setr_epi16((short)load_u16(x[0] + od), (short)load_u16(x[1] + od),
                                               (short)load_u16(x[2] + od), (short)load_u16(x[3] + od), 0, 0, 0, 0);
-            const __m512 d = _mm512_mul_ps(_mm512_broadcast_f32x4(_mm_cvtph_ps(dh)), _mm512_set1_ps(y[b].d));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold4(is[0], is[1], is[2], is[3])), d, acc);
+            const __m512 dx = _mm512_broadcast_f32x4(_mm_cvtph_ps(dh));
+            UNROLL
+            for (int t = 0; t < 4; t++) {
+                if (t >= m)
+                    break;
+                const __m512 d = _mm512_mul_ps(dx, _mm512_set1_ps(y[t][b].d));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold4(is[t][0], is[t][1], is[t][2], is[t][3])), d, acc[t]);
+            }
         }
-        float v[4];
-        _mm_storeu_ps(v, fold4_sum(acc));
-        put4(out, v, r, nr);
+        for (int t = 0; t < m; t++) {
+            float v[4];
+            _mm_storeu_ps(v, fold4_sum(acc[t]));
+            put4(dst + (size_t)t * ds, v, r, nr);
+        }
+    }
+}
+
+AVX512 OUT_OF_LINE static void q6_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    q6_K_rows(k, w, ws, a, 0, out, 0, nr, 1);
+}
+
+/* 2-4 tokens; the dispatch turns m into a constant. */
+AVX512 OUT_OF_LINE static void q6_K_rows_small(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
+{
+    switch (m) {
+    case 2: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 2); break;
+    case 3: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 3); break;
+    default: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 4); break;
     }
 }
 
@@ -1060,6 +1120,10 @@ AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const v
 AVX512 static void gemm_q6_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
+    if (nt >= 2 && nt <= 4) {
+        q6_K_rows_small(k, w, ws, a, as, dst, ds, nr, (int)nt);
+        return;
+    }
     const int64_t t = gemm16_k(k, w, ws, unpack16_q6_K, 1, a, as, dst, ds, nr, nt);
     for (int64_t i = t; i < nt; i++)
         q6_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr);
@@ -1078,6 +1142,7 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* gemm16: tile_rows_m */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
     k->gemm_stream[KIRI_TYPE_Q4_K] = 4; /* q4_K_rows_small */
+    k->gemm_stream[KIRI_TYPE_Q6_K] = 4; /* q6_K_rows_small */
     k->path = "avx2+avx512vnni";
 }
 
