@@ -16,9 +16,9 @@
  *   and the per-block activation terms among the rows (Q4_0 takes eight rows, two per vector).
  *   The rows of a later group (the next one; for Q4_K and Q6_K, whose rows are longer, the one
  *   after) are prefetched in software while a group is multiplied.
- * - small batches (2 to 4 tokens, Q4_0 and Q8_0): the decode kernels' row groups with each
- *   weight block unpacked once for every token, so the rows stream from memory once per batch;
- *   each token's floats are exactly those of the one-token path.
+ * - small batches (2 to 4 tokens): the decode kernels' row groups with each weight block
+ *   unpacked once for every token, so the rows stream from memory once per batch; each token's
+ *   floats are exactly those of the one-token path.
  * Tiles whose row or token count is not a multiple of four repeat the last row or token to fill
  * the quad and drop those results. F16 and F32 tiles are plain FMA tiles of 4 rows x 2 tokens.
  *
@@ -193,34 +193,12 @@ static inline const char *const *next_rows(const void *w, size_t ws, int64_t r, 
     return next;
 }
 
-/* Splits a tile into token quads and single tokens: a quad where at least three tokens remain
- * (the fourth is a repeat), the single-token path for the last one or two. */
-#define GEMM_DRIVER(name, tok4, rows)                                                            \
-    AVX2 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as,         \
-                          float *dst, size_t ds, int64_t nr, int64_t nt)                        \
-    {                                                                                            \
-        int64_t t = 0;                                                                           \
-        for (; nt - t >= 3; t += 4) {                                                            \
-            const void *ap[4];                                                                   \
-            float *op[4];                                                                        \
-            const int n = (int)min64(nt - t, 4);                                                 \
-            for (int i = 0; i < 4; i++) {                                                        \
-                const int64_t ti = t + (i < n ? i : n - 1);                                      \
-                ap[i] = (const char *)a + (size_t)ti * as;                                       \
-                op[i] = dst + (size_t)ti * ds;                                                   \
-            }                                                                                    \
-            tok4(k, w, ws, ap, op, n, nr);                                                       \
-        }                                                                                        \
-        for (; t < nt; t++)                                                                      \
-            rows(k, w, ws, (const char *)a + (size_t)t * as, dst + (size_t)t * ds, nr);          \
-    }
-
-/* The same for the types that have a small-batch path: tiles of 1 to 4 tokens (the few decode
- * tokens of a serving step) go to small(k, w, ws, a, as, dst, ds, nr, nt), which reads the rows
- * once for all of them, as the one-token path does; larger tiles go as above, with a rest of two
- * tokens also to small. */
-/* rows_m(..., m) handles 2-4 tokens; it is called with a constant m so each count gets its own
- * inlined copy (SPECIALIZE) with the accumulators in registers. */
+/* Splits a tile into token quads and the rest. Tiles of 1 to 4 tokens (the few decode tokens of a
+ * serving step) go to rows (one token) or rows_m (2 to 4), which read the rows once for all of
+ * them, as the one-token path does; larger tiles go to tok4 by quads where at least three tokens
+ * remain (the fourth is a repeat), and a rest of one or two tokens to rows or rows_m. rows_m is
+ * called with a constant m so each count gets its own inlined copy (SPECIALIZE) with the
+ * accumulators in registers. */
 #define GEMM_DRIVER_SMALL(name, tok4, rows, rows_m)                                              \
     AVX2 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as,         \
                           float *dst, size_t ds, int64_t nr, int64_t nt)                        \
@@ -249,6 +227,11 @@ static inline const char *const *next_rows(const void *w, size_t ws, int64_t r, 
 
 /* Small batches are inlined per token count so their accumulators stay in registers. */
 #define SPECIALIZE __attribute__((always_inline))
+
+/* The one-token Q4_K and Q6_K kernels are kept out of line: inlined beside the small-batch copies,
+ * their loops moved and one-token decode lost about 4%. Where a loop starts within a 64-byte line
+ * moves their speed too, so CMakeLists.txt builds this file with -falign-loops=64. */
+#define ONE_TOKEN __attribute__((noinline))
 
 /* ---------------------------------------------------------------------------------------------
  * Q4_0 weights, Q8_0 activations: sum (q - 8) a = sum q a - 8 sum a, so the nibbles enter maddubs
@@ -720,7 +703,7 @@ AVX2 static inline __m128i unpack_header_k4(__m128i hd)
  * 128-bit half (each the sum of 16 products, at most 16 * 15 * 127 < 2^15 in magnitude), which
  * one madd with the row's eight scales turns into int32. The float work (d, dmin, conversion) is
  * done once for the four rows on folded quads. */
-AVX2 static void q4_K_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+AVX2 ONE_TOKEN static void q4_K_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
 {
     const struct kiri_block_q8_K *y = a;
     const int64_t nb = k / KIRI_QK_K;
@@ -788,7 +771,124 @@ AVX2 static void q4_K_rows(int64_t k, const void *w, size_t ws, const void *a, f
     }
 }
 
-GEMM_DRIVER(gemm_q4_K_avx2, q4_K_tok4, q4_K_rows)
+/* The sums of tokens 2p and 2p + 1 against rows 0..3 of a group, from pair accumulators
+ * is[row] = [t0 t0 t1 t1] per 128-bit half (each half holding that half's elements, as in the
+ * one-token fold): into quads [r0 r1 r2 r3] per half for token 2p (*t0) and 2p + 1 (*t1). */
+AVX2 static inline void unpair(const __m256i is[4], __m256i *t0, __m256i *t1)
+{
+    const __m256 a = _mm256_castsi256_ps(_mm256_hadd_epi32(is[0], is[1])); /* r0t0 r0t1 r1t0 r1t1 */
+    const __m256 b = _mm256_castsi256_ps(_mm256_hadd_epi32(is[2], is[3]));
+    *t0 = _mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+    *t1 = _mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* m (2..4) tokens against rows in groups of four as in q4_K_rows, with the same prefetch: per
+ * super-block each row's nibbles are unpacked once and used for every token, so the rows stream
+ * from memory once for the batch. Tokens go in pairs, the pair's maddubs results added by one
+ * horizontal add (int16 lanes of at most 2 * 3810) before the multiplication by the sub-block's
+ * scale, as in q4_K_tok4; an odd last token alone. The integer sums per 128-bit half are exact
+ * whatever their order; the float work per token is q4_K_rows' step for step, so each token gets
+ * the floats it gets alone. */
+AVX2 SPECIALIZE static inline void q4_K_rows_m(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
+{
+    const struct kiri_block_q8_K *y[4];
+    for (int t = 0; t < 4; t++)
+        y[t] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t < m ? t : m - 1) * as);
+    const int np = m / 2, odd = m % 2;
+    const int64_t nb = k / KIRI_QK_K;
+    const size_t bs = sizeof(struct kiri_block_q4_K);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t r = 0; r < nr; r += 4) {
+        const char *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r + 4, 4, nr, nx); /* two groups ahead */
+        __m256 accq[4], accm01[4], accm23[4];
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < m; t++)
+            accq[t] = accm01[t] = accm23[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const size_t o = (size_t)b * bs;
+            prefetch_rows(pf, 4, o, bs);
+            __m128i hd[4], u[4];
+            __m256i isp[2][4], iss[4]; /* [pair][row] and the odd token's [row] */
+            UNROLL
+            for (int i = 0; i < 4; i++) {
+                hd[i] = _mm_loadu_si128((const __m128i *)(x[i] + o));
+                u[i] = unpack_header_k4(hd[i]);
+                const __m256i scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(u[i])); /* [sc0 .. sc7] */
+                __m256i ap[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, as1 = _mm256_setzero_si256();
+                UNROLL
+                for (int j = 0; j < 4; j++) {
+                    const __m256i q = load256(x[i] + o + offsetof(struct kiri_block_q4_K, qs) + 32 * j);
+                    const __m256i lo = _mm256_and_si256(q, m4);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    const __m256i sl = _mm256_shuffle_epi8(scw, _mm256_set1_epi16((short)(0x0404 * j + 0x0100)));
+                    const __m256i sh = _mm256_shuffle_epi8(scw, _mm256_set1_epi16((short)(0x0404 * j + 0x0302)));
+                    _Pragma("GCC unroll 2")
+                    for (int p = 0; p < np; p++) {
+                        const int8_t *a0 = y[2 * p][b].qs + 64 * j, *a1 = y[2 * p + 1][b].qs + 64 * j;
+                        const __m256i pl = _mm256_hadd_epi16(_mm256_maddubs_epi16(lo, load256(a0)),
+                                                             _mm256_maddubs_epi16(lo, load256(a1)));
+                        const __m256i ph = _mm256_hadd_epi16(_mm256_maddubs_epi16(hi, load256(a0 + 32)),
+                                                             _mm256_maddubs_epi16(hi, load256(a1 + 32)));
+                        ap[p] = _mm256_add_epi32(ap[p], _mm256_add_epi32(_mm256_madd_epi16(pl, sl),
+                                                                         _mm256_madd_epi16(ph, sh)));
+                    }
+                    if (odd) {
+                        const int8_t *a2 = y[m - 1][b].qs + 64 * j;
+                        const __m256i pl = _mm256_maddubs_epi16(lo, load256(a2));
+                        const __m256i ph = _mm256_maddubs_epi16(hi, load256(a2 + 32));
+                        as1 = _mm256_add_epi32(as1, _mm256_add_epi32(_mm256_madd_epi16(pl, sl),
+                                                                     _mm256_madd_epi16(ph, sh)));
+                    }
+                }
+                _Pragma("GCC unroll 2")
+                for (int p = 0; p < np; p++)
+                    isp[p][i] = ap[p];
+                iss[i] = as1;
+            }
+            __m256i is[4]; /* per token: [r0 r1 r2 r3] per half, fold_i32 of q4_K_rows' is */
+            _Pragma("GCC unroll 2")
+            for (int p = 0; p < np; p++)
+                unpair(isp[p], &is[2 * p], &is[2 * p + 1]);
+            if (odd)
+                is[m - 1] = fold_i32(iss[0], iss[1], iss[2], iss[3]);
+            const __m256i mn01 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(u[0], u[1]));
+            const __m256i mn23 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(u[2], u[3]));
+            const __m128i dd = _mm_unpacklo_epi64(_mm_unpacklo_epi32(hd[0], hd[1]), _mm_unpacklo_epi32(hd[2], hd[3]));
+            const __m256 dx = _mm256_cvtph_ps(dd);
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < m; t++) {
+                const __m256i bsv = _mm256_madd_epi16(load256(y[t][b].bsums), _mm256_set1_epi16(1));
+                const __m128i bs8 = _mm_packs_epi32(_mm256_castsi256_si128(bsv), _mm256_extracti128_si256(bsv, 1));
+                const __m256i bs2 = _mm256_broadcastsi128_si256(bs8);
+                const __m256 dv = _mm256_mul_ps(dx, _mm256_set1_ps(y[t][b].d));
+                const __m256 d = _mm256_permutevar8x32_ps(dv, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+                const __m256 dm01 = _mm256_permutevar8x32_ps(dv, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
+                const __m256 dm23 = _mm256_permutevar8x32_ps(dv, _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7));
+                accq[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), d, accq[t]);
+                accm01[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mn01, bs2)), dm01, accm01[t]);
+                accm23[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mn23, bs2)), dm23, accm23[t]);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < m; t++) {
+            float q[4], mm[16];
+            _mm_storeu_ps(q, quad_sum(accq[t]));
+            _mm256_storeu_ps(mm, accm01[t]);
+            _mm256_storeu_ps(mm + 8, accm23[t]);
+            for (int i = 0; i < 4 && r + i < nr; i++)
+                dst[(size_t)t * ds + (size_t)(r + i)] =
+                    q[i] - ((mm[4 * i] + mm[4 * i + 1]) + (mm[4 * i + 2] + mm[4 * i + 3]));
+        }
+    }
+}
+
+GEMM_DRIVER_SMALL(gemm_q4_K_avx2, q4_K_tok4, q4_K_rows, q4_K_rows_m)
 
 /* ---------------------------------------------------------------------------------------------
  * Q6_K weights, Q8_K activations: x = d sc_g (q - 32) per group of 16, q in 0..63, so
@@ -898,7 +998,7 @@ AVX2 static inline __m256i q6_K_row(const struct kiri_block_q6_K *x, const struc
     return _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5));
 }
 
-AVX2 static void q6_K_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+AVX2 ONE_TOKEN static void q6_K_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
 {
     const struct kiri_block_q8_K *y = a;
     const int64_t nb = k / KIRI_QK_K;
@@ -922,7 +1022,99 @@ AVX2 static void q6_K_rows(int64_t k, const void *w, size_t ws, const void *a, f
     }
 }
 
-GEMM_DRIVER(gemm_q6_K_avx2, q6_K_tok4, q6_K_rows)
+/* m (2..4) tokens against rows in quads as in q6_K_rows, with the same prefetch: per super-block
+ * each row's quants are unpacked once and used for every token (four tokens: see below). Tokens
+ * go in pairs as in q4_K_rows_m (a pair's pair sums, at most 2 * 16002, added in int16 as in
+ * q6_K_tok4), an odd last token alone. The integer sums per 128-bit half are exact whatever their
+ * order; the float work per token is q6_K_rows' step for step. */
+AVX2 SPECIALIZE static inline void q6_K_rows_m(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
+{
+    const struct kiri_block_q8_K *y[4];
+    for (int t = 0; t < 4; t++)
+        y[t] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t < m ? t : m - 1) * as);
+    /* Four tokens: q6_K_tok4, one row at a time with the tokens in the lanes, is faster and gives
+     * the same floats: per token and 128-bit half the same integer sum, the same products d * d_a
+     * and the same order of additions, in a token's lane rather than a row's. */
+    if (m == 4) {
+        const void *ap[4] = {y[0], y[1], y[2], y[3]};
+        float *op[4] = {dst, dst + ds, dst + 2 * ds, dst + 3 * ds};
+        q6_K_tok4(k, w, ws, ap, op, 4, nr);
+        return;
+    }
+    const int np = m / 2, odd = m % 2;
+    const int64_t nb = k / KIRI_QK_K;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const struct kiri_block_q6_K *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = (const struct kiri_block_q6_K *)tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r + 4, 4, nr, nx); /* two groups ahead */
+        __m256 acc[4];
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < m; t++)
+            acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], sizeof *x[0]);
+            __m256i isp[2][4], iss[4]; /* [pair][row] and the odd token's [row] */
+            UNROLL
+            for (int i = 0; i < 4; i++) {
+                __m256i ap[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, as1 = _mm256_setzero_si256();
+                UNROLL
+                for (int h = 0; h < 2; h++) {
+                    __m256i q[4];
+                    q6_unpack(&x[i][b], h, q);
+                    const __m256i scb = q6_scales(&x[i][b], h);
+                    UNROLL
+                    for (int kk = 0; kk < 4; kk++) {
+                        const __m256i sck = q6_pick(scb, kk);
+                        const int o = 128 * h + 32 * kk;
+                        _Pragma("GCC unroll 2")
+                        for (int p = 0; p < np; p++) {
+                            const __m256i p0 = _mm256_maddubs_epi16(q[kk], load256(y[2 * p][b].qs + o));
+                            const __m256i p1 = _mm256_maddubs_epi16(q[kk], load256(y[2 * p + 1][b].qs + o));
+                            ap[p] = _mm256_add_epi32(ap[p], _mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), sck));
+                        }
+                        if (odd) {
+                            const __m256i p2 = _mm256_maddubs_epi16(q[kk], load256(y[m - 1][b].qs + o));
+                            as1 = _mm256_add_epi32(as1, _mm256_madd_epi16(p2, sck));
+                        }
+                    }
+                }
+                /* The -32 offset: bsums against the scales, in the halves q6_K_row has them. */
+                const __m256i sc16 = q6_scales16(&x[i][b]);
+                _Pragma("GCC unroll 2")
+                for (int p = 0; p < np; p++) {
+                    const __m256i bias = _mm256_hadd_epi32(_mm256_madd_epi16(load256(y[2 * p][b].bsums), sc16),
+                                                           _mm256_madd_epi16(load256(y[2 * p + 1][b].bsums), sc16));
+                    isp[p][i] = _mm256_sub_epi32(ap[p], _mm256_slli_epi32(bias, 5));
+                }
+                if (odd) {
+                    const __m256i bias = _mm256_madd_epi16(load256(y[m - 1][b].bsums), sc16);
+                    iss[i] = _mm256_sub_epi32(as1, _mm256_slli_epi32(bias, 5));
+                }
+            }
+            __m256i s[4]; /* per token: [r0 r1 r2 r3] per half, q6_K_rows' fold */
+            _Pragma("GCC unroll 2")
+            for (int p = 0; p < np; p++)
+                unpair(isp[p], &s[2 * p], &s[2 * p + 1]);
+            if (odd)
+                s[m - 1] = fold_i32(iss[0], iss[1], iss[2], iss[3]);
+            const __m256 dx = quad_f16(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < m; t++) {
+                const __m256 d = _mm256_mul_ps(dx, _mm256_set1_ps(y[t][b].d));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), d, acc[t]);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < m; t++)
+            put_rows(acc[t], dst + (size_t)t * ds + r, nr - r);
+    }
+}
+
+GEMM_DRIVER_SMALL(gemm_q6_K_avx2, q6_K_tok4, q6_K_rows, q6_K_rows_m)
 
 /* ---------------------------------------------------------------------------------------------
  * F32 and F16: plain FMA tiles of 4 rows x 2 tokens (8 accumulators), values widened on load;
@@ -1003,6 +1195,8 @@ void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx2;
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* GEMM_DRIVER_SMALL */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
+    k->gemm_stream[KIRI_TYPE_Q4_K] = 4;
+    k->gemm_stream[KIRI_TYPE_Q6_K] = 4;
 }
 
 #else
