@@ -375,9 +375,9 @@ def _check_subset(case, toks, rows, at, kv, what, L, E):
 
 
 def _cpu_tiers():
-    """The CPU kernel tiers (kiri_model_params.cpu_kernels) below this machine's best one: each
-    holds its own kernels to the references, whatever tier the other tests ran on. From the
-    kernel flags Linux reports; a tier the CPU lacks is not listed."""
+    """The CPU kernel tiers (kiri_model_params.cpu_kernels) this machine runs: each holds its own
+    kernels to the references, whatever tier the other tests ran on. From the kernel flags Linux
+    reports; a tier the CPU lacks is not listed."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = set(next((ln for ln in f if ln.startswith(("flags", "Features"))), ":").split(":")[1].split())
@@ -386,6 +386,8 @@ def _cpu_tiers():
     tiers = ["c"]
     if {"avx2", "fma", "f16c"} <= flags:
         tiers.append("avx2")
+    if {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+        tiers.append("avx512")
     if {"asimddp"} <= flags:
         tiers += ["neon"]
     return tiers
@@ -397,17 +399,21 @@ TIER_CASES = [c for c in CASES if c.name.startswith("qwen2-") and "fullvocab" no
 @pytest.mark.parametrize("tier", _cpu_tiers())
 @pytest.mark.parametrize("model", TIER_CASES, indirect=True, ids=repr)
 def test_cpu_kernel_tiers(model, tier, dump_tool):
-    """Every weight type through each lower CPU kernel tier (the portable C kernels, AVX2 without
-    AVX-512, NEON without dotprod), token by token and in 7-token chunks (the prefill kernels),
-    held to the same references as the best tier."""
+    """Every weight type through each CPU kernel tier (the portable C kernels, AVX2 without
+    AVX-512, AVX-512, NEON without dotprod), token by token and in chunks of 3 tokens (the
+    small-batch products) and 7 (the prefill tiles), held to the same references."""
     kv = "f32" if model.wtype == "F32" else "f16"
     toks = prompts(model)[2]
     K, _ = run_dump(dump_tool, model.path, toks, kv=kv, cpu_kernels=tier)
     check_rows(model, toks, K.astype(np.float64), kv, f"token by token, {tier} kernels")
-    chunked, _ = run_dump(dump_tool, model.path, toks, kv=kv, chunk=7, cpu_kernels=tier)
-    pos = list(range(6, len(toks), 7)) + [len(toks) - 1]
-    _check_subset(model, toks, chunked.astype(np.float64), pos, kv, f"--chunk 7, {tier} kernels",
-                  llama_logits(model.path, toks, kv), exact_logits(model.path, toks))
+    # Chunks of 3 take the small-batch products (2-4 tokens), chunks of 7 the prefill tiles.
+    L, E = llama_logits(model.path, toks, kv), exact_logits(model.path, toks)
+    for chunk in (3, 7):
+        rows, _ = run_dump(dump_tool, model.path, toks, kv=kv, chunk=chunk, cpu_kernels=tier)
+        pos = list(range(chunk - 1, len(toks), chunk))
+        if pos[-1] != len(toks) - 1:
+            pos.append(len(toks) - 1)
+        _check_subset(model, toks, rows.astype(np.float64), pos, kv, f"--chunk {chunk}, {tier} kernels", L, E)
 
 
 @pytest.mark.parametrize("model", F32_CASES, indirect=True, ids=repr)
