@@ -441,7 +441,9 @@ def test_models_dir_by_name_and_eviction(fl, tmp_path, figures):
         r = s.post("/v1/completions", dict(GREEDY, model="c"))
         assert r.status == 404 and r.json["error"]["code"] == "model_not_found"
         # While requests hold b, the one-byte budget cannot take a: 503 with Retry-After.
-        streams = Streams(s.port, dict(STREAMED, model="b", max_tokens=3000, temperature=1.0, seed=3, n=8), 6)
+        # Greedy: on this small-vocabulary model sampled sequences meet EOS within a few hundred
+        # tokens, so sampled streams could end before the request for a arrives.
+        streams = Streams(s.port, dict(STREAMED, model="b", max_tokens=1000, temperature=0, n=8), 6)
         deadline = time.monotonic() + 20   # b must be serving them (a loaded machine starts late)
         while s.metrics().get("kiri_requests_running", 0) < 1:
             assert time.monotonic() < deadline, "the streams on b never started"
