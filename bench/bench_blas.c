@@ -65,11 +65,6 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static size_t row_bytes(int type, int64_t k)
-{
-    return (size_t)(k / kiri_type_block_size(type)) * kiri_type_size(type);
-}
-
 /* ---- the BLAS path: dequantize a tile of rows over the pool, then sgemm ---- */
 
 struct deq_job {
@@ -92,7 +87,7 @@ static void deq_worker(void *arg, int ith, int nth)
 static void blas_matmul(struct kiri_threadpool *tp, int type, const unsigned char *w, int64_t rows,
                         int64_t k, const float *x, int64_t nt, float *y, float *scratch, int64_t tile)
 {
-    const size_t rb = row_bytes(type, k);
+    const size_t rb = kiri_row_bytes(type, k);
     for (int64_t r = 0; r < rows; r += tile) {
         const int64_t m = rows - r < tile ? rows - r : tile;
         struct deq_job j = {type, w + (size_t)r * rb, rb, m, k, scratch};
@@ -131,7 +126,7 @@ static void tensor2(struct kiri_tensor *t, int type, void *data, int64_t ne0, in
     t->ne[1] = ne1;
     t->ne[2] = t->ne[3] = 1;
     t->nb[0] = kiri_type_size(type);
-    t->nb[1] = row_bytes(type, ne0);
+    t->nb[1] = kiri_row_bytes(type, ne0);
     t->nb[2] = t->nb[3] = t->nb[1] * (size_t)ne1;
     t->data = data;
 }
@@ -179,7 +174,7 @@ int main(int argc, char **argv)
     unsigned char *wq[N_MAT];
     for (int i = 0; i < N_MAT; i++) {
         wdeq[i] = xmalloc((size_t)(mats[i].rows * mats[i].k) * sizeof(float));
-        wq[i] = xmalloc((size_t)mats[i].rows * row_bytes(KIRI_TYPE_Q8_0, mats[i].k)); /* largest */
+        wq[i] = xmalloc((size_t)mats[i].rows * kiri_row_bytes(KIRI_TYPE_Q8_0, mats[i].k)); /* largest */
     }
 
     uint32_t features = kiri_platform_cpu_features();
@@ -198,7 +193,7 @@ int main(int argc, char **argv)
     for (int ti = 0; ti < N_TYPES; ti++) {
         const int type = types[ti];
         for (int i = 0; i < N_MAT; i++) {
-            const size_t rb = row_bytes(type, mats[i].k);
+            const size_t rb = kiri_row_bytes(type, mats[i].k);
             for (int64_t r = 0; r < mats[i].rows; r++)
                 kiri_cpu_quantize_row(type, wf[i] + (size_t)(r * mats[i].k), wq[i] + (size_t)r * rb, mats[i].k);
             kiri_cpu_dequantize_row(type, wq[i], wdeq[i], mats[i].rows * mats[i].k);
@@ -255,7 +250,7 @@ int main(int argc, char **argv)
 
                     t0 = kiri_platform_now(); /* the dequantization share of the blas path */
                     for (int i = 0; i < N_MAT; i++) {
-                        const size_t rb = row_bytes(type, mats[i].k);
+                        const size_t rb = kiri_row_bytes(type, mats[i].k);
                         for (int64_t r = 0; r < mats[i].rows; r += tile) {
                             const int64_t m = mats[i].rows - r < tile ? mats[i].rows - r : tile;
                             struct deq_job j = {type, wq[i] + (size_t)r * rb, rb, m, mats[i].k, scratch};

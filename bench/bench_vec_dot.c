@@ -70,6 +70,20 @@ static double time_gemm(kiri_gemm_fn fn, int64_t n, const unsigned char *w, size
     return bytes / ((t1 - t0) * 1e9);
 }
 
+/* The gemm benchmarks' weights: the N_ROWS rows of x quantized to type t into w (the L2 case),
+ * and as many copies of them as fit in the `big` bytes of wb (the DRAM case, realistic values).
+ * Returns the number of rows in wb. */
+static int64_t gemm_rows(int t, const float *x, int64_t n, unsigned char *w, unsigned char *wb, size_t big)
+{
+    const size_t rb = kiri_row_bytes(t, n);
+    for (int r = 0; r < N_ROWS; r++)
+        kiri_cpu_quantize_row(t, x + (size_t)r * n, w + (size_t)r * rb, n);
+    const int64_t nbig = (int64_t)(big / rb);
+    for (int64_t r = 0; r < nbig; r++)
+        memcpy(wb + (size_t)r * rb, w + (size_t)(r % N_ROWS) * rb, rb);
+    return nbig;
+}
+
 static double time_quant(kiri_from_float_fn fn, const float *x, void *dst, int64_t n, double ms)
 {
     double t0 = kiri_platform_now(), t1;
@@ -121,7 +135,7 @@ int main(int argc, char **argv)
     printf("%-6s %12s %12s %9s %12s\n", "type", "ref ns/row", "best ns/row", "speedup", "best GB/s");
     for (size_t c = 0; c < (only_gemm ? 0 : sizeof types / sizeof types[0]); c++) {
         const int t = types[c], vt = kiri_cpu_vec_dot_type(t);
-        const size_t rb = (size_t)(n / kiri_type_block_size(t)) * kiri_type_size(t);
+        const size_t rb = kiri_row_bytes(t, n);
         for (int r = 0; r < N_ROWS; r++)
             kiri_cpu_quantize_row(t, x + (size_t)r * n, w + (size_t)r * rb, n);
         ref.from_float[vt](x, act, n);
@@ -174,12 +188,8 @@ int main(int argc, char **argv)
         const int t = gtypes[c], vt = kiri_cpu_vec_dot_type(t);
         if (!g2.gemm[t])
             continue;
-        const size_t rb = (size_t)(n / kiri_type_block_size(t)) * kiri_type_size(t);
-        for (int r = 0; r < N_ROWS; r++)
-            kiri_cpu_quantize_row(t, x + (size_t)r * n, w + (size_t)r * rb, n);
-        const int64_t nbig = (int64_t)(big / rb);
-        for (int64_t r = 0; r < nbig; r++) /* copies of the 64 rows, so the values are realistic */
-            memcpy(wb + (size_t)r * rb, w + (size_t)(r % N_ROWS) * rb, rb);
+        const size_t rb = kiri_row_bytes(t, n);
+        const int64_t nbig = gemm_rows(t, x, n, w, wb, big);
         ref.from_float[vt](x, act, n);
         const double l2a = time_gemm(g2.gemm[t], n, w, rb, N_ROWS, N_ROWS, act, as, 1, out, ms);
         const double l2b = time_gemm(g512.gemm[t], n, w, rb, N_ROWS, N_ROWS, act, as, 1, out, ms);
@@ -193,12 +203,8 @@ int main(int argc, char **argv)
         const int t = gtypes[c], vt = kiri_cpu_vec_dot_type(t);
         if (!g2.gemm[t])
             continue;
-        const size_t rb = (size_t)(n / kiri_type_block_size(t)) * kiri_type_size(t);
-        for (int r = 0; r < N_ROWS; r++)
-            kiri_cpu_quantize_row(t, x + (size_t)r * n, w + (size_t)r * rb, n);
-        const int64_t nbig = (int64_t)(big / rb);
-        for (int64_t r = 0; r < nbig; r++)
-            memcpy(wb + (size_t)r * rb, w + (size_t)(r % N_ROWS) * rb, rb);
+        const size_t rb = kiri_row_bytes(t, n);
+        const int64_t nbig = gemm_rows(t, x, n, w, wb, big);
         for (int i = 0; i < MAX_NT; i++) /* distinct tokens: rows of x */
             ref.from_float[vt](x + (size_t)i * (size_t)n, tok + (size_t)i * as, n);
         static const int nts[] = {2, 3, 4, 8};

@@ -60,12 +60,6 @@ void ops_check_init(struct ops_check *o, const struct kiri_cpu_kernels *k, const
  * Helpers
  * ------------------------------------------------------------------------------------------- */
 
-/* Bytes of one cache row. */
-static size_t row_size(int kv_type, int d)
-{
-    return (size_t)(d / kiri_type_block_size(kv_type)) * kiri_type_size(kv_type);
-}
-
 /* n floats uniform in [-spread, spread). */
 static float *random_floats(size_t n, float spread)
 {
@@ -155,7 +149,7 @@ static void cache_init(struct cache *c, int kv_type, int head_dim, int n_rows, s
     fill_rows(c->k, kv_type, n_rows, head_dim, stride);
     fill_rows(c->v, kv_type, n_rows, head_dim, stride);
     for (int s = 1; same && s < n_rows; s++)
-        memcpy((char *)c->k + (size_t)s * stride, c->k, row_size(kv_type, head_dim));
+        memcpy((char *)c->k + (size_t)s * stride, c->k, kiri_row_bytes(kv_type, head_dim));
 }
 
 static void cache_free(struct cache *c)
@@ -227,7 +221,7 @@ void ops_check_attend_head(struct ops_check *o)
         const struct attn_case *tc = &attn_cases[c];
         const int d = tc->head_dim, n_rows = cache_rows(tc->n_kv, 11);
         struct cache kv;
-        cache_init(&kv, tc->kv_type, d, n_rows, row_size(tc->kv_type, d) + 32, tc->same_keys);
+        cache_init(&kv, tc->kv_type, d, n_rows, kiri_row_bytes(tc->kv_type, d) + 32, tc->same_keys);
         int32_t *slots = pick_slots(tc->n_kv, 3, n_rows);
         float *q = random_floats((size_t)d, tc->q_scale);
         float *s_ref = test_xmalloc((size_t)tc->n_kv * sizeof(float)), *s_fast = scratch_alloc((size_t)tc->n_kv);
@@ -283,7 +277,7 @@ void ops_check_attend_group(struct ops_check *o)
         const struct attn_case *tc = &group_cases[c];
         const int d = tc->head_dim, n_rows = cache_rows(tc->n_kv, 5);
         struct cache kv;
-        cache_init(&kv, tc->kv_type, d, n_rows, row_size(tc->kv_type, d) * 3, tc->same_keys);
+        cache_init(&kv, tc->kv_type, d, n_rows, kiri_row_bytes(tc->kv_type, d) * 3, tc->same_keys);
         int32_t *slots = pick_slots(tc->n_kv, 1, n_rows);
         float *s_ref = test_xmalloc((size_t)tc->n_kv * sizeof(float)), *o_ref = test_xmalloc((size_t)d * sizeof(float));
         const float scale = 1.0f / sqrtf((float)d);
@@ -366,7 +360,7 @@ void ops_check_attend_tile(struct ops_check *o)
         const int rows = tc->n_t * tc->n_q;
         CHECK(rows <= KIRI_ATTEND_TILE_ROWS);
         struct cache kv;
-        cache_init(&kv, tc->kv_type, d, n_rows, row_size(tc->kv_type, d) * 2, tc->same_keys);
+        cache_init(&kv, tc->kv_type, d, n_rows, kiri_row_bytes(tc->kv_type, d) * 2, tc->same_keys);
         int32_t *slots = pick_slots(n_max, 2, n_rows);
         int32_t n_kv[KIRI_ATTEND_TILE_ROWS];
         for (int i = 0; i < tc->n_t && i < KIRI_ATTEND_TILE_ROWS; i++)

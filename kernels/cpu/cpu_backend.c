@@ -210,12 +210,18 @@ static void run_store_kv(struct kiri_backend *be, const struct kiri_node *nd, in
     }
 }
 
+/* Token t's key count from the step's metadata; one outside [0, slots_cap] counts as none. */
+static int32_t attention_n_kv(const int32_t *meta, int64_t t, int64_t slots_cap)
+{
+    const int32_t n = meta[2 * t];
+    return n < 0 || n > slots_cap ? 0 : n;
+}
+
 /* Cost of one (token, head) pair of attention: its keys, plus a fixed share for the query's own
  * work. */
 static int64_t attention_cost(const int32_t *meta, int64_t t, int64_t slots_cap)
 {
-    const int64_t n_kv = meta[2 * t];
-    return (n_kv > 0 && n_kv <= slots_cap ? n_kv : 0) + 16;
+    return attention_n_kv(meta, t, slots_cap) + 16;
 }
 
 /* The first (token, head) pair whose work starts at or after `target` (in attention_cost units). */
@@ -293,8 +299,7 @@ static void run_attention_tiles(struct kiri_backend *be, const struct kiri_node 
         int32_t n_kv[KIRI_ATTEND_TILE_ROWS];
         int n_max = 0;
         for (t1 = t0; t1 < n_tok && t1 - t0 < per && meta[2 * t1 + 1] == meta[2 * t0 + 1]; t1++) {
-            int32_t n = meta[2 * t1];
-            n = n < 0 || (size_t)n > slots_cap ? 0 : n;
+            const int32_t n = attention_n_kv(meta, t1, (int64_t)slots_cap);
             n_kv[t1 - t0] = n;
             n_max = n > n_max ? n : n_max;
         }
@@ -347,9 +352,7 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
         const int64_t t = j / p->n_head;
         const int h = (int)(j % p->n_head);
         if (t != built_for) {
-            n_kv = meta[2 * t];
-            if (n_kv < 0 || (size_t)n_kv > slots_cap)
-                n_kv = 0;
+            n_kv = attention_n_kv(meta, t, (int64_t)slots_cap);
             attention_slots(slots, tables + meta[2 * t + 1], n_kv, p->block_size);
             built_for = t;
         }
