@@ -40,14 +40,13 @@
 #include <arm_neon.h>
 #include <string.h>
 
-/* GCC inlines the SDOT and SMMLA intrinsics in functions compiled for them by attribute; clang
- * (before 16) declares them only when the whole file is built for those features, so with clang
- * the instructions are written as inline assembly, as in quants_neon.c. */
+#include "neon_sdot.h"
+
+/* SMMLA is compiled in by attribute like SDOT (neon_sdot.h), and for the same reason written as
+ * inline assembly with clang. */
 #if defined(__clang__)
-#define SDOT __attribute__((target("dotprod")))
 #define I8MM __attribute__((target("dotprod,i8mm")))
 #else
-#define SDOT __attribute__((target("arch=armv8.2-a+dotprod")))
 #define I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm")))
 #endif
 /* A kernel body, inlined with constant tile sizes so its accumulator arrays live in registers. */
@@ -68,26 +67,11 @@
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static inline float h2f(kiri_f16 h)
-{
-    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
-}
-
 /* Four half-precision scales as floats (exact). */
 static inline float32x4_t h2f4(kiri_f16 h0, kiri_f16 h1, kiri_f16 h2, kiri_f16 h3)
 {
     const uint16_t h[4] = {h0, h1, h2, h3};
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
-}
-
-SDOT static inline int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b)
-{
-#if defined(__clang__)
-    __asm__("sdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
-    return acc;
-#else
-    return vdotq_s32(acc, a, b);
-#endif
 }
 
 /* acc + the 2x2 products of the two 8-byte halves of a with those of b:
@@ -113,7 +97,8 @@ static inline int8x16_t zip_hi(int8x16_t a, int8x16_t b)
     return vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b)));
 }
 
-/* Weight row i of a tile of nr rows, repeating the last row past the end. */
+/* Row i of nr rows of ws bytes each (weights of a tile, or tokens), repeating the last row past
+ * the end. */
 static inline const char *tile_row(const void *w, size_t ws, int64_t i, int64_t nr)
 {
     return (const char *)w + (size_t)(i < nr ? i : nr - 1) * ws;
@@ -154,6 +139,17 @@ static inline void put4(float *out, float32x4_t v, int64_t n, int first)
     vst1q_f32(t, v);
     for (int64_t i = 0; i < n; i++)
         out[i] = first ? t[i] : out[i] + t[i];
+}
+
+/* put4 for an SMMLA micro-tile of rows r .. r + 3 and tokens t = 2p, t' = 2p + 1: a0 is the 2x2
+ * tile [r t, r t', r+1 t, r+1 t'], a1 the same for rows r + 2, r + 3, so the even lanes are
+ * token t's four rows and the odd lanes token t''s; t' is written only while below nt. */
+static inline void put_pair(float *dst, size_t ds, int64_t r, int64_t nr, int p, int nt,
+                            float32x4_t a0, float32x4_t a1, int first)
+{
+    put4(dst + (size_t)(2 * p) * ds + r, vuzp1q_f32(a0, a1), nr - r, first);
+    if (2 * p + 1 < nt)
+        put4(dst + (size_t)(2 * p + 1) * ds + r, vuzp2q_f32(a0, a1), nr - r, first);
 }
 
 /* The tile of a product over no whole block: every dot product is 0, as the reference's. */
@@ -235,7 +231,7 @@ static inline void group_tokens(const void *a, size_t as, int64_t t0, int64_t nt
                                 const struct kiri_block_q8_0 *at[TILE_T])
 {
     for (int i = 0; i < TILE_T; i++)
-        at[i] = (const struct kiri_block_q8_0 *)((const char *)a + (size_t)min64(t0 + i, nt - 1) * as);
+        at[i] = (const struct kiri_block_q8_0 *)tile_row(a, as, t0 + i, nt);
 }
 
 SDOT BODY void gemm_sdot(int q4, int64_t k, const void *w, size_t ws, const void *a, size_t as,
@@ -321,14 +317,9 @@ I8MM BODY void rows_i8mm(int q4, int np, int nt, const void *w, size_t ws, int64
                 }
             }
         }
-        /* acc[h][p] is [r(2h) t(2p), r(2h) t(2p+1), r(2h+1) t(2p), r(2h+1) t(2p+1)]: the even
-         * lanes of the two row pairs are token 2p's four rows, the odd lanes token 2p + 1's. */
         UNROLL
-        for (int p = 0; p < np; p++) {
-            put4(dst + (size_t)(2 * p) * ds + r, vuzp1q_f32(acc[0][p], acc[1][p]), nr - r, first);
-            if (2 * p + 1 < nt)
-                put4(dst + (size_t)(2 * p + 1) * ds + r, vuzp2q_f32(acc[0][p], acc[1][p]), nr - r, first);
-        }
+        for (int p = 0; p < np; p++)
+            put_pair(dst, ds, r, nr, p, nt, acc[0][p], acc[1][p], first);
     }
 }
 
@@ -428,6 +419,15 @@ struct ktok {
     float d[KCHUNK][SDOT_T];
     int32_t bs[KCHUNK][SDOT_T][16]; /* Q4_K: 8 sums of 32 values; Q6_K: 16 of 16 */
 };
+
+/* The activation sum that sub-block or group g (0..15) of y meets: Q6_K's 16-value groups are the
+ * bsums themselves; Q4_K's eight 32-value sub-blocks take two bsums each (0 past the eighth). */
+static inline int32_t sub_bsum(int q6, const struct kiri_block_q8_K *y, int g)
+{
+    if (q6)
+        return y->bsums[g];
+    return g < 8 ? y->bsums[2 * g] + y->bsums[2 * g + 1] : 0;
+}
 
 /* Row r's 16 bytes r[0..15] for 4 rows, as 16 int32 vectors: t[g] = [r0[g] r1[g] r2[g] r3[g]]
  * (bytes read as signed). */
@@ -628,7 +628,7 @@ SDOT BODY void gemm_k_sdot(int q6, int64_t k, const void *w, size_t ws, const vo
         const struct kiri_block_q8_K *at[TILE_T];
         const int n_tok = (int)min64(SDOT_T, nt - t0);
         for (int i = 0; i < TILE_T; i++)
-            at[i] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)min64(t0 + i, nt - 1) * as);
+            at[i] = (const struct kiri_block_q8_K *)tile_row(a, as, t0 + i, nt);
         float *d = dst + (size_t)t0 * ds;
         for (int64_t b0 = 0; b0 < nb; b0 += KCHUNK) {
             const int64_t n = min64(KCHUNK, nb - b0);
@@ -638,7 +638,7 @@ SDOT BODY void gemm_k_sdot(int q6, int64_t k, const void *w, size_t ws, const vo
                     const struct kiri_block_q8_K *y = &at[t][b0 + b];
                     tk.d[b][t] = y->d;
                     for (int g = 0; g < 16; g++)
-                        tk.bs[b][t][g] = q6 ? y->bsums[g] : g < 8 ? y->bsums[2 * g] + y->bsums[2 * g + 1] : 0;
+                        tk.bs[b][t][g] = sub_bsum(q6, y, g);
                 }
             switch (n_tok) {
             case 1: rows_k_sdot(q6, 1, w, ws, nr, b0, n, at, &tk, d, ds, first); break;
@@ -815,11 +815,8 @@ I8MM BODY void rows_k_i8mm(int q6, int np, int nt, const void *w, size_t ws, int
             }
         }
         UNROLL
-        for (int p = 0; p < np; p++) {
-            put4(dst + (size_t)(2 * p) * ds + r, vuzp1q_f32(acc[0][p], acc[1][p]), nr - r, first);
-            if (2 * p + 1 < nt)
-                put4(dst + (size_t)(2 * p + 1) * ds + r, vuzp2q_f32(acc[0][p], acc[1][p]), nr - r, first);
-        }
+        for (int p = 0; p < np; p++)
+            put_pair(dst, ds, r, nr, p, nt, acc[0][p], acc[1][p], first);
     }
 }
 
@@ -840,11 +837,7 @@ static inline void fill_kpairs(int q6, struct kpairs *tp, const struct kiri_bloc
                 vst1q_s8(q + 2 * o + 48, zip_hi(x1, y1));
             }
             for (int g = 0; g < 16; g++) {
-                int32_t sx = x->bsums[g], sy = y->bsums[g];
-                if (!q6) {
-                    sx = g < 8 ? x->bsums[2 * g] + x->bsums[2 * g + 1] : 0;
-                    sy = g < 8 ? y->bsums[2 * g] + y->bsums[2 * g + 1] : 0;
-                }
+                const int32_t sx = sub_bsum(q6, x, g), sy = sub_bsum(q6, y, g);
                 int32_t *v = tp->bs[b][p][g];
                 v[0] = v[2] = sx;
                 v[1] = v[3] = sy;
@@ -873,7 +866,7 @@ I8MM BODY void gemm_k_i8mm(int q6, int64_t k, const void *w, size_t ws, const vo
         }
         const struct kiri_block_q8_K *at[TILE_T];
         for (int i = 0; i < TILE_T; i++)
-            at[i] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)min64(t0 + i, nt - 1) * as);
+            at[i] = (const struct kiri_block_q8_K *)tile_row(a, as, t0 + i, nt);
         float *d = dst + (size_t)t0 * ds;
         for (int64_t b0 = 0; b0 < nb; b0 += KCHUNK) {
             const int64_t n = min64(KCHUNK, nb - b0);

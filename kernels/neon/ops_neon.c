@@ -88,6 +88,13 @@ INLINE void add_f64(float64x2_t *lo, float64x2_t *hi, float32x4_t e)
     *hi = vaddq_f64(*hi, vcvt_high_f64_f32(e));
 }
 
+/* Whether the NEON attention takes a cache of kv_type with head size d: F16 or F32, d a positive
+ * multiple of 4 up to max_d (what its query buffers hold); the rest goes to the reference. */
+static int neon_attend_ok(int kv_type, int d, int max_d)
+{
+    return (kv_type == KIRI_TYPE_F16 || kv_type == KIRI_TYPE_F32) && d % 4 == 0 && d > 0 && d <= max_d;
+}
+
 #define KROW(j) ((const char *)k + (size_t)slots[j] * k_stride)
 #define VROW(j) ((const char *)v + (size_t)slots[j] * v_stride)
 
@@ -153,7 +160,7 @@ static void attend_head_neon(const float *q, const void *k, size_t k_stride, con
                              int head_dim, float scale, float *scratch, float *out)
 {
     const int d = head_dim;
-    if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 4 != 0 || d <= 0 || d > 1024) {
+    if (!neon_attend_ok(kv_type, d, 1024)) {
         kiri_cpu_attend_head(q, k, k_stride, v, v_stride, kv_type, slots, n_kv, head_dim, scale,
                              scratch, out);
         return;
@@ -426,8 +433,7 @@ static void attend_group_neon(const float *q, size_t q_stride, int n_q, const vo
                               size_t out_stride)
 {
     const int d = head_dim;
-    const int ok = (kv_type == KIRI_TYPE_F16 || kv_type == KIRI_TYPE_F32) && d % 4 == 0 && d > 0 &&
-                   d <= 256;
+    const int ok = neon_attend_ok(kv_type, d, 256);
     const int f16 = kv_type == KIRI_TYPE_F16;
     int h = 0;
     if (ok) {
@@ -460,7 +466,7 @@ static void attend_tile_neon(const float *q, size_t q_tok, size_t q_head, int n_
     const int d = head_dim, rows = n_t * n_q;
     if (n_t <= 0 || n_q <= 0 || rows > KIRI_ATTEND_TILE_ROWS)
         return;
-    if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 4 != 0 || d <= 0 || d > 256) {
+    if (!neon_attend_ok(kv_type, d, 256)) {
         for (int r = 0; r < rows; r++)
             attend_head_neon(q + (size_t)(r / n_q) * q_tok + (size_t)(r % n_q) * q_head, k, k_stride,
                              v, v_stride, kv_type, slots, n_kv[r / n_q], d, scale, scratch,

@@ -7,8 +7,8 @@
  * with SDOT (Armv8.2 dotprod, optional before Armv8.4). Both are built from one body each: the
  * body takes the 16-pair dot product as a function argument and is always inlined into a base
  * wrapper and an SDOT wrapper, so the constant argument turns into inlined code and only the SDOT
- * wrapper (compiled for dotprod by a target attribute, see SDOT) contains the instruction. The
- * file is compiled without -march flags, so the binary runs on any AArch64 CPU.
+ * wrapper (compiled for dotprod by a target attribute, see neon_sdot.h) contains the instruction.
+ * The file is compiled without -march flags, so the binary runs on any AArch64 CPU.
  *
  * What must stay true:
  * - Same contracts as the reference kernels in kernels/cpu/quants.c. The activation quantizers
@@ -32,25 +32,14 @@
 #include <arm_neon.h>
 #include <string.h>
 
-/* The SDOT kernels are compiled for dotprod by attribute. GCC then inlines the SDOT intrinsic
- * there; clang (before 16) declares the intrinsic only when the whole file is built for dotprod,
- * so with clang the instruction is written as inline assembly. */
-#if defined(__clang__)
-#define SDOT __attribute__((target("dotprod")))
-#else
-#define SDOT __attribute__((target("arch=armv8.2-a+dotprod")))
-#endif
+#include "neon_sdot.h"
+
 /* A kernel body: inlined into both the base and the SDOT wrapper. */
 #define BODY static inline __attribute__((always_inline))
 
 /* ---------------------------------------------------------------------------------------------
  * Helpers
  * ------------------------------------------------------------------------------------------- */
-
-static inline float h2f(kiri_f16 h)
-{
-    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
-}
 
 static inline kiri_f16 f2h(float f)
 {
@@ -74,16 +63,6 @@ static inline int32x4_t dot16_neon(int32x4_t acc, int8x16_t a, int8x16_t b)
 {
     acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
     return vpadalq_s16(acc, vmull_high_s8(a, b));
-}
-
-SDOT static inline int32x4_t dot16_sdot(int32x4_t acc, int8x16_t a, int8x16_t b)
-{
-#if defined(__clang__)
-    __asm__("sdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
-    return acc;
-#else
-    return vdotq_s32(acc, a, b);
-#endif
 }
 
 /* The sum of one 32-value block's products: q0 against a[0..15], q1 against a[16..31]. */
@@ -337,7 +316,7 @@ BODY float dot_q6_K(int64_t n, const void *vx, const void *vy, dot16_fn dot)
     }                                                                                            \
     SDOT static void name##_sdot(int64_t n, float *s, const void *vx, const void *vy)           \
     {                                                                                            \
-        *s = body(n, vx, vy, dot16_sdot);                                                        \
+        *s = body(n, vx, vy, sdot);                                                              \
     }
 
 NEON_AND_SDOT(vec_dot_q4_0_q8_0, dot_q4_0)
