@@ -54,7 +54,10 @@ elseif(KIRI_CUDA)
   set(_cu_dir ${CMAKE_SOURCE_DIR}/kernels/cuda)
   set(_cu_out ${CMAKE_BINARY_DIR}/cuda_kernels)
   file(MAKE_DIRECTORY ${_cu_out})
-  set(_cu_flags -O3 -std=c++17 -fmad=false -Xcompiler=-fPIE,-fno-exceptions,-fno-threadsafe-statics -I${CMAKE_SOURCE_DIR}/runtime)
+  # What the kernels and the host-compiled unit checks share; the kernels add -O3 and the GPU targets.
+  set(_cu_base_flags -std=c++17 -fmad=false -Xcompiler=-fPIE,-fno-exceptions,-fno-threadsafe-statics
+      -I${CMAKE_SOURCE_DIR}/runtime)
+  set(_cu_flags -O3 ${_cu_base_flags})
   foreach(_a ${KIRI_CUDA_ARCHS})
     list(APPEND _cu_flags -gencode=arch=compute_${_a},code=sm_${_a})
   endforeach()
@@ -117,8 +120,7 @@ elseif(KIRI_CUDA)
     # runs everywhere, no GPU needed.
     add_custom_command(
       OUTPUT ${_cu_out}/cuda_units.o
-      COMMAND ${KIRI_NVCC} -O2 -std=c++17 -fmad=false -Xcompiler=-fPIE,-fno-exceptions,-fno-threadsafe-statics
-              -I${CMAKE_SOURCE_DIR}/runtime -c ${CMAKE_SOURCE_DIR}/tests/cuda_units.cu -o ${_cu_out}/cuda_units.o
+      COMMAND ${KIRI_NVCC} -O2 ${_cu_base_flags} -c ${CMAKE_SOURCE_DIR}/tests/cuda_units.cu -o ${_cu_out}/cuda_units.o
       DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda_units.cu ${_cu_headers} ${CMAKE_SOURCE_DIR}/kernels/cpu/cpu_kernels.h
       COMMENT "nvcc cuda_units.cu"
       VERBATIM)

@@ -370,16 +370,6 @@ static int cross(struct side *from, struct side *to, size_t bytes)
     return -1;
 }
 
-/* A cache made for the model as a whole (by a caller that did not ask kiri_model_kvcache_init)
- * moves to the split model's placement before its first step, once. */
-static int place_cache(const struct kiri_model *m, struct kiri_kvcache *kv)
-{
-    if (kiri_kvcache_n_first(kv) == m->n_offload && kiri_kvcache_backend(kv, 0) == m->off_be &&
-        kiri_kvcache_backend(kv, m->hp.n_layer - 1) == m->be)
-        return KIRI_OK;
-    return kiri_kvcache_place(kv, m->n_offload, m->off_iface, m->off_be, m->iface, m->be);
-}
-
 /* One step. Unsplit, the main backend runs every node. Split: the embedding on the main side,
  * layers [0, n_offload) on the offload side, then the other layers and the head on the main side;
  * the residual stream crosses over and back. */
@@ -435,15 +425,15 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
     for (int32_t i = 0; i < n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= n)
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "output row %d is outside the batch", b->out_rows[i]);
+    /* Each layer's keys and values must sit on the backend that runs the layer, as
+     * kiri_model_kvcache_init places them. */
+    if (kiri_kvcache_n_first(kv) != m->n_offload ||
+        (m->n_offload && kiri_kvcache_backend(kv, 0) != m->off_be) ||
+        kiri_kvcache_backend(kv, m->hp.n_layer - 1) != m->be)
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "the KV cache was not made for this model's placement");
 
     kiri_platform_mutex_lock(m->compute_lock);
-    int rc = m->n_offload ? place_cache(m, kv) : KIRI_OK;
-    if (rc < 0) {
-        kiri_platform_mutex_unlock(m->compute_lock);
-        return kiri_error_set(info, rc, "cannot move the KV cache to the backends of its layers (%s)",
-                              kiri_status_name(rc));
-    }
-    rc = run_step(g, kv, b);
+    int rc = run_step(g, kv, b);
     const struct kiri_tensor *lt = &g->main.t[T_LOGITS];
     const size_t lbytes = (size_t)m->hp.n_vocab * (size_t)n_out * sizeof(float);
     if (rc == 0 && !lt->data)

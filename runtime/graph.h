@@ -41,9 +41,8 @@ uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens
                                   int32_t max_table_entries);
 
 /* Runs one step. *logits (n_vocab * n_outputs floats, row i for out_rows[i]) is owned by the
- * graph and valid until the next run. For a split model, a cache whose layers are not on the
- * backends that run them (one made with kiri_kvcache_init on the model's main backend) is moved
- * there by the first run (kiri_kvcache_place); kiri_model_kvcache_init makes it there at once. */
+ * graph and valid until the next run. kv must come from kiri_model_kvcache_init (each layer's
+ * keys and values on the backend that runs the layer); another placement is KIRI_E_INVALID_ARG. */
 int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b,
                    const float **logits, struct kiri_status_info *info);
 

@@ -131,6 +131,17 @@ static void compare(struct backend_check *b, const char *name, const float *ref,
     }
 }
 
+/* compare() with the tolerance relative to max(1, |ref|) element by element. */
+static void compare_rel(struct backend_check *b, const char *name, const float *ref, const float *got, size_t n,
+                        double tol)
+{
+    double *scale = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        scale[i] = fmax(1.0, fabs((double)ref[i]));
+    compare(b, name, ref, got, scale, n, tol);
+    free(scale);
+}
+
 int backend_check_print_table(struct backend_check *b, FILE *f)
 {
     int failed = 0;
@@ -180,7 +191,7 @@ static void shape(struct kiri_tensor *t, int type, int64_t ne0, int64_t ne1, int
     t->ne[2] = ne2;
     t->ne[3] = 1;
     t->nb[0] = kiri_type_size(type);
-    t->nb[1] = (size_t)(ne0 / kiri_type_block_size(type)) * kiri_type_size(type);
+    t->nb[1] = kiri_row_bytes(type, ne0);
     t->nb[2] = t->nb[1] * (size_t)ne1;
     t->nb[3] = t->nb[2] * (size_t)ne2;
 }
@@ -499,16 +510,11 @@ static void test_rms_norm(struct backend_check *b)
             hn[k].p.eps = dn[k].p.eps = 1e-5f;
             run(b, hn, dn, 1);
             float *got = pair_download(b, out);
-            const size_t n = out->bytes / 4;
-            double *scale = malloc(n * sizeof(double));
-            for (size_t i = 0; i < n; i++)
-                scale[i] = fmax(1.0, fabs((double)((float *)out->mem)[i]));
             char name[64];
             snprintf(name, sizeof name, "rms_norm|F32|%lldx%lldx%lld%s%s", (long long)shapes[s][0],
                      (long long)shapes[s][1], (long long)shapes[s][2], s == 2 ? " no w" : "",
                      inplace ? " in place" : "");
-            compare(b, name, out->mem, got, scale, n, 4e-6);
-            free(scale);
+            compare_rel(b, name, out->mem, got, out->bytes / 4, 4e-6);
             free(got);
             pair_free(b, &x);
             pair_free(b, &w);
@@ -544,14 +550,9 @@ static void test_elementwise(struct backend_check *b)
             SRC(1, &pb);
             run(b, hn, dn, 1);
             float *got = pair_download(b, out);
-            const size_t n = (size_t)(e * r);
-            double *scale = malloc(n * sizeof(double));
-            for (size_t i = 0; i < n; i++)
-                scale[i] = fmax(1.0, fabs((double)((float *)out->mem)[i]));
             char name[64];
             snprintf(name, sizeof name, "%s|F32|%s", names[o], variants[variant]);
-            compare(b, name, out->mem, got, scale, n, ops[o] == KIRI_OP_SWIGLU ? 4e-6 : 0);
-            free(scale);
+            compare_rel(b, name, out->mem, got, (size_t)(e * r), ops[o] == KIRI_OP_SWIGLU ? 4e-6 : 0);
             free(got);
             pair_free(b, &pa);
             pair_free(b, &pb);
@@ -1132,8 +1133,8 @@ static int on_event(void *user, const struct kiri_token_event *ev)
     return 0;
 }
 
-/* With gpu_layers >= 0 the batching loop's cache (made for the model as a whole) is moved to the
- * split placement by the first step. */
+/* With gpu_layers >= 0 the batching loop's cache is split as the model's layers are (made by
+ * kiri_model_kvcache_init). */
 void backend_check_batcher(struct backend_check *b, int gpu_layers)
 {
     struct kiri_model_params mp;
