@@ -20,6 +20,7 @@
 #include "https.h"
 #include "kiri.h"
 #include "mem.h"
+#include "metrics.h"
 #include "upstream.h"
 #include "test.h"
 
@@ -442,7 +443,9 @@ static void test_forward_dead_port(void)
             CHECK(strstr(out.message, "circuit breaker") != NULL);
     }
     CHECK_EQ_INT(sink_calls, 0);
-    char *m = kiri_upstream_metrics(u);
+    struct kiri_upstream_stats us;
+    kiri_upstream_get_stats(u, &us);
+    char *m = kiri_metrics_render_upstream(kiri_mem_calloc(1, 1), &us);
     CHECK(m != NULL);
     if (m) {
         CHECK(strstr(m, "kiri_upstream_breaker_state 1\n") != NULL);

@@ -582,22 +582,6 @@ int kiri_fleet_load_current(const char *models_dir, const struct kiri_manifest_k
  * Superseded models
  * ------------------------------------------------------------------------------------------- */
 
-/* A model name as manifests allow it ([A-Za-z0-9._-], not starting with '.'): the state is only
- * trusted to name files inside the directory when its names pass this. */
-static int state_name_ok(const char *s)
-{
-    const size_t len = strlen(s);
-    if (len == 0 || len > KIRI_MANIFEST_MAX_NAME || s[0] == '.')
-        return 0;
-    for (size_t i = 0; i < len; i++) {
-        const char c = s[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-              c == '-'))
-            return 0;
-    }
-    return 1;
-}
-
 static int manifest_names(const struct kiri_manifest *m, const char *name)
 {
     for (int i = 0; i < m->n_models; i++)
@@ -627,7 +611,8 @@ int kiri_fleet_superseded(const char *models_dir, const struct kiri_manifest *m,
     json_t *models = json_object_get(st.root, "models");
     if (st.root && state_holds(&st, m) && json_is_object(models))
         json_object_foreach(models, key, v) {
-            if (n < cap && state_name_ok(key) && !manifest_names(m, key))
+            /* The state names files inside the directory only when its names pass as manifest names. */
+            if (n < cap && kiri_manifest_name_ok(key) && !manifest_names(m, key))
                 snprintf(names[n++], sizeof names[0], "%s", key);
         }
     json_decref(st.root);
@@ -639,7 +624,7 @@ int kiri_fleet_remove_superseded(const char *models_dir, const struct kiri_manif
                                  struct kiri_status_info *info)
 {
     kiri_error_clear(info);
-    if (!state_name_ok(name) || manifest_names(m, name))
+    if (!kiri_manifest_name_ok(name) || manifest_names(m, name))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "%.64s is not a superseded model", name);
     char *lock_path = path_join(models_dir, KIRI_FLEET_LOCK_FILE);
     if (!lock_path)

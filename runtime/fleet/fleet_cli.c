@@ -475,18 +475,6 @@ static int probe_size(struct kiri_https_client *c, const char *url, uint64_t *si
     return rc;
 }
 
-/* The same rules as manifest names. */
-static int name_valid(const char *s)
-{
-    if (!s[0] || s[0] == '.' || strlen(s) > KIRI_MANIFEST_MAX_NAME)
-        return 0;
-    for (const char *q = s; *q; q++)
-        if (!((*q >= 'A' && *q <= 'Z') || (*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '.' ||
-              *q == '_' || *q == '-'))
-            return 0;
-    return 1;
-}
-
 static int name_from(const char *ref, int is_url, const struct kiri_oci_ref *r, char *out, size_t cap)
 {
     if (is_url) {
@@ -510,7 +498,7 @@ static int name_from(const char *ref, int is_url, const struct kiri_oci_ref *r, 
             return -1;
         memcpy(out, tmp, strlen(tmp) + 1);
     }
-    return name_valid(out) ? 0 : -1;
+    return kiri_manifest_name_ok(out) ? 0 : -1;
 }
 
 static int parse_hex32(const char *s, uint8_t out[32])
@@ -553,7 +541,7 @@ static int cmd_pull(struct opts *o)
         return 2;
     }
     char name[KIRI_MANIFEST_MAX_NAME + 1], file[KIRI_MANIFEST_MAX_NAME + 6];
-    if (o->name ? !name_valid(o->name) : name_from(ref, is_url, &oref, name, sizeof name) != 0) {
+    if (o->name ? !kiri_manifest_name_ok(o->name) : name_from(ref, is_url, &oref, name, sizeof name) != 0) {
         fprintf(stderr, "kiri: error: pull: cannot make a model name from '%s'; pass --name NAME\n", o->name ? o->name : ref);
         return 2;
     }

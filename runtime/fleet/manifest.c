@@ -211,6 +211,8 @@ static int name_ok(const char *s, size_t len)
     return 1;
 }
 
+int kiri_manifest_name_ok(const char *s) { return name_ok(s, strlen(s)); }
+
 static const char *const https_only[] = {"https://", NULL};
 static const char *const model_schemes[] = {"https://", "oci://", NULL};
 

@@ -64,6 +64,9 @@ struct kiri_manifest {
 int kiri_manifest_parse(const void *json, size_t len, struct kiri_manifest **out,
                         struct kiri_status_info *info);
 void kiri_manifest_free(struct kiri_manifest *m);
+/* Whether s (NUL-terminated) is a model name manifests allow: 1 to KIRI_MANIFEST_MAX_NAME bytes
+ * of [A-Za-z0-9._-], not starting with '.', so it can name a file inside a directory. */
+int kiri_manifest_name_ok(const char *s);
 
 /* ---- Pinned public keys ---- */
 

@@ -27,6 +27,7 @@
 #define ALERT_EVERY 60.0        /* seconds between repeated alerts of one kind in the log */
 
 enum reason { R_CONNECT, R_TIMEOUT, R_STATUS, R_AUTH, R_RATE, R_BAD, R_BROKEN, R_BREAKER, N_REASONS };
+_Static_assert(N_REASONS == KIRI_UPSTREAM_N_REASONS, "upstream.h sizes the failures by reason");
 static const char *const reason_names[N_REASONS] = {"connect", "timeout", "status", "auth", "rate_limited",
                                                      "bad_answer", "broken_stream", "breaker_open"};
 
@@ -577,49 +578,19 @@ uint64_t kiri_upstream_counter_value(struct kiri_upstream *u, enum kiri_upstream
     return c < KIRI_UPSTREAM_N_COUNTERS ? atomic_load(&u->counts[c]) : 0;
 }
 
-char *kiri_upstream_metrics(struct kiri_upstream *u)
+void kiri_upstream_get_stats(struct kiri_upstream *u, struct kiri_upstream_stats *out)
 {
-    const size_t cap = 4096;
-    char *out = kiri_mem_alloc(cap);
-    if (!out)
-        return NULL;
+    memset(out, 0, sizeof *out);
     kiri_platform_mutex_lock(u->lock);
-    const uint64_t opens = u->br.opens;
-    const int configured = u->t != NULL;
+    out->breaker_opens = u->br.opens;
+    out->configured = u->t != NULL;
     kiri_platform_mutex_unlock(u->lock);
-    const enum kiri_breaker_state st = kiri_upstream_breaker_state(u);
-    size_t n = (size_t)snprintf(
-        out, cap,
-        "# HELP kiri_route_requests_total Generation requests by where they were served.\n"
-        "# TYPE kiri_route_requests_total counter\n"
-        "kiri_route_requests_total{served_by=\"local\"} %llu\n"
-        "kiri_route_requests_total{served_by=\"upstream\"} %llu\n"
-        "# HELP kiri_route_fallbacks_total Requests the upstream could not take that were served locally.\n"
-        "# TYPE kiri_route_fallbacks_total counter\n"
-        "kiri_route_fallbacks_total %llu\n"
-        "# HELP kiri_upstream_configured Whether a cloud upstream is configured.\n"
-        "# TYPE kiri_upstream_configured gauge\n"
-        "kiri_upstream_configured %d\n"
-        "# HELP kiri_upstream_breaker_state The upstream circuit breaker: 0 closed, 1 open, 2 half-open.\n"
-        "# TYPE kiri_upstream_breaker_state gauge\n"
-        "kiri_upstream_breaker_state %d\n"
-        "# HELP kiri_upstream_breaker_opens_total Times the upstream circuit breaker opened.\n"
-        "# TYPE kiri_upstream_breaker_opens_total counter\n"
-        "kiri_upstream_breaker_opens_total %llu\n"
-        "# HELP kiri_upstream_failures_total Forwards the upstream did not answer in full, by reason.\n"
-        "# TYPE kiri_upstream_failures_total counter\n",
-        (unsigned long long)atomic_load(&u->counts[KIRI_UPSTREAM_SERVED_LOCAL]),
-        (unsigned long long)atomic_load(&u->counts[KIRI_UPSTREAM_SERVED_UPSTREAM]),
-        (unsigned long long)atomic_load(&u->counts[KIRI_UPSTREAM_FALLBACK]), configured, (int)st,
-        (unsigned long long)opens);
-    for (int i = 0; i < N_REASONS && n < cap; i++)
-        n += (size_t)snprintf(out + n, cap - n, "kiri_upstream_failures_total{reason=\"%s\"} %llu\n", reason_names[i],
-                              (unsigned long long)atomic_load(&u->failures[i]));
-    if (n >= cap) { /* cannot happen with these few lines; keep the text whole if it ever does */
-        kiri_mem_free(out);
-        return NULL;
-    }
-    return out;
+    out->breaker = kiri_upstream_breaker_state(u);
+    for (int i = 0; i < KIRI_UPSTREAM_N_COUNTERS; i++)
+        out->counts[i] = atomic_load(&u->counts[i]);
+    for (int i = 0; i < N_REASONS; i++)
+        out->failures[i] = atomic_load(&u->failures[i]);
+    out->reason_names = reason_names;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -193,8 +193,17 @@ enum kiri_upstream_counter {
 void kiri_upstream_count(struct kiri_upstream *u, enum kiri_upstream_counter c);
 uint64_t kiri_upstream_counter_value(struct kiri_upstream *u, enum kiri_upstream_counter c);
 
-/* Prometheus text of the routing counters, the upstream failures by reason and the breaker
- * state; owned by the caller (kiri_mem_free), NULL when out of memory. */
-char *kiri_upstream_metrics(struct kiri_upstream *u);
+/* A snapshot of the routing counters, the breaker and the failed forwards by reason, which the
+ * server renders on /metrics (kiri_metrics_render_upstream). */
+#define KIRI_UPSTREAM_N_REASONS 8
+struct kiri_upstream_stats {
+    uint64_t counts[KIRI_UPSTREAM_N_COUNTERS];      /* by enum kiri_upstream_counter */
+    int configured;                                 /* an upstream URL is in force */
+    enum kiri_breaker_state breaker;
+    uint64_t breaker_opens;
+    uint64_t failures[KIRI_UPSTREAM_N_REASONS];     /* by reason, named in reason_names */
+    const char *const *reason_names;                /* static, KIRI_UPSTREAM_N_REASONS */
+};
+void kiri_upstream_get_stats(struct kiri_upstream *u, struct kiri_upstream_stats *out);
 
 #endif

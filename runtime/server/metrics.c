@@ -53,6 +53,7 @@
 #include "kiri.h"
 #include "mem.h"
 #include "platform.h"
+#include "upstream.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Fixed label sets and buckets
@@ -271,6 +272,16 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(struct sb *b, const 
     /* Every caller formats numbers and fixed names, far below the buffer's size. */
     if (n > 0)
         sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* The builder's text, or NULL (everything freed) when an allocation failed. */
+static char *sb_finish(struct sb *b)
+{
+    if (b->failed) {
+        kiri_mem_free(b->p);
+        return NULL;
+    }
+    return b->p;
 }
 
 /* Whole numbers without exponent (160, not 1.6e+02); otherwise the shortest decimal that reads
@@ -530,22 +541,26 @@ char *kiri_metrics_render(struct kiri_metrics *m, const struct kiri_batcher_stat
     render_vllm(&b, m, s, usage, model);
     kiri_platform_mutex_unlock(m->lock);
     kiri_mem_free(model);
-    if (b.failed) {
-        kiri_mem_free(b.p);
-        return NULL;
-    }
-    return b.p;
+    return sb_finish(&b);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Served models and the fleet
  * ------------------------------------------------------------------------------------------- */
 
+/* The page to append to (owned) as a text builder. */
+static struct sb sb_append(char *page)
+{
+    const size_t n = strlen(page);
+    struct sb b = {page, n, n + 1, 0};
+    return b;
+}
+
 char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f)
 {
     if (!page)
         return NULL;
-    struct sb b = {page, strlen(page), strlen(page) + 1, 0};
+    struct sb b = sb_append(page);
     counter(&b, "kiri_model_loads_total", "Models loaded (at start, on demand or by a swap).", f->loads);
     counter(&b, "kiri_model_swaps_total", "Hot-swaps to a new version of a model's file.", f->swaps);
     counter(&b, "kiri_model_load_failures_total",
@@ -591,9 +606,32 @@ char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f
         counter(&b, "kiri_model_removed_files_total",
                 "Files of superseded models deleted (model and kept previous version).", f->removed_files);
     }
-    if (b.failed) {
-        kiri_mem_free(b.p);
+    return sb_finish(&b);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Routing to the upstream
+ * ------------------------------------------------------------------------------------------- */
+
+char *kiri_metrics_render_upstream(char *page, const struct kiri_upstream_stats *u)
+{
+    if (!page)
         return NULL;
-    }
-    return b.p;
+    struct sb b = sb_append(page);
+    family(&b, "kiri_route_requests_total", "counter", "Generation requests by where they were served.");
+    sb_printf(&b, "kiri_route_requests_total{served_by=\"local\"} %" PRIu64 "\n",
+              u->counts[KIRI_UPSTREAM_SERVED_LOCAL]);
+    sb_printf(&b, "kiri_route_requests_total{served_by=\"upstream\"} %" PRIu64 "\n",
+              u->counts[KIRI_UPSTREAM_SERVED_UPSTREAM]);
+    counter(&b, "kiri_route_fallbacks_total", "Requests the upstream could not take that were served locally.",
+            u->counts[KIRI_UPSTREAM_FALLBACK]);
+    gauge_int(&b, "kiri_upstream_configured", "Whether a cloud upstream is configured.", u->configured);
+    gauge_int(&b, "kiri_upstream_breaker_state", "The upstream circuit breaker: 0 closed, 1 open, 2 half-open.",
+              (int64_t)u->breaker);
+    counter(&b, "kiri_upstream_breaker_opens_total", "Times the upstream circuit breaker opened.", u->breaker_opens);
+    family(&b, "kiri_upstream_failures_total", "counter", "Forwards the upstream did not answer in full, by reason.");
+    for (int i = 0; i < KIRI_UPSTREAM_N_REASONS; i++)
+        sb_printf(&b, "kiri_upstream_failures_total{reason=\"%s\"} %" PRIu64 "\n", u->reason_names[i],
+                  u->failures[i]);
+    return sb_finish(&b);
 }

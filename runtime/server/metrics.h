@@ -12,6 +12,7 @@
 
 struct kiri_metrics;
 struct kiri_batcher_stats;
+struct kiri_upstream_stats;
 
 int kiri_metrics_init(struct kiri_metrics **out);
 void kiri_metrics_free(struct kiri_metrics *m);
@@ -51,5 +52,9 @@ struct kiri_metrics_models {
 /* Appends those families to page (an owned string from kiri_metrics_render, reallocated; the
  * result replaces it, or NULL when out of memory, page freed). */
 char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f);
+
+/* Appends the routing families (upstream.h: requests by where they were served, fallbacks, the
+ * breaker, failed forwards by reason) to page, the same way. */
+char *kiri_metrics_render_upstream(char *page, const struct kiri_upstream_stats *u);
 
 #endif

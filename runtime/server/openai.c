@@ -719,6 +719,8 @@ static int parse_max_tokens(struct parser *p, json_t *body, struct kiri_api_requ
             return bad(p, names[i], "", "%s must be at most %lld (the context length), got %lld",
                        names[i], (long long)cap, (long long)x);
         r->max_tokens = (int32_t)x;
+        if (x > r->max_tokens_asked)
+            r->max_tokens_asked = (int32_t)x;
     }
     return 0;
 }
@@ -802,6 +804,7 @@ static void request_defaults(struct kiri_api_request *r, int kind)
     r->kind = kind;
     r->add_special = 1;
     r->max_tokens = -1;
+    r->max_tokens_asked = -1;
     r->n = 1;
     /* OpenAI's defaults, not kiri_sampling_default's llama.cpp-like ones. */
     r->sampling.temperature = 1.0f;
@@ -905,6 +908,23 @@ int kiri_api_parse(const char *body, size_t len, int kind, const struct kiri_api
     }
     *out = r;
     return KIRI_OK;
+}
+
+/* The checks the limits govern, as kiri_api_parse makes them (read_token_ids, parse_messages,
+ * parse_max_tokens; a non-empty logit_bias is refused under any limits). */
+int kiri_api_within_limits(const struct kiri_api_request *r, const struct kiri_api_limits *lim)
+{
+    const int64_t cap = lim->max_tokens_cap > 0 ? lim->max_tokens_cap : INT32_MAX;
+    const int max_messages = lim->max_messages > 0 ? lim->max_messages : DEFAULT_MAX_MESSAGES;
+    if (r->max_tokens_asked > cap || r->n_messages > max_messages)
+        return 0;
+    for (int32_t i = 0; i < r->n_prompt_tokens; i++)
+        if (r->prompt_tokens[i] >= lim->n_vocab)
+            return 0;
+    for (int32_t i = 0; i < r->n_tokens; i++)
+        if (r->tokens[i] >= lim->n_vocab)
+            return 0;
+    return 1;
 }
 
 void kiri_api_request_free(struct kiri_api_request *r)

@@ -56,6 +56,8 @@ struct kiri_api_request {
     int32_t n_tokens;
     /* generation */
     int32_t max_tokens;             /* -1 when absent (generate until EOS or the context ends) */
+    int32_t max_tokens_asked;       /* the larger of max_tokens and max_completion_tokens; -1 when
+                                       neither is present (kiri_api_within_limits) */
     struct kiri_sampling sampling;  /* OpenAI defaults when absent: temperature 1, top_p 1, no top-k,
                                        no min-p, no penalties; seed from the request or random */
     int has_seed;
@@ -85,6 +87,9 @@ struct kiri_api_error {
  * kiri_api_request_free. Send err->status as the HTTP status. */
 int kiri_api_parse(const char *body, size_t len, int kind, const struct kiri_api_limits *lim,
                    struct kiri_api_request *out, struct kiri_api_error *err);
+/* Whether a request kiri_api_parse accepted under looser limits keeps within lim: then parsing
+ * its body under lim gives the same request, so it need not be parsed again. */
+int kiri_api_within_limits(const struct kiri_api_request *r, const struct kiri_api_limits *lim);
 void kiri_api_request_free(struct kiri_api_request *r);
 
 /* Fills an error record (printf-style message). */

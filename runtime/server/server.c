@@ -676,36 +676,44 @@ static int model_error(struct kiri_server *s, struct mg_connection *c, const cha
 }
 
 /* Holds the model a request names (NULL or absent: the default) for the request's whole life, so
- * a hot-swap or an unload never frees it under the request (H29). The body is parsed once here,
- * with limits any model accepts, only to read the name; generate() parses it again with the
- * model's own limits. Returns 0 with *out set, or the status of the answer sent. */
-static int acquire_for(struct kiri_server *s, struct mg_connection *c, const char *body, size_t body_len, int kind,
-                       struct kiri_served_model **out)
+ * a hot-swap or an unload never frees it under the request (H29), and parses the body (owned,
+ * freed here) into *r. It is parsed first with limits any model accepts, to read the name; a
+ * request that keeps within the model's own limits parses the same under them, so only one
+ * outside them is parsed again, for the model's exact error. Returns 0 with *out and *r set (the
+ * caller frees r with kiri_api_request_free), or the status of the answer sent. */
+static int acquire_for(struct kiri_server *s, struct mg_connection *c, char *body, size_t body_len, int kind,
+                       struct kiri_served_model **out, struct kiri_api_request *r)
 {
-    struct kiri_api_limits loose = {0, INT32_MAX, 1024};
-    struct kiri_api_request r;
+    const struct kiri_api_limits loose = {0, INT32_MAX, 1024};
     struct kiri_api_error err;
-    if (kiri_api_parse(body, body_len, kind, &loose, &r, &err) != KIRI_OK)
-        return send_error(c, &err, "");
-    struct kiri_status_info info;
-    const int rc = kiri_models_acquire(s->models, r.model, out, &info);
-    const int status = rc == KIRI_OK ? 0 : model_error(s, c, r.model, rc, &info);
-    kiri_api_request_free(&r);
-    return status;
-}
-
-/* One generation request on the model sm it holds; body (owned) is freed here. */
-static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct mg_connection *c, int kind,
-                    const char *endpoint, char *body, size_t body_len)
-{
-    struct kiri_api_limits lim = {sm->n_ctx, sm->model->hp.n_vocab, 1024};
-    struct kiri_api_request r;
-    struct kiri_api_error err;
-    if (kiri_api_parse(body, body_len, kind, &lim, &r, &err) != KIRI_OK) {
+    if (kiri_api_parse(body, body_len, kind, &loose, r, &err) != KIRI_OK) {
         kiri_mem_free(body);
         return send_error(c, &err, "");
     }
+    struct kiri_status_info info;
+    const int rc = kiri_models_acquire(s->models, r->model, out, &info);
+    int status = rc == KIRI_OK ? 0 : model_error(s, c, r->model, rc, &info);
+    if (!status) {
+        const struct kiri_api_limits lim = {(*out)->n_ctx, (*out)->model->hp.n_vocab, 1024};
+        if (!kiri_api_within_limits(r, &lim)) {
+            kiri_api_request_free(r);
+            if (kiri_api_parse(body, body_len, kind, &lim, r, &err) != KIRI_OK)
+                status = send_error(c, &err, "");
+        }
+        if (status)
+            kiri_models_release(s->models, *out);
+    }
+    if (status)
+        kiri_api_request_free(r);
     kiri_mem_free(body);
+    return status;
+}
+
+/* One generation request on the model sm it holds; r (parsed by acquire_for) is freed here. */
+static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct mg_connection *c, int kind,
+                    const char *endpoint, struct kiri_api_request *parsed)
+{
+    struct kiri_api_request r = *parsed; /* owned from here */
     int status;
     int32_t *ids = NULL, n_ids = 0;
     status = build_prompt(sm, c, &r, &ids, &n_ids);
@@ -970,9 +978,9 @@ static int route_request(struct kiri_server *s, struct mg_connection *c, const c
         kiri_upstream_count(s->upstream, KIRI_UPSTREAM_SERVED_LOCAL);
         return 0;
     }
-    const int here = kiri_models_has(s->models, model[0] ? model : NULL);
     int32_t waiting = 0;
     struct kiri_served_model *sm = kiri_models_acquire_loaded(s->models, model[0] ? model : NULL);
+    const int here = sm != NULL || kiri_models_has(s->models, model[0] ? model : NULL); /* loaded, or on disk */
     if (sm) {
         struct kiri_batcher_stats bs;
         kiri_batcher_get_stats(sm->batcher, &bs);
@@ -1055,11 +1063,10 @@ static int handle_generate(struct kiri_server *s, struct mg_connection *c, int k
         return status;
     }
     struct kiri_served_model *sm = NULL;
-    if ((status = acquire_for(s, c, body, body_len, kind, &sm)) != 0) {
-        kiri_mem_free(body);
+    struct kiri_api_request r;
+    if ((status = acquire_for(s, c, body, body_len, kind, &sm, &r)) != 0)
         return status;
-    }
-    status = generate(s, sm, c, kind, endpoint, body, body_len);
+    status = generate(s, sm, c, kind, endpoint, &r);
     kiri_models_release(s->models, sm);
     return status;
 }
@@ -1076,19 +1083,9 @@ static int handle_tokenize(struct kiri_server *s, struct mg_connection *c, int k
     if (status)
         return status;
     struct kiri_served_model *sm = NULL;
-    if ((status = acquire_for(s, c, body, body_len, kind, &sm)) != 0) {
-        kiri_mem_free(body);
-        return status;
-    }
-    struct kiri_api_limits lim = {sm->n_ctx, sm->model->hp.n_vocab, 1024};
     struct kiri_api_request r;
-    struct kiri_api_error err;
-    const int rc = kiri_api_parse(body, body_len, kind, &lim, &r, &err);
-    kiri_mem_free(body);
-    if (rc != KIRI_OK) {
-        kiri_models_release(s->models, sm);
-        return send_error(c, &err, "");
-    }
+    if ((status = acquire_for(s, c, body, body_len, kind, &sm, &r)) != 0)
+        return status;
     if (kind == KIRI_API_TOKENIZE) {
         int32_t *ids = NULL, n = 0;
         const int add_bos = r.add_special ? kiri_tokenizer_add_bos(sm->model->tokenizer) : 0;
@@ -1177,17 +1174,13 @@ static int handle_metrics(struct kiri_server *s, struct mg_connection *c)
     char *text = kiri_metrics_render(s->metrics, &st, def);
     if (text && atomic_load(&s->ready))
         text = render_models(s, text);
+    if (text && s->upstream) { /* the routing families follow the rest */
+        struct kiri_upstream_stats us;
+        kiri_upstream_get_stats(s->upstream, &us);
+        text = kiri_metrics_render_upstream(text, &us);
+    }
     if (!text)
         return fail(c, 500, "server_error", "", "", "out of memory", "");
-    /* The routing families (upstream.h) follow the rest. */
-    char *up = s->upstream ? kiri_upstream_metrics(s->upstream) : NULL;
-    const size_t tl = strlen(text), ul = up ? strlen(up) : 0;
-    char *all = up ? kiri_mem_realloc(text, tl + ul + 1) : NULL;
-    if (all) {
-        memcpy(all + tl, up, ul + 1);
-        text = all;
-    }
-    kiri_mem_free(up);
     send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text), "");
     kiri_mem_free(text);
     return 200;
