@@ -6,7 +6,7 @@
 #      dequantization references, the malformed-GGUF corpus through the CLI
 #   4. a short libFuzzer run of each parser (GGUF, OpenAI request bodies) over its seed corpus
 #   5. the static aarch64 build under qemu-aarch64 (scripts/test-arm64.sh): every unit test, the
-#      NEON kernels on two emulated cores, the CLI and the server against llama.cpp's outputs
+#      NEON kernels on three emulated cores, the CLI and the server against llama.cpp's outputs
 # and ends with one line "N passed, N failed" counting the tiers.
 set -uo pipefail
 cd "$(dirname "$0")/.."

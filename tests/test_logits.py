@@ -388,8 +388,9 @@ def _cpu_tiers():
         tiers.append("avx2")
     if {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
         tiers.append("avx512")
-    if {"asimddp"} <= flags:
-        tiers += ["neon"]
+    for flag, tier in (("asimd", "neon"), ("asimddp", "dotprod"), ("i8mm", "i8mm")):
+        if flag in flags:
+            tiers.append(tier)
     return tiers
 
 
@@ -400,7 +401,7 @@ TIER_CASES = [c for c in CASES if c.name.startswith("qwen2-") and "fullvocab" no
 @pytest.mark.parametrize("model", TIER_CASES, indirect=True, ids=repr)
 def test_cpu_kernel_tiers(model, tier, dump_tool):
     """Every weight type through each CPU kernel tier (the portable C kernels, AVX2 without
-    AVX-512, AVX-512, NEON without dotprod), token by token and in chunks of 3 tokens (the
+    AVX-512, AVX-512; NEON, dotprod, i8mm), token by token and in chunks of 3 tokens (the
     small-batch products) and 7 (the prefill tiles), held to the same references."""
     kv = "f32" if model.wtype == "F32" else "f16"
     toks = prompts(model)[2]
