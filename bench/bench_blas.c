@@ -28,7 +28,7 @@
 #include <cblas.h>
 
 #include "../kernels/cpu/cpu_kernels.h"
-#include "../runtime/platform.h"
+#include "platform.h"
 #include "backend.h"
 #include "threadpool.h"
 

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "../kernels/cpu/cpu_kernels.h"
-#include "../runtime/platform.h"
+#include "platform.h"
 
 #define N_ROWS 64
 

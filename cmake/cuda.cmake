@@ -56,7 +56,7 @@ elseif(KIRI_CUDA)
   file(MAKE_DIRECTORY ${_cu_out})
   # What the kernels and the host-compiled unit checks share; the kernels add -O3 and the GPU targets.
   set(_cu_base_flags -std=c++17 -fmad=false -Xcompiler=-fPIE,-fno-exceptions,-fno-threadsafe-statics
-      -I${CMAKE_SOURCE_DIR}/runtime)
+      -I${CMAKE_SOURCE_DIR}/runtime -I${CMAKE_SOURCE_DIR}/base -I${CMAKE_SOURCE_DIR}/include)
   set(_cu_flags -O3 ${_cu_base_flags})
   foreach(_a ${KIRI_CUDA_ARCHS})
     list(APPEND _cu_flags -gencode=arch=compute_${_a},code=sm_${_a})

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../base/cpu_features.h"
+
 /* ---------------------------------------------------------------------------------------------
  * Element types. Values are GGUF's (ggml's) type ids so a file's type field maps directly.
  * ------------------------------------------------------------------------------------------- */
@@ -317,16 +319,7 @@ static inline int kiri_node_attention_ok(const struct kiri_node *nd)
 
 #define KIRI_BACKEND_VERSION 1
 
-/* CPU features the runtime detected (asking both the CPU and the operating system). */
-enum kiri_cpu_feature {
-    KIRI_CPU_AVX2 = 1u << 0,    /* with FMA and F16C */
-    KIRI_CPU_AVX512 = 1u << 1,  /* F, BW, VL with OS-enabled ZMM state */
-    KIRI_CPU_AVX512_VNNI = 1u << 2,
-    KIRI_CPU_AVX_VNNI = 1u << 3,
-    KIRI_CPU_NEON = 1u << 8,
-    KIRI_CPU_DOTPROD = 1u << 9,
-    KIRI_CPU_I8MM = 1u << 10
-};
+/* enum kiri_cpu_feature (base/cpu_features.h): the CPU features the runtime detected. */
 
 struct kiri_backend_config {
     struct kiri_threads threads;   /* borrowed, valid while the backend lives */

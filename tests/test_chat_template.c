@@ -1,9 +1,9 @@
-/* Tests for runtime/server/chat_template.c: malformed templates, the sandbox and its caps (BAD-INPUTS
+/* Tests for template/chat_template.c: malformed templates, the sandbox and its caps (BAD-INPUTS
  * G36: a 10 MB template, unbounded work, attribute access like __class__), raise_exception, the
  * failing allocator. Byte-exact agreement with jinja2 on real templates is checked by
  * tests/test_chat_template.py; the expected texts here are the documented ChatML format and
  * Python's own printing rules. */
-#include "server/chat_template.h"
+#include "chat_template.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* Tests for the fleet's manifest verification (runtime/fleet/manifest.c) and the small parsers
+/* Tests for the fleet's manifest verification (net/manifest.c) and the small parsers
  * beside it (https.c URLs, oci.c references and Bearer challenges), rows F01-F04 and F15 of
  * /work/shared/BAD-INPUTS.md section (c):
  * - a table of envelopes: tampered manifest bytes, tampered or truncated signatures, trailing

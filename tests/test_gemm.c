@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "../kernels/cpu/cpu_kernels.h"
-#include "../runtime/platform.h"
+#include "platform.h"
 #define TEST_RNG_SEED 0x2545F4914F6CDD1Dull
 #include "test.h"
 

@@ -1,4 +1,4 @@
-/* The served-model registry (runtime/server/models.c): reference counts across hot-swaps (a
+/* The served-model registry (server/models.c): reference counts across hot-swaps (a
  * retired model keeps working until its last holder releases it, BAD-INPUTS H29), a swap to a
  * file that does not load keeps the old model (F14), loading on demand and LRU eviction under a
  * memory budget, and swaps racing with requests on several threads (run under ASan by the

@@ -29,7 +29,7 @@ int main(void)
 #include <stdlib.h>
 
 #include "../kernels/neon/neon_kernels.h"
-#include "../runtime/platform.h"
+#include "platform.h"
 #include "test.h"
 
 /* ---------------------------------------------------------------------------------------------

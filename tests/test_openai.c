@@ -1,12 +1,12 @@
-/* Tests for the OpenAI wire format (runtime/server/openai.c): a table of bad bodies from
+/* Tests for the OpenAI wire format (server/openai.c): a table of bad bodies from
  * /work/shared/BAD-INPUTS.md section (b), each with the status and param it must be refused
  * with; good bodies read into the right request values; the response, chunk and error builders
  * checked by parsing their output back against the shapes of the OpenAI API reference
  * (chat.completion, chat.completion.chunk, text_completion, error objects); and a failing-
  * allocator walk over parsing and building.
  *
- * Build: cc -std=c11 -D_GNU_SOURCE -Iruntime -Iruntime/server tests/test_openai.c
- *        runtime/server/openai.c runtime/error.c runtime/mem.c -ljansson -lm
+ * Build: cc -std=c11 -D_GNU_SOURCE -Iinclude -Ibase -Iserver tests/test_openai.c
+ *        server/openai.c base/error.c base/mem.c -ljansson -lm
  *        (add -fsanitize=address,undefined for the leak and UB checks)
  */
 #include <jansson.h>

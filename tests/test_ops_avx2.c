@@ -6,7 +6,7 @@
 #include <stdio.h>
 
 #include "../kernels/cpu/cpu_kernels.h"
-#include "../runtime/platform.h"
+#include "platform.h"
 #include "ops_check.h"
 #include "test.h"
 

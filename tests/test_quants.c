@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "../kernels/cpu/cpu_kernels.h"
-#include "../runtime/platform.h"
+#include "platform.h"
 #include "test.h"
 
 /* ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-/* Tests for the cloud upstream's logic (runtime/fleet/upstream.c) and the HTTP parts of the
+/* Tests for the cloud upstream's logic (server/upstream.c) and the HTTP parts of the
  * HTTPS client it relies on (https.c: http:// URLs, kiri_https_send's argument checks):
  * - the circuit breaker, step by step on a fake clock, in a table: K consecutive failures open
  *   it, the cool-down lets exactly one probe through, a failed probe doubles the cool-down up to

@@ -3,7 +3,7 @@
  * string-array element, every tensor's bytes), so a bad pointer or length shows up under ASan.
  *
  * Build: clang -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -Iruntime tests/fuzz/fuzz_gguf.c \
- *        runtime/gguf.c runtime/error.c runtime/mem.c runtime/platform_posix.c -lm -o fuzz_gguf
+ *        runtime/gguf.c base/error.c base/mem.c base/platform_posix.c -lm -o fuzz_gguf
  *        (or cmake -DKIRI_FUZZ=ON with clang)
  * Run:   ./fuzz_gguf -max_total_time=120 corpus/ tests/fuzz/seeds/gguf/
  */

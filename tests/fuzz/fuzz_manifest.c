@@ -1,4 +1,4 @@
-/* libFuzzer target for the fleet manifest (runtime/fleet/manifest.c). Each input is read three
+/* libFuzzer target for the fleet manifest (net/manifest.c). Each input is read three
  * ways: as manifest JSON by kiri_manifest_parse; as a signed envelope by kiri_manifest_verify with
  * a fixed pinned key, so the envelope reader, the strict base64 decoder and the DER signature
  * check see arbitrary bytes; and, when the input parses as a manifest, wrapped in an envelope

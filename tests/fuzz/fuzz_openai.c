@@ -3,9 +3,9 @@
  * with the builders; when it is refused, check the error record and that its JSON parses. The
  * raw input is also written out as response text, which must always give valid JSON.
  *
- * Build: clang -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -Iruntime \
- *        -Iruntime/server tests/fuzz/fuzz_openai.c runtime/server/openai.c runtime/error.c \
- *        runtime/mem.c /usr/lib/x86_64-linux-gnu/libjansson.a -lm -o fuzz_openai
+ * Build: clang -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
+ *        -Iinclude -Ibase -Iserver tests/fuzz/fuzz_openai.c server/openai.c base/error.c \
+ *        base/mem.c /usr/lib/x86_64-linux-gnu/libjansson.a -lm -o fuzz_openai
  * Run:   ./fuzz_openai -max_total_time=60 corpus/ tests/fuzz/seeds/openai/
  */
 #include <jansson.h>

@@ -14,7 +14,7 @@
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
-#include "server/chat_template.h"
+#include "chat_template.h"
 
 static char *read_file(const char *path, size_t *len)
 {

@@ -15,7 +15,7 @@
 #include "manifest.h"
 #include "mem.h"
 #include "oci.h"
-#include "platform.h"
+#include "net_platform.h"
 
 #define KEY_FILE_MAX (64u << 10)
 

@@ -19,7 +19,7 @@
 #include "https.h"
 #include "kiri.h"
 #include "mem.h"
-#include "platform.h"
+#include "net_platform.h"
 
 #define READ_CHUNK (1u << 20)
 

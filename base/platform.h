@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu_features.h"
+
 struct kiri_status_info;
 
 /* A read-only private mapping of a whole file. */
@@ -90,58 +92,21 @@ void kiri_platform_cpu_relax(void);
 /* Gives the core to another runnable thread (for spin loops that waited too long). */
 void kiri_platform_yield(void);
 
-/* ---- Files, directories, clocks and sockets for fleet downloads (runtime/fleet) ---- */
+/* ---- Files and directories (the server's models folder, the fleet) ---- */
 
-/* Opens path for reading and appending (created with mode 0644 when absent) and reports its
- * current size, so an interrupted download can be hashed and then continued. */
-int kiri_platform_file_open_append(const char *path, int *fd_out, uint64_t *size_out,
-                                   struct kiri_status_info *info);
-/* Reads at most n bytes at the descriptor's position into buf; *got is 0 at the end. */
-int kiri_platform_file_read(int fd, const char *path, void *buf, size_t n, size_t *got,
-                            struct kiri_status_info *info);
-/* Creates a new file (failing when path exists) that only this user may read or write (0600),
- * for private keys. */
-int kiri_platform_file_create_private(const char *path, struct kiri_status_info *info, int *fd_out);
 /* The size of a regular file: KIRI_OK with *size, 1 when nothing is at path, KIRI_E_IO when it
  * cannot be examined or is not a regular file. */
 int kiri_platform_file_size(const char *path, uint64_t *size, struct kiri_status_info *info);
-/* Removes a file; a missing file is not an error. */
-int kiri_platform_file_remove(const char *path, struct kiri_status_info *info);
-/* Gives the file at from a second name to (a hard link), replacing whatever to named, and
- * flushes the directory. Fails with KIRI_E_UNSUPPORTED where the filesystem has no hard links. */
-int kiri_platform_file_link(const char *from, const char *to, struct kiri_status_info *info);
+
 /* Creates a directory (0755); an existing directory is not an error. */
 int kiri_platform_mkdir(const char *path, struct kiri_status_info *info);
+
 /* Calls fn(user, name) for every entry of dir except "." and ".."; a non-zero return from fn
  * stops the listing and is returned. The order is the filesystem's. */
 int kiri_platform_list_dir(const char *dir, int (*fn)(void *user, const char *name), void *user,
                            struct kiri_status_info *info);
-/* Bytes an unprivileged writer may still use on the filesystem holding path (statvfs). */
-int kiri_platform_disk_free(const char *path, uint64_t *out, struct kiri_status_info *info);
-/* Takes an exclusive advisory lock on path (created when absent) without waiting: KIRI_E_BUSY
- * when another process holds it. The lock lasts until kiri_platform_lock_release or the
- * process ends (kill -9 included). */
-int kiri_platform_lock_file(const char *path, int *fd_out, struct kiri_status_info *info);
-void kiri_platform_lock_release(int fd);
 
-/* Wall-clock seconds since 1970-01-01 UTC; unlike kiri_platform_now it can jump. */
-double kiri_platform_wall_time(void);
 /* Sleeps for seconds (<= 0: returns at once). */
 void kiri_platform_sleep(double seconds);
-/* Fills buf with n bytes from the operating system's random source. */
-int kiri_platform_random(void *buf, size_t n, struct kiri_status_info *info);
-
-/* TCP client sockets. connect resolves host (getaddrinfo, any address family) and tries each
- * address until one connects, within timeout seconds in all (name resolution itself is not
- * bounded by it). send and recv wait at most timeout seconds for the socket to be ready and
- * return the bytes moved (> 0), 0 from recv at the peer's orderly end,
- * KIRI_PLATFORM_SOCK_TIMEOUT, or KIRI_PLATFORM_SOCK_ERROR (reset, refused, ...). */
-#define KIRI_PLATFORM_SOCK_ERROR (-1)
-#define KIRI_PLATFORM_SOCK_TIMEOUT (-2)
-int kiri_platform_tcp_connect(const char *host, int port, double timeout, int *sock_out,
-                              struct kiri_status_info *info);
-long kiri_platform_sock_send(int sock, const void *buf, size_t n, double timeout);
-long kiri_platform_sock_recv(int sock, void *buf, size_t n, double timeout);
-void kiri_platform_sock_close(int sock);
 
 #endif

@@ -1,4 +1,4 @@
-/* The built-in chat page (runtime/server/chat_page.html), embedded at build time: one HTML file
+/* The built-in chat page (server/chat_page.html), embedded at build time: one HTML file
  * with its script and style inline, no external assets. */
 #ifndef KIRI_SERVER_CHAT_PAGE_H
 #define KIRI_SERVER_CHAT_PAGE_H

@@ -10,7 +10,7 @@
 #include "kiri.h"
 #include "mem.h"
 #include "oci.h"
-#include "platform.h"
+#include "net_platform.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Logging and paths

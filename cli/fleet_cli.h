@@ -1,4 +1,4 @@
-/* The fleet's command-line verbs, for runtime/cli/main.c: `kiri pull` and `kiri fleet keygen |
+/* The fleet's command-line verbs, for cli/main.c: `kiri pull` and `kiri fleet keygen |
  * sign | verify | sync` (docs/fleet.md). Each takes the whole argv (argv[1] is the verb), prints
  * results to stdout and one-line errors and progress to stderr, and returns the exit status:
  * 0 success, 1 failure, 2 usage error. */

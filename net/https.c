@@ -24,7 +24,7 @@
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
-#include "platform.h"
+#include "net_platform.h"
 
 #define HEAD_MAX (16u << 10)
 #define BUF_SIZE (32u << 10)
