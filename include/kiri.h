@@ -1,5 +1,7 @@
-/* kiri: an edge LLM inference runtime. This is its public C API: open a GGUF model, create a
- * context, tokenize, generate with a per-token callback, cancel, free.
+/* kiri: an edge LLM inference runtime. This is its public C API: open a GGUF model, read its
+ * metadata, tokenize, and generate, either through a context (one sequence, on the caller's
+ * thread) or through the serving loop (many sequences in continuous batches, on a thread of its
+ * own). Both are the same engine: a context is a one-sequence client of the serving loop.
  *
  * Conventions: every function that can fail returns a status (KIRI_OK = 0, negative on error) and,
  * where it takes a `struct kiri_status_info *`, fills it with a one-sentence message (and for model
@@ -74,8 +76,26 @@ int32_t kiri_model_bos(const struct kiri_model *model);   /* -1 if none */
 int32_t kiri_model_eos(const struct kiri_model *model);   /* -1 if none */
 /* Is the token an end-of-generation token (EOS, EOT, ...)? */
 int kiri_model_is_eog(const struct kiri_model *model, int32_t token);
+/* Does the tokenizer's metadata ask for a BOS token at the start of a prompt? */
+int kiri_model_add_bos(const struct kiri_model *model);
 /* Writes a multi-line human-readable description (architecture, sizes, types, memory, backend). */
 void kiri_model_describe(const struct kiri_model *model, char *buf, size_t cap);
+/* A string from the file's metadata (e.g. "tokenizer.chat_template"), borrowed from the mapping
+ * while the model is open and not NUL-terminated: KIRI_OK with *text and *len, KIRI_E_INVALID_ARG
+ * when the key is absent or not a string. */
+int kiri_model_meta_str(const struct kiri_model *model, const char *key, const char **text, size_t *len);
+/* The size of the model's file in bytes (what its mapping may bring into memory). */
+uint64_t kiri_model_file_bytes(const struct kiri_model *model);
+/* The memory estimate: bytes of KV cache one token takes with kv_type (see kiri_context_params). */
+size_t kiri_model_kv_bytes_per_token(const struct kiri_model *model, int kv_type);
+/* Writes one line saying which layers run on which backend. */
+void kiri_model_describe_placement(const struct kiri_model *model, char *buf, size_t cap);
+/* The backend(s) running the model: "cpu", "vulkan", "cuda", or "vulkan+cpu" when split. */
+const char *kiri_model_backend_name(const struct kiri_model *model);
+
+/* Checks that path is a well-formed GGUF file (header, metadata, tensor table against the file
+ * size) without loading its model. */
+int kiri_model_file_check(const char *path, struct kiri_status_info *info);
 
 /* Tokenizes UTF-8 text. add_bos: -1 follows the model's metadata, 0 never, 1 always. Special-token
  * text is matched only when parse_special is set. Writes at most cap ids and returns the number
@@ -86,6 +106,12 @@ int kiri_tokenize(const struct kiri_model *model, const char *text, size_t len, 
 /* Writes the UTF-8 bytes of one token (no terminator) and returns their number, or a negative
  * status. Control tokens render as nothing unless render_special is set. */
 int kiri_token_to_piece(const struct kiri_model *model, int32_t token, int render_special,
+                        char *buf, size_t cap);
+
+/* Writes the text of a token sequence (control tokens render as nothing, invalid UTF-8 becomes
+ * U+FFFD) and returns its length in bytes, which may exceed cap (then nothing useful is written;
+ * call again with more room), or a negative status. */
+int64_t kiri_detokenize(const struct kiri_model *model, const int32_t *tokens, int32_t n,
                         char *buf, size_t cap);
 
 struct kiri_sampling {
@@ -102,6 +128,9 @@ struct kiri_sampling {
 
 void kiri_sampling_default(struct kiri_sampling *s);
 
+/* KV cache element types (kiri_context_params.kv_type, kiri_batcher_params.kv_type). */
+enum kiri_kv_type { KIRI_KV_F32 = 0, KIRI_KV_F16 = 1, KIRI_KV_Q8_0 = 8 };
+
 struct kiri_context_params {
     int32_t n_ctx;          /* <= 0: the model's training context */
     int32_t n_batch;        /* prompt tokens per forward step; <= 0: 512 */
@@ -116,7 +145,8 @@ void kiri_context_free(struct kiri_context *ctx);
 
 /* Called for each generated token with the text it completes (whole UTF-8 characters only; may be
  * empty while a character is incomplete or while the text could be the start of a stop string).
- * Text held back that no stop string claimed comes last, with token -1. Return non-zero to stop. */
+ * The last token's text includes whatever was held back; after an end-of-generation token, held
+ * text comes with token -1. Return non-zero to stop. */
 typedef int (*kiri_token_fn)(void *user, int32_t token, const char *text, size_t len);
 
 struct kiri_generate_params {
@@ -126,12 +156,14 @@ struct kiri_generate_params {
     int n_stop;
 };
 
-/* Why generation ended, written by kiri_generate. */
+/* Why generation ended (kiri_generate's result, the serving loop's final event). */
 enum kiri_finish {
     KIRI_FINISH_LENGTH = 0,     /* max_tokens reached */
-    KIRI_FINISH_EOS = 1,
-    KIRI_FINISH_STOP = 2,       /* stop string or callback */
-    KIRI_FINISH_CONTEXT = 3     /* context full */
+    KIRI_FINISH_EOS = 1,        /* an end-of-generation token */
+    KIRI_FINISH_STOP = 2,       /* a stop string (or kiri_generate's callback asked to stop) */
+    KIRI_FINISH_CONTEXT = 3,    /* the sequence reached the context length */
+    KIRI_FINISH_CANCELLED = 4,  /* cancelled, or the serving callback returned non-zero */
+    KIRI_FINISH_ERROR = 5       /* the backend failed; the output is incomplete */
 };
 
 struct kiri_generate_result {
@@ -157,6 +189,115 @@ void kiri_context_reset(struct kiri_context *ctx);
 
 /* Asks a running kiri_generate / kiri_context_eval to stop at the next step. Thread-safe. */
 void kiri_context_cancel(struct kiri_context *ctx);
+
+/* ---- serving: the continuous-batching loop ----
+ *
+ * One thread drives the model; every step runs one forward pass over the next token of every
+ * running sequence plus chunks of waiting prompts (chunked prefill), so the weights are read once
+ * per step for all of them. Sequences live in one paged KV cache sized by a memory budget; full
+ * prompt blocks are shared between sequences with the same prefix; when blocks run out the
+ * lowest-priority, most recently admitted sequence is preempted (its blocks freed, its tokens
+ * recomputed later). Requests come from any thread; events go to a callback on the loop thread.
+ *
+ * Invariants: at most max_seqs sequences run; the waiting queue never exceeds queue_cap; memory is
+ * allocated at init (KV pool, graph scratch, per-slot buffers) except each request's copy of its
+ * prompt and stop strings; every submitted request gets exactly one final event (finish >= 0),
+ * after which its callback is never called again. */
+
+struct kiri_batcher;
+
+struct kiri_batcher_params {
+    size_t kv_memory;         /* bytes for the KV block pool; 0: n_ctx tokens for each of max_seqs */
+    int32_t n_ctx;            /* most tokens one sequence may hold (prompt + generated); 0: trained */
+    int32_t max_seqs;         /* sequences running at once (>= 1) */
+    int32_t chunk;            /* prompt tokens per step across all sequences (chunked prefill) */
+    int32_t queue_cap;        /* waiting requests beyond which submit answers KIRI_E_BUSY */
+    int kv_type;              /* 1 F16 (default), 0 F32, 8 Q8_0 */
+    int prefix_cache;         /* share full prompt blocks between sequences (default 1) */
+};
+
+void kiri_batcher_params_default(struct kiri_batcher_params *p);
+
+#define KIRI_MAX_TOP_LOGPROBS 20
+
+struct kiri_request {
+    const int32_t *tokens;        /* the prompt (copied at submit) */
+    int32_t n_tokens;
+    int32_t max_tokens;           /* < 0: until EOS or n_ctx; 0: the prompt only */
+    struct kiri_sampling sampling;
+    const char *const *stop;      /* stop strings (copied at submit; not emitted), or NULL */
+    int n_stop;
+    int priority;                 /* higher runs first and is preempted last */
+    int top_logprobs;             /* 0..KIRI_MAX_TOP_LOGPROBS alternatives per token */
+    int logprobs;                 /* report the chosen token's log-probability */
+};
+
+struct kiri_token_event {
+    int32_t token;                /* the generated token, or -1 in a final event without one */
+    int finish;                   /* -1 while running, else enum kiri_finish */
+    /* The text this event completes: whole UTF-8 characters, stop strings cut, text that may
+     * begin a stop string held back until it cannot; a final event also carries what was held
+     * (not after a stop string or an error). Valid during the callback only. */
+    const char *text;
+    size_t text_len;
+    float logprob;                /* of token, when requested */
+    int n_top;
+    int32_t top_ids[KIRI_MAX_TOP_LOGPROBS];
+    float top_logprobs[KIRI_MAX_TOP_LOGPROBS];
+    int32_t n_prompt;             /* prompt tokens */
+    int32_t n_cached;             /* prompt tokens whose keys and values came from the prefix cache */
+    int32_t n_generated;          /* so far, this token included */
+    double queue_seconds;         /* submit to first step */
+    double first_token_seconds;   /* submit to first token (time to first token) */
+    const float *logits;          /* the engine's own contexts only (NULL otherwise) */
+};
+
+/* Called on the loop thread for each token and once more (or with the last token) at the end.
+ * Return non-zero to stop the request. Must not block for long: it delays every sequence. */
+typedef int (*kiri_batcher_fn)(void *user, const struct kiri_token_event *ev);
+
+struct kiri_batcher_stats {
+    int32_t running;
+    int32_t waiting;
+    int32_t kv_blocks_total;
+    int32_t kv_blocks_used;
+    int32_t kv_blocks_cached;
+    int32_t kv_block_size;
+    uint64_t prefix_hit_blocks;
+    uint64_t steps;
+    uint64_t preemptions;
+    int32_t last_batch_tokens;    /* tokens in the last step */
+    int32_t last_batch_seqs;      /* sequences in the last step */
+    int32_t peak_batch_seqs;      /* most sequences in one step since init */
+    uint64_t prompt_tokens;       /* totals since init */
+    uint64_t generated_tokens;
+};
+
+int kiri_batcher_init(struct kiri_model *model, const struct kiri_batcher_params *params,
+                      struct kiri_batcher **out, struct kiri_status_info *info);
+/* Stops the loop (finishing every request as cancelled) and frees everything. */
+void kiri_batcher_free(struct kiri_batcher *b);
+
+/* Starts the loop thread. */
+int kiri_batcher_start(struct kiri_batcher *b);
+/* Stops taking requests; with drain, waits until running and waiting ones finish, else cancels
+ * them. Then stops the loop thread. */
+void kiri_batcher_stop(struct kiri_batcher *b, int drain);
+
+/* Queues a request. Returns KIRI_OK and its id, KIRI_E_BUSY when the queue is full or the batcher
+ * is stopping, KIRI_E_INVALID_ARG (info names why) for a bad request, such as a prompt that leaves
+ * no room to generate within n_ctx. The callback is never called when submit fails. */
+int kiri_batcher_submit(struct kiri_batcher *b, const struct kiri_request *r, kiri_batcher_fn fn, void *user,
+                        uint64_t *id, struct kiri_status_info *info);
+/* Asks for a request to end (any thread). Its final event follows within one step. */
+void kiri_batcher_cancel(struct kiri_batcher *b, uint64_t id);
+
+/* Waits until nothing runs or waits (and the statistics are current), at most timeout_seconds.
+ * Returns KIRI_OK when idle, KIRI_E_BUSY on timeout. */
+int kiri_batcher_wait_idle(struct kiri_batcher *b, double timeout_seconds);
+
+void kiri_batcher_get_stats(struct kiri_batcher *b, struct kiri_batcher_stats *s);
+int32_t kiri_batcher_n_ctx(const struct kiri_batcher *b);
 
 /* ---- tools ---- */
 

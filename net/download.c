@@ -15,7 +15,6 @@
 #include "mbedtls/sha256.h"
 
 #include "error.h"
-#include "gguf.h"
 #include "https.h"
 #include "kiri.h"
 #include "mem.h"
@@ -218,15 +217,13 @@ static int on_body(void *user, const struct kiri_https_response *r, const void *
 static int promote(struct job *j, struct kiri_status_info *info)
 {
     if (!j->req->skip_gguf_check) {
-        struct kiri_gguf *g = NULL;
         struct kiri_status_info ge;
-        if (kiri_gguf_open(j->staged, &g, &ge) != KIRI_OK) {
+        if (kiri_model_file_check(j->staged, &ge) != KIRI_OK) {
             kiri_platform_file_remove(j->staged, NULL);
             return kiri_error_at(info, KIRI_E_MODEL_INVALID, "gguf", -1,
                                  "the file has the expected hash but is not a valid GGUF model (%.150s); not installed",
                                  ge.message);
         }
-        kiri_gguf_close(g);
     }
     uint64_t old;
     if (kiri_platform_file_size(j->final, &old, NULL) == KIRI_OK) {

@@ -1,7 +1,9 @@
+/* The continuous-batching loop (include/kiri.h, runtime/batcher.h). Every generated token goes
+ * through here, whoever asked for it: the server's requests, and the library's contexts, which
+ * drive a one-sequence batcher from their own thread. */
 #include "batcher.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "error.h"
@@ -11,8 +13,10 @@
 #include "model.h"
 #include "platform.h"
 #include "sampler.h"
+#include "textstream.h"
 #include "tokenizer.h"
 
+/* Tokens per KV block: the unit of paging and of prefix sharing. */
 #define BLOCK_SIZE 16
 
 /* One request from submit to its final event. tokens holds the prompt and then every generated
@@ -22,8 +26,9 @@ struct seq {
     uint64_t id;
     uint64_t order;                 /* arrival, for FIFO within a priority */
     int priority;
-    struct kiri_request req;        /* tokens pointer unused after submit */
-    int32_t *tokens;                /* owned, capacity n_ctx */
+    struct kiri_request req;        /* tokens and stop pointers unused after submit */
+    int held;                       /* computed, never sampled: kiri_batcher_submit_held */
+    int32_t *tokens;                /* owned, capacity n_ctx + 1 (the last sampled one is never computed) */
     int32_t n_tokens;
     int32_t n_prompt;
     int32_t n_generated;
@@ -32,6 +37,7 @@ struct seq {
     int32_t n_published;            /* leading blocks published to the prefix cache */
     uint64_t chain_hash;            /* hash of block n_published - 1 */
     struct kiri_sampler *sampler;   /* owned while running */
+    struct kiri_text_stream text;   /* owned: tokens to text, stop strings */
     kiri_batcher_fn fn;
     void *user;
     _Atomic int cancel;
@@ -72,6 +78,7 @@ void kiri_batcher_params_default(struct kiri_batcher_params *p)
     p->chunk = 256;
     p->queue_cap = 64;
     p->kv_type = KIRI_TYPE_F16;
+    p->prefix_cache = 1;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -165,6 +172,7 @@ static void seq_free(struct kiri_batcher *b, struct seq *s)
         return;
     kiri_kvcache_seq_free(b->kv, &s->kv);
     kiri_sampler_free(s->sampler);
+    kiri_text_stream_free(&s->text);
     kiri_mem_free(s->tokens);
     kiri_mem_free(s);
 }
@@ -184,13 +192,13 @@ static void enqueue(struct kiri_batcher *b, struct seq *s)
     b->n_waiting++;
 }
 
-int kiri_batcher_submit(struct kiri_batcher *b, const struct kiri_request *r, kiri_batcher_fn fn, void *user,
-                        uint64_t *id, struct kiri_status_info *info)
+static int submit(struct kiri_batcher *b, const struct kiri_request *r, int held, kiri_batcher_fn fn, void *user,
+                  uint64_t *id, struct kiri_status_info *info)
 {
     kiri_error_clear(info);
-    if (!r || !fn || !id || !r->tokens || r->n_tokens < 1)
+    if (!r || !fn || !id || !r->tokens || r->n_tokens < 1 || r->n_stop < 0 || (r->n_stop && !r->stop))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "a request needs a prompt of at least one token");
-    if (r->n_tokens >= b->p.n_ctx)
+    if (held ? r->n_tokens > b->p.n_ctx : r->n_tokens >= b->p.n_ctx)
         return kiri_error_set(info, KIRI_E_INVALID_ARG,
                               "the prompt has %d tokens; the context holds %d, leaving no room to generate",
                               r->n_tokens, b->p.n_ctx);
@@ -199,17 +207,24 @@ int kiri_batcher_submit(struct kiri_batcher *b, const struct kiri_request *r, ki
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "token id %d is outside the vocabulary", r->tokens[i]);
     if (r->top_logprobs < 0 || r->top_logprobs > KIRI_MAX_TOP_LOGPROBS)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "top_logprobs must be 0..%d", KIRI_MAX_TOP_LOGPROBS);
-    int rc = kiri_sampling_validate(&r->sampling, info);
+    int rc = held ? KIRI_OK : kiri_sampling_validate(&r->sampling, info);
     if (rc < 0)
         return rc;
     struct seq *s = kiri_mem_calloc(1, sizeof *s);
-    if (!s || !(s->tokens = kiri_mem_array((size_t)b->p.n_ctx, sizeof *s->tokens))) {
+    if (!s || !(s->tokens = kiri_mem_array((size_t)b->p.n_ctx + 1, sizeof *s->tokens)) ||
+        kiri_text_stream_init(&s->text, b->model->tokenizer, r->stop, r->n_stop) != KIRI_OK) {
+        if (s) {
+            kiri_text_stream_free(&s->text);
+            kiri_mem_free(s->tokens);
+        }
         kiri_mem_free(s);
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
     }
     memcpy(s->tokens, r->tokens, (size_t)r->n_tokens * sizeof *s->tokens);
     s->req = *r;
     s->req.tokens = NULL;
+    s->req.stop = NULL;
+    s->held = held;
     s->n_tokens = s->n_prompt = r->n_tokens;
     s->priority = r->priority;
     s->fn = fn;
@@ -231,6 +246,55 @@ int kiri_batcher_submit(struct kiri_batcher *b, const struct kiri_request *r, ki
     kiri_platform_cond_signal(b->wake);
     kiri_platform_mutex_unlock(b->lock);
     return KIRI_OK;
+}
+
+int kiri_batcher_submit(struct kiri_batcher *b, const struct kiri_request *r, kiri_batcher_fn fn, void *user,
+                        uint64_t *id, struct kiri_status_info *info)
+{
+    return submit(b, r, 0, fn, user, id, info);
+}
+
+int kiri_batcher_submit_held(struct kiri_batcher *b, const struct kiri_request *r, kiri_batcher_fn fn,
+                             void *user, uint64_t *id, struct kiri_status_info *info)
+{
+    return submit(b, r, 1, fn, user, id, info);
+}
+
+/* The request with this id, running or waiting, or NULL. Lock held. */
+static struct seq *find(struct kiri_batcher *b, uint64_t id)
+{
+    for (int32_t i = 0; i < b->n_running; i++)
+        if (b->running[i]->id == id)
+            return b->running[i];
+    for (struct seq *s = b->waiting; s; s = s->next)
+        if (s->id == id)
+            return s;
+    return NULL;
+}
+
+int kiri_batcher_append(struct kiri_batcher *b, uint64_t id, const int32_t *tokens, int32_t n,
+                        struct kiri_status_info *info)
+{
+    kiri_error_clear(info);
+    if (!tokens || n < 1)
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "nothing to append");
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= b->model->hp.n_vocab)
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "token id %d is outside the vocabulary", tokens[i]);
+    kiri_platform_mutex_lock(b->lock);
+    struct seq *s = find(b, id);
+    int rc = KIRI_OK;
+    if (!s || !s->held)
+        rc = kiri_error_set(info, KIRI_E_INVALID_ARG, "no held sequence %llu", (unsigned long long)id);
+    else if ((int64_t)s->n_tokens + n > b->p.n_ctx)
+        rc = kiri_error_set(info, KIRI_E_CONTEXT_FULL, "%d tokens do not fit: %d of %d context positions used", n,
+                            s->n_tokens, b->p.n_ctx);
+    if (rc == KIRI_OK) {
+        memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof *tokens);
+        s->n_tokens += n;
+    }
+    kiri_platform_mutex_unlock(b->lock);
+    return rc;
 }
 
 void kiri_batcher_cancel(struct kiri_batcher *b, uint64_t id)
@@ -273,6 +337,12 @@ static void finish(struct kiri_batcher *b, struct seq *s, int reason, const stru
         ev.n_generated = s->n_generated;
         ev.queue_seconds = s->t_start > 0 ? s->t_start - s->t_submit : kiri_platform_now() - s->t_submit;
         ev.first_token_seconds = s->t_first > 0 ? s->t_first - s->t_submit : 0;
+        /* What was held back for a stop string is the request's, except after a failure. */
+        kiri_text_stream_begin(&s->text);
+        if (reason != KIRI_FINISH_ERROR)
+            kiri_text_stream_finish(&s->text);
+        ev.text = s->text.out.data ? s->text.out.data : "";
+        ev.text_len = s->text.out.len;
     }
     ev.finish = reason;
     s->fn(s->user, &ev);
@@ -291,7 +361,7 @@ static void remove_running(struct kiri_batcher *b, int32_t i)
  * computed for logits). */
 static void share_prefix(struct kiri_batcher *b, struct seq *s)
 {
-    const int32_t full = (s->n_tokens - 1) / BLOCK_SIZE;
+    const int32_t full = b->p.prefix_cache ? (s->n_tokens - 1) / BLOCK_SIZE : 0;
     uint64_t h = 0;
     for (int32_t i = 0; i < full; i++) {
         const int32_t *t = s->tokens + (size_t)i * BLOCK_SIZE;
@@ -332,13 +402,15 @@ static void admit(struct kiri_batcher *b)
         b->waiting = s->next;
         b->n_waiting--;
         s->next = NULL;
-        if (kiri_sampler_init(&s->req.sampling, b->model->hp.n_vocab, &s->sampler) != KIRI_OK) {
-            s->next = cancelled; /* out of memory: end it rather than stall the queue */
-            cancelled = s;
-            continue;
+        if (!s->held) {
+            if (kiri_sampler_init(&s->req.sampling, b->model->hp.n_vocab, &s->sampler) != KIRI_OK) {
+                s->next = cancelled; /* out of memory: end it rather than stall the queue */
+                cancelled = s;
+                continue;
+            }
+            for (int32_t i = 0; i < s->n_tokens; i++)
+                kiri_sampler_accept(s->sampler, s->tokens[i]);
         }
-        for (int32_t i = 0; i < s->n_tokens; i++)
-            kiri_sampler_accept(s->sampler, s->tokens[i]);
         if (s->t_start == 0) {
             s->t_start = kiri_platform_now();
             b->stats.prompt_tokens += (uint64_t)s->n_prompt;
@@ -350,7 +422,8 @@ static void admit(struct kiri_batcher *b)
     while (cancelled) {
         struct seq *s = cancelled;
         cancelled = s->next;
-        finish(b, s, s->sampler || atomic_load(&s->cancel) ? KIRI_FINISH_CANCELLED : KIRI_FINISH_ERROR, NULL);
+        finish(b, s, s->sampler || s->held || atomic_load(&s->cancel) ? KIRI_FINISH_CANCELLED : KIRI_FINISH_ERROR,
+               NULL);
     }
 }
 
@@ -418,7 +491,7 @@ static void logprobs(struct kiri_batcher *b, const struct seq *s, const float *l
 /* Publishes every newly completed block of s to the prefix cache. */
 static void publish(struct kiri_batcher *b, struct seq *s)
 {
-    const int32_t full = s->kv.n_tokens / BLOCK_SIZE;
+    const int32_t full = b->p.prefix_cache ? s->kv.n_tokens / BLOCK_SIZE : 0;
     while (s->n_published < full) {
         const int32_t i = s->n_published;
         const int32_t *t = s->tokens + (size_t)i * BLOCK_SIZE;
@@ -461,6 +534,69 @@ static int32_t plan(struct kiri_batcher *b, struct seq **planned, int32_t *take)
         if (!restart)
             return n;
     }
+}
+
+/* Takes s out of the running array (it is there). */
+static void remove_seq(struct kiri_batcher *b, const struct seq *s)
+{
+    for (int32_t i = 0; i < b->n_running; i++)
+        if (b->running[i] == s) {
+            remove_running(b, i);
+            return;
+        }
+}
+
+/* A held sequence's tokens are computed: its one event carries the logits of the last. */
+static void deliver_logits(struct seq *s, const float *logits)
+{
+    struct kiri_token_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.token = -1;
+    ev.finish = -1;
+    ev.text = "";
+    ev.logits = logits;
+    ev.n_prompt = s->n_tokens;
+    s->fn(s->user, &ev);
+}
+
+/* Samples s's next token from its logits and fills the event with it and its text. Returns the
+ * finish reason it causes, or -1 while generation goes on. The sampled token is the sequence's
+ * last; it is computed in the next step, so a sequence ends when that token would not fit. */
+static int sample(struct kiri_batcher *b, struct seq *s, const float *logits, double now,
+                  struct kiri_token_event *ev)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->token = kiri_sampler_sample(s->sampler, logits);
+    ev->finish = -1;
+    if (s->req.logprobs || s->req.top_logprobs)
+        logprobs(b, s, logits, ev);
+    kiri_sampler_accept(s->sampler, ev->token);
+    s->tokens[s->n_tokens++] = ev->token;
+    s->n_generated++;
+    if (s->t_first == 0)
+        s->t_first = now;
+    ev->n_prompt = s->n_prompt;
+    ev->n_cached = s->n_cached;
+    ev->n_generated = s->n_generated;
+    ev->queue_seconds = s->t_start - s->t_submit;
+    ev->first_token_seconds = s->t_first - s->t_submit;
+    int reason = -1, text_rc = 0;
+    kiri_text_stream_begin(&s->text);
+    if (kiri_tokenizer_is_eog(b->model->tokenizer, ev->token))
+        reason = KIRI_FINISH_EOS;
+    else if ((text_rc = kiri_text_stream_push(&s->text, ev->token)) == 1)
+        reason = KIRI_FINISH_STOP;
+    else if (text_rc < 0)
+        reason = KIRI_FINISH_ERROR;
+    else if (s->req.max_tokens >= 0 && s->n_generated >= s->req.max_tokens)
+        reason = KIRI_FINISH_LENGTH;
+    else if (s->n_tokens > b->p.n_ctx)
+        reason = KIRI_FINISH_CONTEXT;
+    if (reason >= 0 && reason != KIRI_FINISH_STOP && reason != KIRI_FINISH_ERROR)
+        kiri_text_stream_finish(&s->text);
+    ev->text = s->text.out.data ? s->text.out.data : "";
+    ev->text_len = s->text.out.len;
+    return reason;
 }
 
 /* One forward step over every running sequence. Returns 1 if it did work. */
@@ -514,13 +650,10 @@ static int step(struct kiri_batcher *b)
         rc = kiri_graph_run(b->graph, b->kv, &batch, &logits, NULL);
     }
     if (rc != KIRI_OK) {
-        for (int32_t j = 0; j < n_planned; j++)
-            for (int32_t i = 0; i < b->n_running; i++)
-                if (b->running[i] == planned[j]) {
-                    remove_running(b, i);
-                    finish(b, planned[j], KIRI_FINISH_ERROR, NULL);
-                    break;
-                }
+        for (int32_t j = 0; j < n_planned; j++) {
+            remove_seq(b, planned[j]);
+            finish(b, planned[j], KIRI_FINISH_ERROR, NULL);
+        }
         return 1;
     }
     for (int32_t j = 0; j < n_planned; j++) {
@@ -543,43 +676,27 @@ static int step(struct kiri_batcher *b)
     for (int32_t o = 0; o < n_out; o++) {
         struct seq *s = b->b_out_seq[o];
         const float *lg = logits + (size_t)o * (size_t)b->model->hp.n_vocab;
+        if (s->held) {
+            deliver_logits(s, lg);
+            continue;
+        }
         struct kiri_token_event ev;
-        memset(&ev, 0, sizeof ev);
-        ev.token = kiri_sampler_sample(s->sampler, lg);
-        ev.finish = -1;
-        if (s->req.logprobs || s->req.top_logprobs)
-            logprobs(b, s, lg, &ev);
-        kiri_sampler_accept(s->sampler, ev.token);
-        s->tokens[s->n_tokens++] = ev.token;
-        s->n_generated++;
-        if (s->t_first == 0)
-            s->t_first = now;
-        ev.n_prompt = s->n_prompt;
-        ev.n_cached = s->n_cached;
-        ev.n_generated = s->n_generated;
-        ev.queue_seconds = s->t_start - s->t_submit;
-        ev.first_token_seconds = s->t_first - s->t_submit;
-        int reason = -1;
-        if (kiri_tokenizer_is_eog(b->model->tokenizer, ev.token))
-            reason = KIRI_FINISH_EOS;
-        else if (s->req.max_tokens >= 0 && s->n_generated >= s->req.max_tokens)
-            reason = KIRI_FINISH_LENGTH;
-        else if (s->n_tokens >= b->p.n_ctx)
-            reason = KIRI_FINISH_CONTEXT;
+        int reason = s->req.max_tokens == 0 ? KIRI_FINISH_LENGTH : sample(b, s, lg, now, &ev);
+        if (reason == KIRI_FINISH_LENGTH && s->req.max_tokens == 0) {
+            remove_seq(b, s);
+            finish(b, s, reason, NULL);
+            continue;
+        }
         kiri_platform_mutex_lock(b->lock);
         b->stats.generated_tokens++;
         kiri_platform_mutex_unlock(b->lock);
         if (reason < 0) {
             if (s->fn(s->user, &ev) != 0 || atomic_load(&s->cancel))
-                reason = KIRI_FINISH_CANCELLED, ev.token = -1;
+                reason = KIRI_FINISH_CANCELLED;
             else
                 continue;
         }
-        for (int32_t i = 0; i < b->n_running; i++)
-            if (b->running[i] == s) {
-                remove_running(b, i);
-                break;
-            }
+        remove_seq(b, s);
         finish(b, s, reason, reason == KIRI_FINISH_CANCELLED ? NULL : &ev);
     }
     return 1;
@@ -628,6 +745,23 @@ static void batcher_main(void *arg)
     kiri_platform_mutex_lock(b->lock);
     kiri_platform_cond_broadcast(b->idle);
     kiri_platform_mutex_unlock(b->lock);
+}
+
+void kiri_batcher_run(struct kiri_batcher *b, const _Atomic int *cancel)
+{
+    for (;;) {
+        if (cancel && atomic_load(cancel)) {
+            kiri_platform_mutex_lock(b->lock);
+            for (int32_t i = 0; i < b->n_running; i++)
+                atomic_store(&b->running[i]->cancel, 1);
+            for (struct seq *s = b->waiting; s; s = s->next)
+                atomic_store(&s->cancel, 1);
+            kiri_platform_mutex_unlock(b->lock);
+        }
+        admit(b);
+        if (!step(b))
+            return;
+    }
 }
 
 int kiri_batcher_wait_idle(struct kiri_batcher *b, double timeout_seconds)

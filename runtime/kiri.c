@@ -1,5 +1,6 @@
-/* The public API (kiri.h) over the engine's modules: a context is one sequence in a paged KV
- * cache of its own, a graph sized for its batch, and a sampler. */
+/* The public API (kiri.h) over the engine's modules. A context is a one-sequence client of the
+ * continuous-batching loop (batcher.c), driven from the caller's thread: generation, stop strings
+ * and finish reasons exist only there. */
 #include "kiri.h"
 
 #include <stdarg.h>
@@ -7,30 +8,29 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "error.h"
-#include "gguf.h"
 #include "backend.h"
 #include "backends.h"
+#include "batcher.h"
+#include "buf.h"
+#include "error.h"
+#include "gguf.h"
 #include "graph.h"
-#include "kvcache.h"
 #include "mem.h"
 #include "model.h"
 #include "platform.h"
 #include "sampler.h"
-#include "stopper.h"
 #include "tokenizer.h"
-
-#define KV_BLOCK_SIZE 16
+#include "utf8.h"
 
 struct kiri_context {
     struct kiri_model *model;     /* borrowed */
+    struct kiri_batcher *batcher; /* owned: one sequence, no loop thread */
     int32_t n_ctx;
-    int32_t n_batch;
-    int kv_type;
-    struct kiri_kvcache *kv;      /* owned */
-    struct kiri_graph *graph;     /* owned */
-    struct kiri_kv_seq seq;       /* owned table */
-    int32_t *scratch;             /* owned: 4 * n_batch ints for batch building */
+    /* The sequence kiri_context_eval builds: held in the batcher while n_held > 0. */
+    uint64_t held_id;
+    int32_t n_held;
+    const float *logits;          /* of the held sequence's last token, from its last event */
+    int held_failed;              /* the held sequence ended with an error */
     _Atomic int cancel;
 };
 
@@ -60,7 +60,15 @@ int kiri_model_open(const char *path, const struct kiri_model_params *params, st
     int rc = kiri_gguf_open(path, &g, info);
     if (rc < 0)
         return rc;
-    return kiri_model_load(g, params, out, info);
+    if ((rc = kiri_model_load(g, params, out, info)) < 0)
+        return rc;
+    struct kiri_model *m = *out;
+    const char *main_be = m->iface && m->iface->name ? m->iface->name : "cpu";
+    if (m->n_offload > 0 && m->off_iface && m->off_iface->name)
+        snprintf(m->backend_name, sizeof m->backend_name, "%s+%s", m->off_iface->name, main_be);
+    else
+        snprintf(m->backend_name, sizeof m->backend_name, "%s", main_be);
+    return KIRI_OK;
 }
 
 void kiri_model_close(struct kiri_model *model) { kiri_model_free(model); }
@@ -73,6 +81,34 @@ int32_t kiri_model_eos(const struct kiri_model *m) { return kiri_tokenizer_eos(m
 int kiri_model_is_eog(const struct kiri_model *m, int32_t token)
 {
     return kiri_tokenizer_is_eog(m->tokenizer, token);
+}
+
+int kiri_model_add_bos(const struct kiri_model *m) { return kiri_tokenizer_add_bos(m->tokenizer); }
+
+int kiri_model_meta_str(const struct kiri_model *m, const char *key, const char **text, size_t *len)
+{
+    struct kiri_gguf_str str = {0};
+    if (!m || !key || !text || !len || kiri_gguf_get_str(m->gguf, key, 0, &str, NULL) != KIRI_OK || !str.ptr)
+        return KIRI_E_INVALID_ARG;
+    *text = str.ptr;
+    *len = (size_t)str.len;
+    return KIRI_OK;
+}
+
+uint64_t kiri_model_file_bytes(const struct kiri_model *m) { return (uint64_t)kiri_gguf_file_size(m->gguf); }
+
+const char *kiri_model_backend_name(const struct kiri_model *m) { return m->backend_name; }
+
+int kiri_model_file_check(const char *path, struct kiri_status_info *info)
+{
+    kiri_error_clear(info);
+    if (!path)
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "a path is required");
+    struct kiri_gguf *g = NULL;
+    const int rc = kiri_gguf_open(path, &g, info);
+    if (rc == KIRI_OK)
+        kiri_gguf_close(g);
+    return rc;
 }
 
 static void appendf(char *buf, size_t cap, size_t *used, const char *fmt, ...)
@@ -153,6 +189,25 @@ int kiri_token_to_piece(const struct kiri_model *m, int32_t token, int render_sp
     return kiri_tokenizer_piece(m->tokenizer, token, render_special, buf, cap);
 }
 
+int64_t kiri_detokenize(const struct kiri_model *m, const int32_t *tokens, int32_t n, char *buf, size_t cap)
+{
+    if (!m || n < 0 || (n && !tokens) || (cap && !buf))
+        return KIRI_E_INVALID_ARG;
+    struct kiri_detok_stream ds = {0};
+    char piece[KIRI_DETOK_CAP];
+    uint64_t len = 0;
+    for (int32_t i = 0; i <= n; i++) {
+        const int k = i < n ? kiri_detok_push(m->tokenizer, &ds, tokens[i], 0, piece, sizeof piece)
+                            : kiri_detok_flush(&ds, piece, sizeof piece);
+        if (k < 0)
+            return k;
+        if (len + (uint64_t)k <= cap)
+            memcpy(buf + len, piece, (size_t)k);
+        len += (uint64_t)k;
+    }
+    return (int64_t)len;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Contexts
  * ------------------------------------------------------------------------------------------- */
@@ -177,11 +232,6 @@ int kiri_context_init(struct kiri_model *m, const struct kiri_context_params *pa
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "model and output are required");
     if (m->vocab_only)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "the model was opened for its vocabulary only");
-    const int kv_type = params->kv_type;
-    if (kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32 && kv_type != KIRI_TYPE_Q8_0)
-        return kiri_error_set(info, KIRI_E_INVALID_ARG, "kv_type must be F32 (0), F16 (1) or Q8_0 (8)");
-    if (kv_type == KIRI_TYPE_Q8_0 && m->hp.head_dim % KIRI_QK8_0)
-        return kiri_error_set(info, KIRI_E_INVALID_ARG, "a Q8_0 cache needs a head size that is a multiple of 32");
     int32_t n_ctx = params->n_ctx > 0 ? params->n_ctx : m->hp.n_ctx_train;
     if (n_ctx > (1 << 24))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "n_ctx %d is too large", n_ctx);
@@ -196,18 +246,20 @@ int kiri_context_init(struct kiri_model *m, const struct kiri_context_params *pa
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
     c->model = m;
     c->n_ctx = n_ctx;
-    c->n_batch = n_batch;
-    c->kv_type = kv_type;
-    const int32_t n_blocks = (n_ctx + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE;
-    int rc = kiri_model_kvcache_init(m, kv_type, KV_BLOCK_SIZE, n_blocks, &c->kv);
-    if (rc == 0)
-        rc = kiri_graph_init(m, n_batch, 1, n_blocks, &c->graph);
-    if (rc == 0 && !(c->scratch = kiri_mem_array((size_t)n_batch * 4, sizeof(int32_t))))
-        rc = KIRI_E_NOMEM;
+    /* One sequence of n_ctx tokens, n_batch prompt tokens per step. Without prefix sharing a
+     * context computes every position itself, as its callers (reference checks) expect. */
+    struct kiri_batcher_params bp;
+    kiri_batcher_params_default(&bp);
+    bp.n_ctx = n_ctx;
+    bp.max_seqs = 1;
+    bp.chunk = n_batch;
+    bp.queue_cap = 1;
+    bp.kv_type = params->kv_type;
+    bp.prefix_cache = 0;
+    const int rc = kiri_batcher_init(m, &bp, &c->batcher, info);
     if (rc < 0) {
-        kiri_context_free(c);
-        return kiri_error_set(info, rc, "cannot allocate a context of %d tokens (%s)", n_ctx,
-                              kiri_status_name(rc));
+        kiri_mem_free(c);
+        return rc;
     }
     *out = c;
     return KIRI_OK;
@@ -217,17 +269,31 @@ void kiri_context_free(struct kiri_context *c)
 {
     if (!c)
         return;
-    if (c->kv)
-        kiri_kvcache_seq_free(c->kv, &c->seq);
-    kiri_graph_free(c->graph);
-    kiri_kvcache_free(c->kv);
-    kiri_mem_free(c->scratch);
+    kiri_batcher_free(c->batcher);
     kiri_mem_free(c);
+}
+
+/* Events of the held sequence: its logits, or its end. */
+static int on_held(void *user, const struct kiri_token_event *ev)
+{
+    struct kiri_context *c = user;
+    if (ev->logits)
+        c->logits = ev->logits;
+    if (ev->finish >= 0) {
+        c->n_held = 0;
+        c->held_failed = ev->finish == KIRI_FINISH_ERROR;
+    }
+    return 0;
 }
 
 void kiri_context_reset(struct kiri_context *c)
 {
-    kiri_kvcache_seq_clear(c->kv, &c->seq);
+    if (c->n_held > 0) {
+        kiri_batcher_cancel(c->batcher, c->held_id);
+        kiri_batcher_run(c->batcher, NULL);
+    }
+    c->n_held = 0;
+    c->logits = NULL;
     atomic_store(&c->cancel, 0);
 }
 
@@ -239,54 +305,68 @@ int kiri_context_eval(struct kiri_context *c, const int32_t *tokens, int32_t n, 
     kiri_error_clear(info);
     if (!c || !tokens || n < 1 || !logits)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "eval needs at least one token");
-    const int32_t start = c->seq.n_tokens;
-    if ((int64_t)start + n > c->n_ctx)
+    if ((int64_t)c->n_held + n > c->n_ctx)
         return kiri_error_set(info, KIRI_E_CONTEXT_FULL, "%d tokens do not fit: %d of %d context positions used",
-                              n, start, c->n_ctx);
-    for (int32_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->model->hp.n_vocab)
-            return kiri_error_set(info, KIRI_E_INVALID_ARG, "token id %d is outside the vocabulary", tokens[i]);
-    int rc = kiri_kvcache_seq_reserve(c->kv, &c->seq, start + n);
-    if (rc < 0)
-        return kiri_error_set(info, rc, "the KV cache is full");
-
-    int32_t *pos = c->scratch, *slots = pos + c->n_batch, *n_kv = slots + c->n_batch, *off = n_kv + c->n_batch;
-    for (int32_t done = 0; done < n;) {
-        if (atomic_load(&c->cancel))
-            return kiri_error_set(info, KIRI_E_CANCELLED, "cancelled");
-        const int32_t chunk = n - done < c->n_batch ? n - done : c->n_batch;
-        for (int32_t i = 0; i < chunk; i++) {
-            const int32_t p = start + done + i;
-            pos[i] = p;
-            slots[i] = kiri_kvcache_slot(c->kv, &c->seq, p);
-            n_kv[i] = p + 1;
-            off[i] = 0;
-        }
-        const int32_t last = chunk - 1;
-        struct kiri_batch b = {
-            .n_tokens = chunk,
-            .tokens = tokens + done,
-            .pos = pos,
-            .slots = slots,
-            .n_kv = n_kv,
-            .table_off = off,
-            .tables = c->seq.blocks,
-            .n_table_entries = c->seq.n_blocks,
-            .out_rows = &last,
-            .n_outputs = 1,
-        };
-        rc = kiri_graph_run(c->graph, c->kv, &b, logits, info);
-        if (rc < 0)
-            return rc;
-        done += chunk;
-        c->seq.n_tokens = start + done;
+                              n, c->n_held, c->n_ctx);
+    if (atomic_load(&c->cancel))
+        return kiri_error_set(info, KIRI_E_CANCELLED, "cancelled");
+    int rc;
+    c->logits = NULL;
+    if (c->n_held == 0) {
+        struct kiri_request r;
+        memset(&r, 0, sizeof r);
+        r.tokens = tokens;
+        r.n_tokens = n;
+        rc = kiri_batcher_submit_held(c->batcher, &r, on_held, c, &c->held_id, info);
+    } else {
+        rc = kiri_batcher_append(c->batcher, c->held_id, tokens, n, info);
     }
+    if (rc < 0)
+        return rc;
+    c->n_held += n;
+    c->held_failed = 0;
+    kiri_batcher_run(c->batcher, &c->cancel);
+    if (atomic_load(&c->cancel))
+        return kiri_error_set(info, KIRI_E_CANCELLED, "cancelled");
+    if (!c->logits || c->n_held == 0)
+        return kiri_error_set(info, KIRI_E_BACKEND, "the backend failed while evaluating");
+    *logits = c->logits;
     return KIRI_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Generation
+ * Generation: one request through the context's batcher
  * ------------------------------------------------------------------------------------------- */
+
+struct generation {
+    const struct kiri_model *model;
+    kiri_token_fn on_token;
+    void *user;
+    int user_stopped;           /* on_token asked to stop */
+    int finish;                 /* the final event's reason, -1 before it */
+    int32_t n_generated;
+    double t_first;             /* when the first token arrived */
+};
+
+static int on_generated(void *user, const struct kiri_token_event *ev)
+{
+    struct generation *g = user;
+    if (ev->token >= 0 && g->t_first == 0)
+        g->t_first = kiri_platform_now();
+    if (ev->finish >= 0) {
+        g->finish = ev->finish;
+        g->n_generated = ev->n_generated;
+    }
+    if (g->user_stopped || !g->on_token || ev->finish == KIRI_FINISH_CANCELLED || ev->finish == KIRI_FINISH_ERROR)
+        return 0;
+    /* An end-of-generation token is not the caller's: only what it released is. */
+    if (ev->token >= 0 && !kiri_model_is_eog(g->model, ev->token)) {
+        g->user_stopped = g->on_token(g->user, ev->token, ev->text, ev->text_len) != 0;
+    } else if (ev->text_len) {
+        g->on_token(g->user, -1, ev->text, ev->text_len);
+    }
+    return g->user_stopped;
+}
 
 int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_prompt,
                   const struct kiri_generate_params *gp, kiri_token_fn on_token, void *user,
@@ -295,82 +375,46 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     kiri_error_clear(info);
     if (!c || !prompt || n_prompt < 1 || !gp || (gp->n_stop && !gp->stop) || gp->n_stop < 0)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "generate needs a context, a prompt and parameters");
-    int rc = kiri_sampling_validate(&gp->sampling, info);
-    if (rc < 0)
-        return rc;
     for (int s = 0; s < gp->n_stop; s++)
         if (!gp->stop[s])
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "stop string %d is NULL", s);
     if (n_prompt >= c->n_ctx)
         return kiri_error_set(info, KIRI_E_CONTEXT_FULL, "the prompt (%d tokens) does not fit the context (%d)",
                               n_prompt, c->n_ctx);
-    const struct kiri_model *m = c->model;
-    struct kiri_sampler *smp = NULL;
-    if ((rc = kiri_sampler_init(&gp->sampling, m->hp.n_vocab, &smp)) < 0)
-        return kiri_error_set(info, rc, "cannot create the sampler");
-
     kiri_context_reset(c);
+    struct kiri_request r;
+    memset(&r, 0, sizeof r);
+    r.tokens = prompt;
+    r.n_tokens = n_prompt;
+    r.max_tokens = gp->max_tokens;
+    r.sampling = gp->sampling;
+    r.stop = gp->stop;
+    r.n_stop = gp->n_stop;
+    struct generation g = {c->model, on_token, user, 0, -1, 0, 0};
+    uint64_t id;
+    const double t0 = kiri_platform_now();
+    int rc = kiri_batcher_submit(c->batcher, &r, on_generated, &g, &id, info);
+    if (rc < 0)
+        return rc;
+    kiri_batcher_run(c->batcher, &c->cancel);
+    const double t1 = kiri_platform_now();
+
     struct kiri_generate_result res;
     memset(&res, 0, sizeof res);
     res.n_prompt = n_prompt;
-    struct kiri_stopper stopper;
-    kiri_stopper_init(&stopper, gp->stop, gp->n_stop);
-    struct kiri_detok_stream ds = {0};
-    char piece[KIRI_DETOK_CAP];
-    const float *logits = NULL;
-
-    double t0 = kiri_platform_now();
-    rc = kiri_context_eval(c, prompt, n_prompt, &logits, info);
-    res.prefill_seconds = kiri_platform_now() - t0;
-    for (int32_t i = 0; i < n_prompt; i++)
-        kiri_sampler_accept(smp, prompt[i]);
-    t0 = kiri_platform_now();
-    res.finish = KIRI_FINISH_LENGTH;
-    while (rc == 0) {
-        if (gp->max_tokens >= 0 && res.n_generated >= gp->max_tokens)
-            break;
-        const int32_t tok = kiri_sampler_sample(smp, logits);
-        kiri_sampler_accept(smp, tok);
-        res.n_generated++;
-        if (kiri_tokenizer_is_eog(m->tokenizer, tok)) {
-            res.finish = KIRI_FINISH_EOS;
-            break;
-        }
-        int n = kiri_detok_push(m->tokenizer, &ds, tok, 0, piece, sizeof piece);
-        const char *text;
-        size_t text_len;
-        const int hit = kiri_stopper_push(&stopper, piece, n > 0 ? (size_t)n : 0, &text, &text_len);
-        if (hit < 0) {
-            rc = kiri_error_set(info, hit, "out of memory");
-            break;
-        }
-        const int stop_cb = on_token && on_token(user, tok, text, text_len);
-        if (hit || stop_cb) {
-            res.finish = KIRI_FINISH_STOP;
-            break;
-        }
-        if (gp->max_tokens >= 0 && res.n_generated >= gp->max_tokens)
-            break; /* the last token needs no evaluation */
-        if (c->seq.n_tokens >= c->n_ctx) {
-            res.finish = KIRI_FINISH_CONTEXT;
-            break;
-        }
-        rc = kiri_context_eval(c, &tok, 1, &logits, info);
+    res.n_generated = g.n_generated;
+    res.finish = g.finish;
+    res.prefill_seconds = (g.t_first > 0 ? g.t_first : t1) - t0;
+    res.decode_seconds = g.t_first > 0 ? t1 - g.t_first : 0;
+    if (g.finish == KIRI_FINISH_CANCELLED && g.user_stopped) {
+        res.finish = KIRI_FINISH_STOP;
+    } else if (g.finish == KIRI_FINISH_CANCELLED) {
+        res.finish = KIRI_FINISH_LENGTH;
+        rc = kiri_error_set(info, KIRI_E_CANCELLED, "cancelled");
+    } else if (g.finish == KIRI_FINISH_ERROR || g.finish < 0) {
+        res.finish = KIRI_FINISH_LENGTH;
+        rc = kiri_error_set(info, KIRI_E_BACKEND, "the backend failed while generating");
     }
-    if (rc == 0 && res.finish != KIRI_FINISH_STOP && on_token) {
-        /* Deliver what was held back for a stop string that never came. */
-        int n = kiri_detok_flush(&ds, piece, sizeof piece);
-        const char *text;
-        size_t text_len;
-        if (n > 0 && kiri_stopper_push(&stopper, piece, (size_t)n, &text, &text_len) == 0 && text_len)
-            on_token(user, -1, text, text_len);
-        kiri_stopper_flush(&stopper, &text, &text_len);
-        if (text_len)
-            on_token(user, -1, text, text_len);
-    }
-    res.decode_seconds = kiri_platform_now() - t0;
-    kiri_stopper_free(&stopper);
-    kiri_sampler_free(smp);
     if (result)
         *result = res;
     return rc;

@@ -97,6 +97,7 @@ struct kiri_model {
     struct kiri_mutex *compute_lock;     /* owned */
     uint32_t cpu_features;
     char backend_report[512];
+    char backend_name[48];               /* kiri_model_backend_name: "cpu", "vulkan+cpu", ... */
 };
 
 /* Loads a model from an open GGUF file, taking ownership of g (closed on failure too). */
@@ -109,10 +110,8 @@ void kiri_model_free(struct kiri_model *m);
 int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
                             struct kiri_kvcache **out);
 
-/* Writes one line saying which layers run on which backend. */
-void kiri_model_describe_placement(const struct kiri_model *m, char *buf, size_t cap);
+/* kiri_model_describe_placement (kiri.h): which layers run on which backend. */
 
-/* Bytes one token's keys and values take in a cache of the given element type. */
-size_t kiri_model_kv_bytes_per_token(const struct kiri_model *m, int kv_type);
+/* kiri_model_kv_bytes_per_token (kiri.h): the bytes one token's keys and values take. */
 
 #endif

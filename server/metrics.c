@@ -49,7 +49,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batcher.h"
 #include "kiri.h"
 #include "mem.h"
 #include "platform.h"

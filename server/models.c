@@ -12,16 +12,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "batcher.h"
 #include "chat_template.h"
 #include "error.h"
-#include "gguf.h"
 #include "kiri.h"
 #include "mem.h"
-#include "model.h"
-#include "backend.h"
 #include "platform.h"
-#include "tokenizer.h"
 
 #define LOAD_WAIT_S 120.0    /* longest wait for another thread's load of the same model */
 #define WARM_UP_WAIT_S 120.0
@@ -106,7 +101,7 @@ static int warm_up(struct kiri_served_model *m, struct kiri_status_info *info)
         kiri_platform_mutex_free(w.lock);
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
     }
-    const int32_t bos = kiri_tokenizer_bos(m->model->tokenizer);
+    const int32_t bos = kiri_model_bos(m->model);
     int32_t tok = bos >= 0 ? bos : 0;
     struct kiri_request req;
     memset(&req, 0, sizeof req);
@@ -144,7 +139,7 @@ static int warm_up(struct kiri_served_model *m, struct kiri_status_info *info)
 static void token_text(const struct kiri_model *model, int32_t id, char *out, size_t cap)
 {
     int n;
-    if (id >= 0 && (n = kiri_tokenizer_piece(model->tokenizer, id, 1, out, cap - 1)) > 0 && (size_t)n < cap)
+    if (id >= 0 && (n = kiri_token_to_piece(model, id, 1, out, cap - 1)) > 0 && (size_t)n < cap)
         out[n] = '\0';
     else
         out[0] = '\0';
@@ -181,12 +176,11 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
         goto fail;
     m->n_ctx = kiri_batcher_n_ctx(m->batcher);
     /* The chat template from the file, or ChatML when it has none or it does not parse. */
-    struct kiri_gguf_str t = {0};
-    const char *src = kiri_chat_template_chatml();
-    size_t len = strlen(src);
-    if (kiri_gguf_get_str(m->model->gguf, "tokenizer.chat_template", 0, &t, NULL) == KIRI_OK && t.len) {
-        src = t.ptr;
-        len = (size_t)t.len;
+    const char *src = kiri_chat_template_chatml(), *t = NULL;
+    size_t len = strlen(src), t_len = 0;
+    if (kiri_model_meta_str(m->model, "tokenizer.chat_template", &t, &t_len) == KIRI_OK && t_len) {
+        src = t;
+        len = t_len;
     }
     if (kiri_chat_template_init(src, len, &m->tmpl, info) != KIRI_OK) {
         logf_(r, "model %s: the chat template is not usable (%s); using ChatML", id, info->message);
@@ -194,8 +188,8 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
         if ((rc = kiri_chat_template_init(src, strlen(src), &m->tmpl, info)) != KIRI_OK)
             goto fail;
     }
-    token_text(m->model, kiri_tokenizer_bos(m->model->tokenizer), m->bos_text, sizeof m->bos_text);
-    token_text(m->model, kiri_tokenizer_eos(m->model->tokenizer), m->eos_text, sizeof m->eos_text);
+    token_text(m->model, kiri_model_bos(m->model), m->bos_text, sizeof m->bos_text);
+    token_text(m->model, kiri_model_eos(m->model), m->eos_text, sizeof m->eos_text);
     if ((rc = kiri_batcher_start(m->batcher)) != KIRI_OK) {
         rc = kiri_error_set(info, rc, "cannot start the batching thread");
         goto fail;
@@ -204,15 +198,11 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
         goto fail;
     struct kiri_batcher_stats st;
     kiri_batcher_get_stats(m->batcher, &st);
-    m->cost = (uint64_t)kiri_gguf_file_size(m->model->gguf) +
+    m->cost = kiri_model_file_bytes(m->model) +
               (uint64_t)st.kv_blocks_total * (uint64_t)(st.kv_block_size > 0 ? st.kv_block_size : 0) *
                   (uint64_t)kiri_model_kv_bytes_per_token(m->model, r->p.kv_type);
-    /* A split (--gpu-layers below the layer count) runs on two backends: name both. */
-    const char *main_be = m->model->iface && m->model->iface->name ? m->model->iface->name : "cpu";
-    if (m->model->n_offload > 0 && m->model->off_iface && m->model->off_iface->name)
-        snprintf(m->backend, sizeof m->backend, "%s+%s", m->model->off_iface->name, main_be);
-    else
-        snprintf(m->backend, sizeof m->backend, "%s", main_be);
+    /* A split (--gpu-layers below the layer count) runs on two backends, both named. */
+    snprintf(m->backend, sizeof m->backend, "%s", kiri_model_backend_name(m->model));
     *out = m;
     return KIRI_OK;
 fail:
@@ -498,11 +488,12 @@ static int load_entry(struct kiri_models *r, struct entry *e, int hold, struct k
         logf_(r, "model %s: loading %s", id, path);
         const double t0 = kiri_platform_now();
         rc = slot_load(r, id, path, sha, &m, info);
-        if (rc == KIRI_OK && m->model->n_offload > 0 && m->model->off_iface)
-            logf_(r, "model %s: loaded in %.2f s (%s: layers 0-%d on %s, the rest on %s; context %d, %.1f MiB)", id,
-                  kiri_platform_now() - t0, m->backend, m->model->n_offload - 1, m->model->off_iface->name,
-                  m->model->iface && m->model->iface->name ? m->model->iface->name : "cpu", (int)m->n_ctx,
-                  (double)m->cost / 1048576.0);
+        char placement[320];
+        if (rc == KIRI_OK)
+            kiri_model_describe_placement(m->model, placement, sizeof placement);
+        if (rc == KIRI_OK && strchr(m->backend, '+'))
+            logf_(r, "model %s: loaded in %.2f s (%s: %s; context %d, %.1f MiB)", id, kiri_platform_now() - t0,
+                  m->backend, placement, (int)m->n_ctx, (double)m->cost / 1048576.0);
         else if (rc == KIRI_OK)
             logf_(r, "model %s: loaded in %.2f s (%s, context %d, %.1f MiB)", id, kiri_platform_now() - t0,
                   m->backend, (int)m->n_ctx, (double)m->cost / 1048576.0);

@@ -56,7 +56,7 @@ struct kiri_models_params {
     const char *cpu_kernels;  /* as kiri_model_params; NULL: auto */
     int32_t n_ctx;            /* 0: the model's */
     uint64_t kv_memory;       /* 0: n_ctx * max_seqs tokens */
-    int kv_type;              /* KIRI_TYPE_F16, F32 or Q8_0 */
+    int kv_type;              /* enum kiri_kv_type */
     int32_t max_seqs, chunk, queue_cap;
     uint64_t memory_budget;   /* bytes for all loaded models together; 0: no limit */
     int warm_up;              /* run one token through a new model before it serves */

@@ -14,25 +14,22 @@
 #include "civetweb.h"
 
 #include "auth.h"
-#include "batcher.h"
+#include "buf.h"
 #include "chat_page.h"
 #include "chat_template.h"
 #include "config.h"
 #include "error.h"
-#include "gguf.h"
+#include "fleet_node.h"
 #include "kiri.h"
 #include "mem.h"
-#include "fleet_node.h"
 #include "metrics.h"
-#include "model.h"
 #include "models.h"
 #include "openai.h"
 #include "platform.h"
-#include "stopper.h"
-#include "tokenizer.h"
 #include "upstream.h"
 
-#define MAX_PIECE KIRI_DETOK_CAP
+/* Bytes of one token's text: far above any vocabulary's longest token. */
+#define MAX_PIECE 1024
 #define AUTH_FAIL_LIMIT 20
 
 struct kiri_server {
@@ -243,6 +240,7 @@ static int read_body(struct kiri_server *s, struct mg_connection *c, char **out,
 struct event {
     int32_t token;
     int finish;
+    size_t text_len;          /* its text, next in the choice's queued text */
     float logprob;
     int n_top;
     int32_t top_ids[KIRI_MAX_TOP_LOGPROBS];
@@ -251,7 +249,7 @@ struct event {
     double ttft;
 };
 
-/* One choice (n of them per request). Fields above `text` are shared with the loop thread under
+/* One choice (n of them per request). Fields above `done` are shared with the loop thread under
  * gen->lock; the rest belong to the HTTP thread. */
 struct choice {
     struct gen *gen;
@@ -259,15 +257,12 @@ struct choice {
     int submitted;
     struct event *q;          /* owned ring of pending events */
     int q_len, q_cap;
+    struct kiri_buf q_text;   /* owned: the pending events' text, in order */
     int finished;             /* final event queued */
     /* HTTP thread only */
     int done;                 /* final event processed */
-    int finish;               /* enum kiri_finish or KIRI_FINISH_* */
-    int stop_hit;
-    struct kiri_detok_stream ds;
-    struct kiri_stopper stopper;
-    char *text;               /* owned: all delivered text (non-streaming) */
-    size_t text_len, text_cap;
+    int finish;               /* enum kiri_finish */
+    struct kiri_buf text;     /* owned: all delivered text (non-streaming) */
     int32_t n_prompt, n_cached, n_generated;
     double ttft, last_token_time;
     /* log-probabilities (non-streaming), owned */
@@ -306,9 +301,14 @@ static int on_event(void *user, const struct kiri_token_event *ev)
         ch->q = q;
         ch->q_cap = cap;
     }
+    if (kiri_buf_append(&ch->q_text, ev->text, ev->text_len) < 0 && ev->finish < 0) {
+        kiri_platform_mutex_unlock(g->lock);
+        return 1;
+    }
     struct event *e = &ch->q[ch->q_len++];
     e->token = ev->token;
     e->finish = ev->finish;
+    e->text_len = ch->q_text.failed ? 0 : ev->text_len;
     e->logprob = ev->logprob;
     e->n_top = ev->n_top;
     memcpy(e->top_ids, ev->top_ids, sizeof e->top_ids);
@@ -324,28 +324,10 @@ static int on_event(void *user, const struct kiri_token_event *ev)
     return 0;
 }
 
-static int append_text(struct choice *ch, const char *t, size_t n)
-{
-    if (ch->text_len + n + 1 > ch->text_cap) {
-        size_t cap = ch->text_cap ? ch->text_cap : 256;
-        while (cap < ch->text_len + n + 1)
-            cap *= 2;
-        char *b = kiri_mem_realloc(ch->text, cap);
-        if (!b)
-            return -1;
-        ch->text = b;
-        ch->text_cap = cap;
-    }
-    memcpy(ch->text + ch->text_len, t, n);
-    ch->text_len += n;
-    ch->text[ch->text_len] = '\0';
-    return 0;
-}
-
 static char *piece_dup(const struct kiri_model *m, int32_t id, size_t *len)
 {
     char buf[MAX_PIECE];
-    int n = kiri_tokenizer_piece(m->tokenizer, id, 1, buf, sizeof buf);
+    int n = kiri_token_to_piece(m, id, 1, buf, sizeof buf);
     if (n < 0 || (size_t)n > sizeof buf)
         n = 0;
     *len = (size_t)n;
@@ -400,8 +382,8 @@ static int record_logprobs(struct gen *g, struct choice *ch, const struct event 
 static void choice_free(struct gen *g, struct choice *ch)
 {
     kiri_mem_free(ch->q);
-    kiri_stopper_free(&ch->stopper);
-    kiri_mem_free(ch->text);
+    kiri_buf_free(&ch->q_text);
+    kiri_buf_free(&ch->text);
     for (int i = 0; i < ch->n_lp; i++) {
         kiri_mem_free(ch->lp_tok[i]);
         for (int k = 0; k < g->n_top; k++)
@@ -415,9 +397,9 @@ static void choice_free(struct gen *g, struct choice *ch)
     kiri_mem_free(ch->top_val);
 }
 
-static const char *finish_reason(int finish, int stop_hit)
+static const char *finish_reason(int finish)
 {
-    if (stop_hit || finish == KIRI_FINISH_EOS || finish == KIRI_FINISH_STOP)
+    if (finish == KIRI_FINISH_EOS || finish == KIRI_FINISH_STOP)
         return "stop";
     return "length";
 }
@@ -477,13 +459,13 @@ static int tokenize_alloc(const struct kiri_model *m, const char *text, int add_
                           int32_t **ids, int32_t *n)
 {
     const size_t len = strlen(text);
-    const int need = kiri_tokenizer_encode(m->tokenizer, text, len, add_bos, 0, parse_special, NULL, 0);
+    const int need = kiri_tokenize(m, text, len, add_bos, parse_special, NULL, 0);
     if (need < 0)
         return need;
     *ids = kiri_mem_array((size_t)need + 1, sizeof **ids);
     if (!*ids)
         return KIRI_E_NOMEM;
-    *n = kiri_tokenizer_encode(m->tokenizer, text, len, add_bos, 0, parse_special, *ids, need);
+    *n = kiri_tokenize(m, text, len, add_bos, parse_special, *ids, need);
     return KIRI_OK;
 }
 
@@ -492,7 +474,7 @@ static int build_prompt(const struct kiri_served_model *sm, struct mg_connection
                         const struct kiri_api_request *r, int32_t **ids, int32_t *n)
 {
     const struct kiri_model *m = sm->model;
-    const int add_bos = kiri_tokenizer_add_bos(m->tokenizer);
+    const int add_bos = kiri_model_add_bos(m);
     if (r->kind == KIRI_API_COMPLETIONS) {
         if (r->prompt_tokens) {
             *ids = kiri_mem_array((size_t)r->n_prompt_tokens + 1, sizeof **ids);
@@ -546,17 +528,43 @@ static void deliver(struct stream *st, struct gen *g, struct choice *ch, const c
     if (st)
         stream_text(st, g, ch, text, len, NULL);
     else
-        append_text(ch, text, len);
+        kiri_buf_append(&ch->text, text, len);
+}
+
+/* One event of a choice, with its text, on the HTTP thread. */
+static void handle_event(struct kiri_server *s, struct gen *g, struct choice *ch, const struct kiri_api_request *r,
+                         struct stream *st, const struct event *e, const char *text)
+{
+    ch->n_prompt = e->n_prompt;
+    ch->n_cached = e->n_cached;
+    if (e->token >= 0) {
+        const double now = kiri_platform_now();
+        if (ch->n_generated == 0)
+            kiri_metrics_ttft(s->metrics, e->ttft);
+        else
+            kiri_metrics_inter_token(s->metrics, now - ch->last_token_time);
+        ch->last_token_time = now;
+        ch->n_generated = e->n_generated;
+    }
+    deliver(st, g, ch, text, e->text_len);
+    if (e->token >= 0 && r->logprobs && !st && !kiri_model_is_eog(g->m->model, e->token))
+        record_logprobs(g, ch, e);
+    if (e->finish >= 0) {
+        ch->done = 1;
+        ch->finish = e->finish;
+        if (st)
+            stream_text(st, g, ch, "", 0, finish_reason(ch->finish));
+    }
 }
 
 /* Processes queued events of every choice; returns when all choices are done. */
 static void run_generation(struct kiri_server *s, struct gen *g, const struct kiri_api_request *r, struct stream *st,
                            double deadline)
 {
-    const struct kiri_model *m = g->m->model;
     struct kiri_batcher *batcher = g->m->batcher;
     struct event *batch = NULL;
     int batch_cap = 0;
+    struct kiri_buf text = {0};
     for (;;) {
         int all_done = 1;
         for (int i = 0; i < g->n; i++)
@@ -587,57 +595,22 @@ static void run_generation(struct kiri_server *s, struct gen *g, const struct ki
                     batch_cap = n_ev;
                 }
             }
-            const int take = n_ev <= batch_cap ? n_ev : batch_cap;
-            if (take) { /* ch->q is NULL until the first event: no memmove on it (UBSan) */
+            /* All queued events with their text, or none (out of memory: try again later). */
+            const int take = n_ev <= batch_cap ? n_ev : 0;
+            if (take) {
                 memcpy(batch, ch->q, (size_t)take * sizeof *batch);
-                memmove(ch->q, ch->q + take, (size_t)(ch->q_len - take) * sizeof *ch->q);
-                ch->q_len -= take;
+                ch->q_len = 0;
+                const struct kiri_buf t = text;
+                text = ch->q_text;
+                ch->q_text = t;
+                kiri_buf_clear(&ch->q_text);
             }
             kiri_platform_mutex_unlock(g->lock);
 
+            size_t at = 0;
             for (int k = 0; k < take && !ch->done; k++) {
-                const struct event *e = &batch[k];
-                ch->n_prompt = e->n_prompt;
-                ch->n_cached = e->n_cached;
-                if (e->token >= 0 && !ch->stop_hit) {
-                    const double now = kiri_platform_now();
-                    if (ch->n_generated == 0)
-                        kiri_metrics_ttft(s->metrics, e->ttft);
-                    else
-                        kiri_metrics_inter_token(s->metrics, now - ch->last_token_time);
-                    ch->last_token_time = now;
-                    ch->n_generated = e->n_generated;
-                    if (!kiri_tokenizer_is_eog(m->tokenizer, e->token)) {
-                        char piece[MAX_PIECE];
-                        int pn = kiri_detok_push(m->tokenizer, &ch->ds, e->token, 0, piece, sizeof piece);
-                        const char *out;
-                        size_t out_len;
-                        const int hit = kiri_stopper_push(&ch->stopper, piece, pn > 0 ? (size_t)pn : 0, &out, &out_len);
-                        deliver(st, g, ch, out, out_len);
-                        if (r->logprobs && !st)
-                            record_logprobs(g, ch, e);
-                        if (hit == 1) {
-                            ch->stop_hit = 1;
-                            kiri_batcher_cancel(batcher, ch->id);
-                        }
-                    }
-                }
-                if (e->finish >= 0) {
-                    ch->done = 1;
-                    ch->finish = e->finish;
-                    if (!ch->stop_hit && e->finish != KIRI_FINISH_ERROR) {
-                        char piece[MAX_PIECE];
-                        const int pn = kiri_detok_flush(&ch->ds, piece, sizeof piece);
-                        const char *out;
-                        size_t out_len;
-                        if (pn > 0 && kiri_stopper_push(&ch->stopper, piece, (size_t)pn, &out, &out_len) == 0)
-                            deliver(st, g, ch, out, out_len);
-                        kiri_stopper_flush(&ch->stopper, &out, &out_len);
-                        deliver(st, g, ch, out, out_len);
-                    }
-                    if (st)
-                        stream_text(st, g, ch, "", 0, finish_reason(ch->finish, ch->stop_hit));
-                }
+                handle_event(s, g, ch, r, st, &batch[k], text.data ? text.data + at : "");
+                at += batch[k].text_len;
             }
             if (st && st->broken)
                 for (int j = 0; j < g->n; j++)
@@ -645,6 +618,7 @@ static void run_generation(struct kiri_server *s, struct gen *g, const struct ki
                         kiri_batcher_cancel(batcher, g->ch[j].id);
         }
     }
+    kiri_buf_free(&text);
     kiri_mem_free(batch);
 }
 
@@ -694,7 +668,7 @@ static int acquire_for(struct kiri_server *s, struct mg_connection *c, char *bod
     const int rc = kiri_models_acquire(s->models, r->model, out, &info);
     int status = rc == KIRI_OK ? 0 : model_error(s, c, r->model, rc, &info);
     if (!status) {
-        const struct kiri_api_limits lim = {(*out)->n_ctx, (*out)->model->hp.n_vocab, 1024};
+        const struct kiri_api_limits lim = {(*out)->n_ctx, kiri_model_n_vocab((*out)->model), 1024};
         if (!kiri_api_within_limits(r, &lim)) {
             kiri_api_request_free(r);
             if (kiri_api_parse(body, body_len, kind, &lim, r, &err) != KIRI_OK)
@@ -754,7 +728,6 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
     for (int i = 0; i < g->n; i++) {
         struct choice *ch = &g->ch[i];
         ch->gen = g;
-        kiri_stopper_init(&ch->stopper, (const char *const *)r.stop, r.n_stop);
         struct kiri_request req;
         memset(&req, 0, sizeof req);
         req.tokens = ids;
@@ -762,6 +735,8 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         req.max_tokens = r.max_tokens;
         req.sampling = r.sampling;
         req.sampling.seed = seed + (uint64_t)i;
+        req.stop = (const char *const *)r.stop;
+        req.n_stop = r.n_stop;
         req.priority = r.priority;
         req.logprobs = r.logprobs;
         req.top_logprobs = r.top_logprobs;
@@ -841,9 +816,9 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         for (int i = 0; i < g->n; i++) {
             struct choice *ch = &g->ch[i];
             cs[i].index = i;
-            cs[i].text = ch->text ? ch->text : "";
-            cs[i].text_len = ch->text_len;
-            cs[i].finish_reason = finish_reason(ch->finish, ch->stop_hit);
+            cs[i].text = ch->text.data ? ch->text.data : "";
+            cs[i].text_len = ch->text.len;
+            cs[i].finish_reason = finish_reason(ch->finish);
             if (r.logprobs) {
                 cs[i].n_logprobs = ch->n_lp;
                 cs[i].lp_tokens = (const char *const *)ch->lp_tok;
@@ -1088,37 +1063,19 @@ static int handle_tokenize(struct kiri_server *s, struct mg_connection *c, int k
         return status;
     if (kind == KIRI_API_TOKENIZE) {
         int32_t *ids = NULL, n = 0;
-        const int add_bos = r.add_special ? kiri_tokenizer_add_bos(sm->model->tokenizer) : 0;
+        const int add_bos = r.add_special ? kiri_model_add_bos(sm->model) : 0;
         if (tokenize_alloc(sm->model, r.content ? r.content : "", add_bos, r.parse_special, &ids, &n) != KIRI_OK)
             status = fail(c, 500, "server_error", "", "", "tokenization failed", "");
         else
             status = send_json(c, 200, kiri_api_tokens_json(ids, n), "");
         kiri_mem_free(ids);
     } else {
-        char *text = NULL;
-        size_t len = 0, cap = 0;
-        struct kiri_detok_stream ds = {0};
-        char piece[MAX_PIECE];
-        int ok = 1;
-        for (int32_t i = 0; i <= r.n_tokens && ok; i++) {
-            const int n = i < r.n_tokens ? kiri_detok_push(sm->model->tokenizer, &ds, r.tokens[i], 0, piece, sizeof piece)
-                                         : kiri_detok_flush(&ds, piece, sizeof piece);
-            if (n <= 0)
-                continue;
-            if (len + (size_t)n + 1 > cap) {
-                cap = (len + (size_t)n + 1) * 2;
-                char *t = kiri_mem_realloc(text, cap);
-                if (!t) {
-                    ok = 0;
-                    break;
-                }
-                text = t;
-            }
-            memcpy(text + len, piece, (size_t)n);
-            len += (size_t)n;
-        }
-        status = ok ? send_json(c, 200, kiri_api_content_json(text ? text : "", len), "")
-                    : fail(c, 500, "server_error", "", "", "out of memory", "");
+        const int64_t need = kiri_detokenize(sm->model, r.tokens, r.n_tokens, NULL, 0);
+        char *text = need >= 0 ? kiri_mem_alloc((size_t)need + 1) : NULL;
+        if (text && kiri_detokenize(sm->model, r.tokens, r.n_tokens, text, (size_t)need) == need)
+            status = send_json(c, 200, kiri_api_content_json(text, (size_t)need), "");
+        else
+            status = fail(c, 500, "server_error", "", "", need < 0 ? "detokenization failed" : "out of memory", "");
         kiri_mem_free(text);
     }
     kiri_api_request_free(&r);
@@ -1405,7 +1362,7 @@ static int load_models(struct kiri_server *s, struct kiri_status_info *info)
     mp.cpu_kernels = cfg->cpu_kernels;
     mp.n_ctx = cfg->ctx;
     mp.kv_memory = cfg->kv_memory;
-    mp.kv_type = strcmp(cfg->kv_type, "f32") == 0 ? KIRI_TYPE_F32 : strcmp(cfg->kv_type, "q8_0") == 0 ? KIRI_TYPE_Q8_0 : KIRI_TYPE_F16;
+    mp.kv_type = strcmp(cfg->kv_type, "f32") == 0 ? KIRI_KV_F32 : strcmp(cfg->kv_type, "q8_0") == 0 ? KIRI_KV_Q8_0 : KIRI_KV_F16;
     mp.max_seqs = cfg->parallel;
     mp.chunk = cfg->chunk;
     mp.queue_cap = cfg->queue;
