@@ -20,8 +20,6 @@ struct kiri_mapping {
  * written) and anything that is not a regular file. Fills info and returns KIRI_E_IO on failure. */
 int kiri_platform_map_file(const char *path, struct kiri_mapping *out, struct kiri_status_info *info);
 void kiri_platform_unmap(struct kiri_mapping *m);
-/* Advises the kernel that [addr, addr + size) of a mapping will be read soon (or sequentially). */
-void kiri_platform_advise_willneed(const void *addr, size_t size);
 
 /* Durable output: create (truncating) a file for writing, write all of data, flush it to storage
  * and close it, rename it over another name and flush the directory so the rename survives a
@@ -49,7 +47,6 @@ void kiri_platform_signals_init(void);
 /* Waits for SIGTERM/SIGINT/SIGHUP at most timeout seconds: the signal number, or 0. */
 int kiri_platform_wait_termination(double timeout);
 
-size_t kiri_platform_page_size(void);
 /* Monotonic seconds. */
 double kiri_platform_now(void);
 /* Online CPU cores available to this process (>= 1). */
@@ -89,8 +86,6 @@ void kiri_platform_cond_signal(struct kiri_cond *c);
 void kiri_platform_cond_broadcast(struct kiri_cond *c);
 /* A hint inside spin loops. */
 void kiri_platform_cpu_relax(void);
-/* Gives the core to another runnable thread (for spin loops that waited too long). */
-void kiri_platform_yield(void);
 
 /* ---- Files and directories (the server's models folder, the fleet) ---- */
 

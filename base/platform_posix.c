@@ -3,8 +3,6 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
-#include <netdb.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <errno.h>
@@ -14,12 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/file.h>
-#include <sys/random.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -84,16 +78,7 @@ void kiri_platform_unmap(struct kiri_mapping *m)
     m->size = 0;
 }
 
-void kiri_platform_advise_willneed(const void *addr, size_t size)
-{
-    size_t page = kiri_platform_page_size();
-    uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(page - 1);
-    uintptr_t end = (uintptr_t)addr + size;
-    if (size)
-        madvise((void *)start, end - start, MADV_WILLNEED);
-}
-
-size_t kiri_platform_page_size(void)
+static size_t page_size(void)
 {
     long p = sysconf(_SC_PAGESIZE);
     return p > 0 ? (size_t)p : 4096;
@@ -131,7 +116,7 @@ uint64_t kiri_platform_peak_rss(void)
 uint64_t kiri_platform_total_memory(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES);
-    return pages > 0 ? (uint64_t)pages * kiri_platform_page_size() : 0;
+    return pages > 0 ? (uint64_t)pages * page_size() : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -499,10 +484,9 @@ void kiri_platform_cpu_relax(void)
 #endif
 }
 
-void kiri_platform_yield(void) { sched_yield(); }
 
 /* ---------------------------------------------------------------------------------------------
- * Fleet downloads: files, directories, clocks, TCP sockets
+ * Files and directories (the models folder, the fleet), sleeping
  * ------------------------------------------------------------------------------------------- */
 
 

@@ -264,7 +264,6 @@ void kiri_kvcache_free(struct kiri_kvcache *c)
 }
 
 int kiri_kvcache_block_size(const struct kiri_kvcache *c) { return c->block_size; }
-int32_t kiri_kvcache_n_blocks(const struct kiri_kvcache *c) { return c->n_blocks; }
 int32_t kiri_kvcache_n_free(const struct kiri_kvcache *c) { return c->n_free; }
 size_t kiri_kvcache_bytes(const struct kiri_kvcache *c) { return c->bytes; }
 struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer) { return &c->k[layer]; }

@@ -55,7 +55,6 @@ struct kiri_backend *kiri_kvcache_backend(const struct kiri_kvcache *c, int laye
 void kiri_kvcache_free(struct kiri_kvcache *c);
 
 int kiri_kvcache_block_size(const struct kiri_kvcache *c);
-int32_t kiri_kvcache_n_blocks(const struct kiri_kvcache *c);
 int32_t kiri_kvcache_n_free(const struct kiri_kvcache *c);
 size_t kiri_kvcache_bytes(const struct kiri_kvcache *c);
 /* The key / value cache of one layer as a tensor (kv_dim, n_blocks * block_size); borrowed. */

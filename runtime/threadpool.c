@@ -126,8 +126,6 @@ void kiri_threadpool_free(struct kiri_threadpool *tp)
     kiri_mem_free(tp);
 }
 
-int kiri_threadpool_size(const struct kiri_threadpool *tp) { return tp->n; }
-
 void kiri_threadpool_run(struct kiri_threadpool *tp, void (*fn)(void *, int, int), void *arg)
 {
     if (tp->n == 1) {

@@ -13,7 +13,6 @@ struct kiri_threads;
 
 int kiri_threadpool_init(int n_threads, struct kiri_threadpool **out);
 void kiri_threadpool_free(struct kiri_threadpool *tp);
-int kiri_threadpool_size(const struct kiri_threadpool *tp);
 
 /* Runs fn(arg, ith, n) on every worker, ith = 0 on the caller, and returns when all are done. */
 void kiri_threadpool_run(struct kiri_threadpool *tp, void (*fn)(void *arg, int ith, int nth), void *arg);
