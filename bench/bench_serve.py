@@ -32,7 +32,7 @@ Also measured, on kiri alone:
   single stream  decode tok/s of one streamed request through `kiri serve` ((tokens - 1) / (last
                  token - first token), at the client) against `kiri bench -m M -t T -p NP -n 64
                  -r 1 --json` with NP = the prompt's token count, alternated --rounds times while
-                 the server idles; best of each. The issue's target: within 5%.
+                 the server idles; best of each. The target: within 5%.
   memory         /proc/PID/status and smaps of the server after warm-up and, sampled every 0.25 s,
                  under load: VmRSS, RssAnon, the resident part of the mapped model file and of the
                  KV pool. The pool's size is kiri_kv_blocks_capacity x kiri_kv_block_size_tokens

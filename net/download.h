@@ -6,7 +6,7 @@
  * directory fsynced after each rename). The file it replaces is kept as DIR/NAME.prev (a hard
  * link) where the filesystem allows.
  *
- * Failures (BAD-INPUTS.md (c)): a hash mismatch deletes the partial file and retries (F05); a cut
+ * Failures (docs/fleet.md): a hash mismatch deletes the partial file and retries (F05); a cut
  * or reset connection resumes from the bytes on disk (F06, F13); a body longer than expected is
  * cut at the expected length (F07); 429/5xx and network errors are retried with exponential
  * backoff and jitter, honouring Retry-After up to the cap (F08); too little free disk space for

@@ -362,7 +362,7 @@ static int load_tokens(struct kiri_tokenizer *t, const struct kiri_gguf *g,
     int64_t kt = kiri_gguf_find_key(g, KEY_TOKENS);
     t->n_vocab = (int32_t)n;
 
-    /* The <arch>.vocab_size key, when present, must agree (G32). */
+    /* The <arch>.vocab_size key, when present, must agree. */
     struct kiri_gguf_str arch;
     if (kiri_gguf_get_str(g, "general.architecture", 0, &arch, NULL) == KIRI_OK && arch.len < 100) {
         char key[128];

@@ -7,7 +7,7 @@
  * special-token ids it reports are either -1 or valid ids. A tokenizer is immutable after init, so
  * several threads may encode and decode with one tokenizer at once.
  *
- * Decisions about malformed or unusual vocabularies (BAD-INPUTS G32-G35):
+ * Decisions about malformed or unusual vocabularies:
  * - tokens must be a string array of 1..2^24 entries, each 1..KIRI_TOKENIZER_MAX_TOKEN_LEN bytes
  *   (real vocabularies reach 256 bytes). scores (FLOAT32, no NaN) and token_type (INT32, values
  *   0..6) are optional, but when present must have exactly one element per token; any other
@@ -46,7 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Longest token text accepted, in bytes (the limit BAD-INPUTS G35 sets; the longest token of the
+/* Longest token text accepted, in bytes (longer ones are malformed; the longest token of the
  * Llama 3 and Qwen vocabularies is exactly 256 bytes); pieces are never longer. */
 #define KIRI_TOKENIZER_MAX_TOKEN_LEN 256
 /* An output size for kiri_detok_push that is always enough: a held partial character plus the

@@ -2,7 +2,7 @@
  * batching loop, chat template and the texts of its BOS and EOS tokens) or not yet. Requests
  * acquire the slot of the model they name at their start and release it at their end; a hot-swap
  * publishes a new slot and retires the old one, which is freed only when its last request has
- * released it, so a request never sees its model freed under it (BAD-INPUTS H29).
+ * released it, so a request never sees its model freed under it, even during a hot-swap.
  *
  * Invariants, under the registry's lock:
  * - every entry has a unique id of 1..127 bytes and a path; an entry is removed (a fleet manifest

@@ -48,7 +48,7 @@ struct kiri_server {
     _Atomic uint64_t counter;
     _Atomic uint64_t n_requests, n_errors;   /* HTTP requests answered, and those answered 5xx */
     double t_start;                      /* kiri_platform_now() at start */
-    /* Auth-failure rate limit (H19): failures counted per second of kiri_platform_now(); past
+    /* Auth-failure rate limit: failures counted per second of kiri_platform_now(); past
      * AUTH_FAIL_LIMIT in one second every request that needs a key is answered 429 until the
      * next second ends, so keys cannot be guessed at line rate. Racy updates only blur the count. */
     _Atomic int64_t auth_second;
@@ -650,7 +650,7 @@ static int model_error(struct kiri_server *s, struct mg_connection *c, const cha
 }
 
 /* Holds the model a request names (NULL or absent: the default) for the request's whole life, so
- * a hot-swap or an unload never frees it under the request (H29), and parses the body (owned,
+ * a hot-swap or an unload never frees it under the request, and parses the body (owned,
  * freed here) into *r. It is parsed first with limits any model accepts, to read the name; a
  * request that keeps within the model's own limits parses the same under them, so only one
  * outside them is parsed again, for the model's exact error. Returns 0 with *out and *r set (the
@@ -1179,11 +1179,11 @@ static int valid_length(const char *v)
     return *p == '\0';
 }
 
-/* Refuses framing that could smuggle a second request past a proxy (H12): Content-Length
+/* Refuses framing that could smuggle a second request past a proxy: Content-Length
  * together with Transfer-Encoding, Content-Length twice, or a Content-Length that is not a plain
  * decimal number. CivetWeb keeps only the first MG_MAX_HEADERS header lines and silently drops
  * the rest (which could be a Transfer-Encoding or an Authorization), so a request that fills the
- * table is refused too (H13). Returns 0, or the status of the refusal it sent. */
+ * table is refused too. Returns 0, or the status of the refusal it sent. */
 static int check_framing(struct mg_connection *c, const struct mg_request_info *ri)
 {
     if (ri->num_headers >= MG_MAX_HEADERS)

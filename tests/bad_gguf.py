@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the malformed-GGUF corpus of BAD-INPUTS section (a), rows G01-G40, into a directory.
+"""Writes the malformed-GGUF corpus, cases G01-G40 (bad headers, metadata, tensor infos, data
+sections and model contents), into a directory.
 
     python3 tests/bad_gguf.py OUT_DIR [--model stories260K.gguf]
     python3 tests/bad_gguf.py --seeds OUT_DIR      # small fuzz seeds (tests/fuzz/seeds/gguf)
@@ -10,8 +11,8 @@ empty). Expectations:
 
     reject  kiri must refuse the file: exit status 1, one error line naming the problem;
     accept  kiri must load it: exit status 0;
-    any     either of the two (BAD-INPUTS leaves the choice to the loader, e.g. "reject or unset
-            + warn"), but never a crash, a signal or a hang.
+    any     either of the two (the loader may reject the file, or unset the value and warn),
+            but never a crash, a signal or a hang.
 
 Parser-level rows (G01-G24) are small images, or stories260K with one field patched in place,
 so the only fault is the one named. Model-level rows (G25-G37) rewrite stories260K (llama, F32,

@@ -1,5 +1,6 @@
-"""Runs `kiri info -m FILE` on every file of the malformed-GGUF corpus (tests/bad_gguf.py, rows
-G01-G40 of BAD-INPUTS section (a)) and checks the contract:
+"""Runs `kiri info -m FILE` on every file of the malformed-GGUF corpus (tests/bad_gguf.py, cases
+G01-G40: malformed headers, metadata, tensor infos, data sections and model contents) and checks
+the contract:
 
 - a rejected file makes kiri exit with status 1 (never a signal, never 134/139), within 5 s,
   printing one stderr line that contains "error" and the manifest's substring;

@@ -1,5 +1,5 @@
-/* Tests for template/chat_template.c: malformed templates, the sandbox and its caps (BAD-INPUTS
- * G36: a 10 MB template, unbounded work, attribute access like __class__), raise_exception, the
+/* Tests for template/chat_template.c: malformed templates, the sandbox and its caps (G36: a
+ * 10 MB template, unbounded work, attribute access like __class__), raise_exception, the
  * failing allocator. Byte-exact agreement with jinja2 on real templates is checked by
  * tests/test_chat_template.py; the expected texts here are the documented ChatML format and
  * Python's own printing rules. */
@@ -275,7 +275,7 @@ static void test_nesting(void)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * BAD-INPUTS G36: size cap, sandbox, work caps, fallback
+ * Hostile templates (G36): size cap, sandbox, work caps, fallback
  * ------------------------------------------------------------------------------------------- */
 
 static void test_size_cap(void)

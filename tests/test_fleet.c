@@ -1,6 +1,6 @@
 /* Tests for the fleet's manifest verification (net/manifest.c) and the small parsers
- * beside it (https.c URLs, oci.c references and Bearer challenges), rows F01-F04 and F15 of
- * /work/shared/BAD-INPUTS.md section (c):
+ * beside it (https.c URLs, oci.c references and Bearer challenges), the fleet failure cases
+ * F01-F04 and F15 of docs/fleet.md:
  * - a table of envelopes: tampered manifest bytes, tampered or truncated signatures, trailing
  *   bytes after the DER signature, another key, a key_id naming the pinned key over another
  *   key's signature, unsigned, malformed JSON and base64 (F01);

@@ -12,7 +12,7 @@ openssl command-line tool:
     registry HTTP API by this file's own client (blob upload POST + PUT, manifest PUT), and a
     second one with token auth whose tokens (RS256 JWTs signed with the openssl CLI) come from a
     small Python token server.
-Every row of /work/shared/BAD-INPUTS.md (c) that the fleet owns is driven: F01-F15 and F20. After
+Every fleet failure case of docs/fleet.md ("Failure behaviour") is driven: F01-F15 and F20. After
 every failure the installed model must have the hash it had before, the stored high-water mark
 must not have moved, and no *.partial/*.new file may remain unless resuming is the point.
 Figures ("answered as expected / sent") are printed at the end of the run.

@@ -463,7 +463,7 @@ def test_models_dir_by_name_and_eviction(fl, tmp_path, figures):
 # ---- Superseded models are removed after a good pass -----------------------------------------------
 
 def test_superseded_models_removed(fl, tmp_path, figures):
-    """Issue 6 item 3: after a pass that installs and swaps in everything, the models the fleet
+    """Superseded models: after a pass that installs and swaps in everything, the models the fleet
     installed that the new manifest no longer names leave /v1/models and the directory (their
     .gguf and .gguf.prev), once their last request has ended; a changed model keeps exactly one
     previous version as .prev; a file put there by hand stays; a refused manifest or a failed

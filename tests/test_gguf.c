@@ -1,4 +1,5 @@
-/* Tests for runtime/gguf.c: the malformed-file rows G01-G24, G38 and G40 of BAD-INPUTS (a), built
+/* Tests for runtime/gguf.c: malformed files (G01-G24: header, metadata, tensor-info and
+ * data-section faults), files still being written (G38) and odd valid ones (G40), built
  * as in-memory images by a small byte writer below; the shared real files (stories260K and the
  * llama.cpp vocabularies); the typed getters; the writer (round trip of stories260K, abort and
  * failure clean-up); a failing-allocator walk; and a G39-style deterministic mutation campaign.
@@ -692,7 +693,7 @@ static void test_stories(void)
         fprintf(stderr, "  %s: %s\n", STORIES, info.message);
         return;
     }
-    /* Figures from llama.cpp's llama2.c converter output (see shared/models/README.md). */
+    /* Figures of the file llama.cpp's llama2.c converter wrote for stories260K. */
     CHECK_EQ_INT(kiri_gguf_version(g), 3);
     CHECK_EQ_INT(kiri_gguf_n_kv(g), 19);
     CHECK_EQ_INT(kiri_gguf_n_tensors(g), 48);

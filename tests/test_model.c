@@ -15,7 +15,7 @@
 #endif
 #define MODEL KIRI_SOURCE_DIR "/models/stories260K.gguf"
 
-/* The reference continuation of "Once upon a time" (llama.cpp greedy, ../shared/reference). */
+/* The reference continuation of "Once upon a time": llama.cpp's greedy output for stories260K. */
 static const char *const reference_text =
     ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a "
     "big, red ball.";

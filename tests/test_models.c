@@ -1,5 +1,5 @@
 /* The served-model registry (server/models.c): reference counts across hot-swaps (a
- * retired model keeps working until its last holder releases it, BAD-INPUTS H29), a swap to a
+ * retired model keeps working until its last holder releases it, H29), a swap to a
  * file that does not load keeps the old model (F14), loading on demand and LRU eviction under a
  * memory budget, and swaps racing with requests on several threads (run under ASan by the
  * sanitizer tier, where a use-after-free would show), and removing a model while a request holds it

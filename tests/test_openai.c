@@ -1,6 +1,7 @@
-/* Tests for the OpenAI wire format (server/openai.c): a table of bad bodies from
- * /work/shared/BAD-INPUTS.md section (b), each with the status and param it must be refused
- * with; good bodies read into the right request values; the response, chunk and error builders
+/* Tests for the OpenAI wire format (server/openai.c): a table of bad request bodies (broken
+ * JSON, wrong types, values out of range, invalid UTF-8, unknown roles, unsupported features),
+ * each with the status and param it must be refused with; good bodies read into the right
+ * request values; the response, chunk and error builders
  * checked by parsing their output back against the shapes of the OpenAI API reference
  * (chat.completion, chat.completion.chunk, text_completion, error objects); and a failing-
  * allocator walk over parsing and building.
@@ -32,7 +33,7 @@ static const struct kiri_api_limits lim = {4096, 32000, 16};
  * ------------------------------------------------------------------------------------------- */
 
 struct bad_case {
-    const char *row;        /* the BAD-INPUTS row */
+    const char *row;        /* the case's id, printed when it fails */
     int kind;
     const char *body;
     size_t len;             /* 0: strlen(body) */

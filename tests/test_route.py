@@ -5,7 +5,7 @@ Python process (FAKE below, started as a subprocess so it can be SIGKILLed) wher
 scripted: an endless slow event stream, a stream cut off before [DONE], a server that sleeps past
 the timeout, one answering 500, HTML or invalid JSON. Every case asserts that every client request
 is answered, and that X-Kiri-Served-By says where; the figures ("answered as expected / sent")
-are printed at the end of the run (conftest.py). Rows of /work/shared/BAD-INPUTS.md: F16-F20.
+are printed at the end of the run (conftest.py). Upstream faults F16-F20 (docs/fleet.md, "Routing").
 
 Behaviour under test (docs/fleet.md, "Routing"):
   - cloud-first: forwarded; connect errors, timeouts, 5xx and an open breaker fall back to local;

@@ -4,7 +4,7 @@ sockets and http.client.
 
 Covered: the OpenAI client (chat, completions, streaming, usage, errors); continuous batching
 gives each request exactly the tokens it gets alone while the batch holds several sequences;
-prefix-cache reuse lowers the time to first token; the HTTP rows of /work/shared/BAD-INPUTS.md
+prefix-cache reuse lowers the time to first token; malformed and hostile HTTP requests
 (H01-H12, H16, H17, H19, H28, H30, and H13/H14 at the HTTP layer), each followed by a good request
 that must still be answered; /health, /v1/models, /tokenize and /detokenize against `kiri
 tokenize`, SIGTERM draining, configuration through KIRI_* variables and --config, and API keys.
@@ -287,7 +287,7 @@ def test_prefix_reuse_lowers_ttft(start_server):
     assert warm[0] < cold[0], (warm, cold)
 
 
-# ---- Bad inputs (BAD-INPUTS.md section b): JSON bodies -----------------------------------------
+# ---- Bad inputs: malformed JSON request bodies ---------------------------------------------------
 
 USER = [{"role": "user", "content": "Hi"}]
 CHAT = "/v1/chat/completions"

@@ -1,9 +1,9 @@
 /* The server's small modules: metrics (the rendered text is parsed back line by line against the
  * Prometheus text exposition format, version 0.0.4: HELP/TYPE per family, contiguous families,
  * counter and histogram sample names, cumulative buckets ending at +Inf == _count, label escaping,
- * valid UTF-8; the vLLM names routers read), a concurrency smoke test, API-key auth (the H19 rows
- * of shared/BAD-INPUTS.md), configuration (precedence, suffixes, every error path), and the
- * failing allocator over metrics init/render and auth load. */
+ * valid UTF-8; the vLLM names routers read), a concurrency smoke test, API-key auth (H19: a
+ * missing, wrong, padded or oversized key), configuration (precedence, suffixes, every error
+ * path), and the failing allocator over metrics init/render and auth load. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* Tests for runtime/tokenizer.c: llama.cpp's tokenizer vectors for four vocabularies (expected ids
- * made upstream by llama.cpp and Hugging Face, see shared/tokenizer-vectors/README.md), round trips,
+ * made by llama.cpp and Hugging Face's tokenizers, read from KIRI_SHARED_DIR), round trips,
  * streaming detokenization, special tokens, malformed vocabularies built in memory, the failing
  * allocator, and a speed check on about 1 MB of text. */
 #include <stdint.h>

@@ -4,7 +4,7 @@
  *   it, the cool-down lets exactly one probe through, a failed probe doubles the cool-down up to
  *   its maximum, a successful one closes it, neutral results and late answers change nothing;
  * - upstream URLs and routing names, good and bad;
- * - garbage detection (BAD-INPUTS F17, F19): HTML, empty, invalid or non-object JSON; event
+ * - garbage detection (docs/fleet.md F17, F19): HTML, empty, invalid or non-object JSON; event
  *   streams fed at every split point, CRLF or LF, unknown fields, non-JSON data, a stream cut
  *   off inside an event or before [DONE], an event over 1 MiB;
  * - forwarding to a port where nothing listens: every forward reports UNAVAILABLE before any
