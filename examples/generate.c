@@ -1,6 +1,7 @@
 /* A minimal program embedding kiri: open a model, generate greedily from a prompt, print the text.
- * Build against libkiri.a (see README.md, "Embedding"):
- *   cc -Iruntime examples/generate.c build/libkiri.a /usr/lib/x86_64-linux-gnu/libpcre2-8.a -lpthread -lm -ldl
+ * Build against the engine and base libraries (see README.md, "Embedding kiri"):
+ *   cc -Iinclude examples/generate.c build/libkiri.a build/libkiri_base.a \
+ *      /usr/lib/x86_64-linux-gnu/libpcre2-8.a -lpthread -lm -ldl
  * Usage: generate MODEL.gguf "PROMPT" */
 #include <stdio.h>
 #include <stdlib.h>
