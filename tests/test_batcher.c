@@ -1,13 +1,21 @@
 /* The continuous-batching loop on stories260K: concurrent greedy requests give exactly the tokens
  * each gives alone (through kiri_generate), with chunked prefill, prefix sharing and preemption
- * under a tight KV budget; cancellation returns blocks; queue and prompt limits; log-probs. */
+ * under a tight KV budget; the text of the events, stop strings included, is llama.cpp's greedy
+ * text; cancellation returns blocks; queue and prompt limits; log-probs. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "batcher.h"
+#include "hex.h"
 #include "kiri.h"
 #include "platform.h"
 #include "test.h"
+
+#ifndef KIRI_SHARED_DIR
+#define KIRI_SHARED_DIR "../shared"
+#endif
 
 #ifndef KIRI_SOURCE_DIR
 #define KIRI_SOURCE_DIR "."
@@ -24,6 +32,8 @@ static const char *const prompts[N_REQ] = {
 struct result {
     int32_t tokens[512];
     int n;
+    char text[2048];              /* the events' text, concatenated */
+    size_t text_len;
     int finish;
     int n_cached;
     int n_events;
@@ -52,6 +62,10 @@ static int on_event(void *user, const struct kiri_token_event *ev)
             if (ev->logprob > 0)
                 r->logprob_bad++;
         }
+    }
+    if (r->text_len + ev->text_len < sizeof r->text) {
+        memcpy(r->text + r->text_len, ev->text, ev->text_len);
+        r->text_len += ev->text_len;
     }
     r->n_cached = ev->n_cached;
     if (ev->finish >= 0) {
@@ -264,6 +278,8 @@ static void test_cancel_and_limits(void)
     CHECK_EQ_INT(submit(b, prompts[3], 500, 0, 0, &r[3], NULL), 0);
     wait_done(4);
     CHECK_EQ_INT(r[3].finish, KIRI_FINISH_CONTEXT);
+    /* Every position is used: the last token sampled is the one that would not fit. */
+    CHECK_EQ_INT(r[3].n, 64 - kiri_tokenize(model, prompts[3], strlen(prompts[3]), -1, 0, NULL, 0) + 1);
 
     /* Bad requests are refused before queueing. */
     int32_t big[70];
@@ -285,6 +301,112 @@ static void test_cancel_and_limits(void)
     kiri_batcher_free(b);
 }
 
+/* llama.cpp's greedy continuations of stories260K (shared reference data): entry k's prompt
+ * tokens and the bytes of its output text. Returns 0 when the file has no entry k. */
+struct reference {
+    int32_t prompt[32];
+    int n_prompt;
+    int n_output;
+    char text[1024];
+    size_t text_len;
+};
+
+static int read_reference(const char *json, int k, struct reference *ref)
+{
+    const char *p = json;
+    for (int i = 0; i <= k; i++)
+        if (!(p = strstr(i ? p + 1 : p, "\"prompt_tokens\"")))
+            return 0;
+    memset(ref, 0, sizeof *ref);
+    p = strchr(p, '[');
+    while (p && *p != ']' && ref->n_prompt < 32) {
+        char *end;
+        const long v = strtol(p + 1, &end, 10);
+        if (end == p + 1)
+            break;
+        ref->prompt[ref->n_prompt++] = (int32_t)v;
+        p = end;
+        while (*p == ' ' || *p == '\n' || *p == ',')
+            p++;
+        p--;
+    }
+    const char *out = strstr(p, "\"output_tokens\"");
+    const char *hex = strstr(p, "\"output_bytes_hex\"");
+    if (!out || !hex)
+        return 0;
+    for (const char *q = strchr(out, '['); q && *q != ']'; q++)
+        ref->n_output += *q == ',';
+    ref->n_output++;
+    hex = strchr(hex + 18, '"') + 1;
+    while (kiri_hex_digit(hex[0]) >= 0 && kiri_hex_digit(hex[1]) >= 0 && ref->text_len < sizeof ref->text - 1) {
+        ref->text[ref->text_len++] = (char)(kiri_hex_digit(hex[0]) << 4 | kiri_hex_digit(hex[1]));
+        hex += 2;
+    }
+    return 1;
+}
+
+static void test_text_matches_reference(void)
+{
+    FILE *f = fopen(KIRI_SHARED_DIR "/reference/stories260K-greedy.json", "rb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    static char json[1 << 16];
+    const size_t n = fread(json, 1, sizeof json - 1, f);
+    fclose(f);
+    json[n] = '\0';
+    static struct reference refs[8];
+    int n_refs = 0;
+    while (n_refs < 8 && read_reference(json, n_refs, &refs[n_refs]))
+        n_refs++;
+    CHECK(n_refs >= 4);
+
+    struct kiri_batcher_params p;
+    kiri_batcher_params_default(&p);
+    p.max_seqs = 8;
+    p.chunk = 7; /* prompts split across steps, and mixed with decode tokens */
+    struct kiri_batcher *b = NULL;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_batcher_init(model, &p, &b, &info), 0);
+    CHECK_EQ_INT(kiri_batcher_start(b), 0);
+    static struct result r[9];
+    memset(r, 0, sizeof r);
+    n_done = 0;
+    /* One more request: the first prompt again, cut at a stop string from inside its text. */
+    const char *stop[] = {"park"};
+    for (int i = 0; i <= n_refs; i++) {
+        const struct reference *ref = &refs[i < n_refs ? i : 0];
+        struct kiri_request req;
+        memset(&req, 0, sizeof req);
+        req.tokens = ref->prompt;
+        req.n_tokens = ref->n_prompt;
+        req.max_tokens = ref->n_output;
+        kiri_sampling_default(&req.sampling);
+        req.sampling.temperature = 0;
+        if (i == n_refs) {
+            req.stop = stop;
+            req.n_stop = 1;
+        }
+        uint64_t id;
+        CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r[i], &id, &info), 0);
+    }
+    wait_done(n_refs + 1);
+    for (int i = 0; i < n_refs; i++) {
+        CHECK_EQ_INT(r[i].finish, KIRI_FINISH_LENGTH);
+        CHECK_EQ_INT(r[i].n, refs[i].n_output);
+        CHECK_EQ_INT((int)r[i].text_len, (int)refs[i].text_len);
+        CHECK(memcmp(r[i].text, refs[i].text, refs[i].text_len) == 0);
+    }
+    const char *hit = strstr(refs[0].text, "park");
+    CHECK(hit != NULL);
+    if (hit) {
+        CHECK_EQ_INT(r[n_refs].finish, KIRI_FINISH_STOP);
+        CHECK_EQ_INT((int)r[n_refs].text_len, (int)(hit - refs[0].text));
+        CHECK(memcmp(r[n_refs].text, refs[0].text, (size_t)(hit - refs[0].text)) == 0);
+    }
+    kiri_batcher_free(b);
+}
+
 static void test_teardown(void)
 {
     kiri_model_close(model);
@@ -293,4 +415,4 @@ static void test_teardown(void)
 }
 
 TEST_MAIN(test_setup, test_concurrent_equals_solo, test_chunked_prefill, test_preemption, test_prefix_reuse,
-          test_cancel_and_limits, test_teardown)
+          test_cancel_and_limits, test_text_matches_reference, test_teardown)
