@@ -43,13 +43,11 @@ void kiri_chat_arena_free(struct kiri_chat_arena *a);
  * trim and Jinja's whitespace control all use
  * ------------------------------------------------------------------------------------------- */
 
-/* Decodes the character at s[i] (s valid UTF-8, i < n) into *cp; returns its byte length. */
-size_t kiri_chat_utf8_next(const char *s, size_t n, size_t i, uint32_t *cp);
 /* Byte length of the whitespace character starting at s[i], or 0. */
 size_t kiri_chat_space_at(const char *s, size_t n, size_t i);
 /* Byte length of the whitespace character ending just before s[i], or 0. */
 size_t kiri_chat_space_before(const char *s, size_t i);
-/* Is s[0..n) valid UTF-8 without NUL bytes, overlong forms or surrogates? */
+/* Is s[0..n) valid UTF-8 (kiri_utf8_valid) without NUL bytes? */
 int kiri_chat_utf8_valid(const char *s, size_t n);
 
 /* ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 #include "chat_template_ast.h"
 #include "chat_template_value.h"
 #include "kiri.h"
+#include "utf8.h"
 
 #define MAX_JSON_DEPTH 64
 #define MAX_RANGE 100000 /* jinja2's sandbox refuses longer ranges too */
@@ -181,18 +182,6 @@ static int is_cased(uint32_t c)
     return upper_cp(c) != c || lower_cp(c) != c || c == 0x3c2;
 }
 
-/* Writes the UTF-8 form of c, which has the same length as the character it replaces: every
- * mapping above stays within one encoded length. */
-static void put_cp(char *o, uint32_t c, size_t len)
-{
-    if (len == 1) {
-        o[0] = (char)c;
-    } else if (len == 2) {
-        o[0] = (char)(0xc0 | (c >> 6));
-        o[1] = (char)(0x80 | (c & 0x3f));
-    }
-}
-
 enum { CASE_UPPER, CASE_LOWER, CASE_CAPITALIZE, CASE_TITLE_JINJA, CASE_TITLE_PY };
 
 /* jinja2's title filter starts a word after "-", whitespace, "(", "{", "[" or "<"; Python's
@@ -206,7 +195,7 @@ static int change_case(struct kiri_chat_render *r, struct kiri_chat_value s, int
     int word_start = 1;
     for (size_t i = 0; i < s.u.s.n;) {
         uint32_t c;
-        size_t k = kiri_chat_utf8_next(s.u.s.p, s.u.s.n, i, &c), sp;
+        size_t k = kiri_utf8_decode(s.u.s.p + i, s.u.s.n - i, &c), sp;
         int up;
         switch (mode) {
         case CASE_UPPER: up = 1; break;
@@ -222,7 +211,10 @@ static int change_case(struct kiri_chat_render *r, struct kiri_chat_value s, int
             word_start = !is_cased(c);
             break;
         }
-        put_cp(p + i, up ? upper_cp(c) : lower_cp(c), k);
+        /* every mapping above keeps the encoded length, so the character is rewritten in place */
+        char mapped[4];
+        kiri_utf8_encode(up ? upper_cp(c) : lower_cp(c), mapped);
+        memcpy(p + i, mapped, k);
         i += k;
     }
     return 0;
@@ -234,7 +226,7 @@ static int all_case(struct kiri_chat_value s, int lower)
     int cased = 0;
     for (size_t i = 0; i < s.u.s.n;) {
         uint32_t c;
-        i += kiri_chat_utf8_next(s.u.s.p, s.u.s.n, i, &c);
+        i += kiri_utf8_decode(s.u.s.p + i, s.u.s.n - i, &c);
         if ((lower && upper_cp(c) != c) || (!lower && lower_cp(c) != c))
             cased = 1;
         else if (is_cased(c))
@@ -248,7 +240,7 @@ static int in_set(const char *chars, size_t n, uint32_t c)
 {
     for (size_t i = 0; i < n;) {
         uint32_t d;
-        i += kiri_chat_utf8_next(chars, n, i, &d);
+        i += kiri_utf8_decode(chars + i, n - i, &d);
         if (d == c)
             return 1;
     }
@@ -267,7 +259,7 @@ static int strip(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
         return -1;
     while (left && a < b) {
         uint32_t c = 0;
-        size_t k = ws ? kiri_chat_space_at(p, b, a) : kiri_chat_utf8_next(p, b, a, &c);
+        size_t k = ws ? kiri_chat_space_at(p, b, a) : kiri_utf8_decode(p + a, b - a, &c);
         if (!k || (!ws && !in_set(chars.u.s.p, chars.u.s.n, c)))
             break;
         a += k;
@@ -281,7 +273,7 @@ static int strip(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
             uint32_t c;
             while (j > a && ((unsigned char)p[j] & 0xc0) == 0x80)
                 j--;
-            k = kiri_chat_utf8_next(p, b, j, &c);
+            k = kiri_utf8_decode(p + j, b - j, &c);
             if (!in_set(chars.u.s.p, chars.u.s.n, c))
                 break;
         }
@@ -362,7 +354,7 @@ static int replace(struct kiri_chat_render *r, struct kiri_chat_value s, struct 
             if (i == n)
                 break;
             uint32_t c;
-            size_t k = kiri_chat_utf8_next(p, n, i, &c);
+            size_t k = kiri_utf8_decode(p + i, n - i, &c);
             if (rc == 0)
                 rc = kiri_chat_buf_put(r, &b, p + i, k);
             i += k;
@@ -458,7 +450,7 @@ static int json_str(struct kiri_chat_render *r, struct kiri_chat_buf *b, const c
         return -1;
     for (size_t i = 0; i < n;) {
         uint32_t c;
-        size_t k = kiri_chat_utf8_next(s, n, i, &c);
+        size_t k = kiri_utf8_decode(s + i, n - i, &c);
         char esc[16] = "";
         switch (c) {
         case '"': strcpy(esc, "\\\""); break;
@@ -652,7 +644,8 @@ static int tojson(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
  * Filters
  * ------------------------------------------------------------------------------------------- */
 
-static int hexval_any(char c)
+/* A digit of some base up to 36 (Python's int() takes underscores between any of them). */
+static int is_ascii_alnum(char c)
 {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
@@ -669,7 +662,7 @@ static int parse_int(const char *s, size_t n, int base, int64_t *out)
     for (; i < n && m + 1 < sizeof buf; i++) {
         /* Python allows single underscores between digits */
         if (s[i] == '_' && m > 0 && buf[m - 1] != '_' && i + 1 < n && s[i + 1] != '_' &&
-            hexval_any(buf[m - 1]) && hexval_any(s[i + 1]))
+            is_ascii_alnum(buf[m - 1]) && is_ascii_alnum(s[i + 1]))
             continue;
         buf[m++] = s[i];
     }
@@ -820,7 +813,7 @@ static int filter_indent(struct kiri_chat_render *r, const struct kiri_chat_expr
                 brk = j + 1 < n && t[j + 1] == '\n' ? 2 : 1;
             else if (c == '\n' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e))
                 brk = 1;
-            else if (c >= 0xc2 && (kiri_chat_utf8_next(t, n, j, &cp),
+            else if (c >= 0xc2 && (kiri_utf8_decode(t + j, n - j, &cp),
                                    cp == 0x85 || cp == 0x2028 || cp == 0x2029))
                 brk = cp == 0x85 ? 2 : 3;
             if (brk)
@@ -1078,7 +1071,7 @@ int kiri_chat_filter(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
                 return -1;
             for (size_t i = 0; i < in.u.s.n;) {
                 uint32_t c;
-                size_t k = kiri_chat_utf8_next(in.u.s.p, in.u.s.n, i, &c);
+                size_t k = kiri_utf8_decode(in.u.s.p + i, in.u.s.n - i, &c);
                 memcpy(w + in.u.s.n - i - k, in.u.s.p + i, k);
                 i += k;
             }

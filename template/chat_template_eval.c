@@ -17,6 +17,7 @@
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
+#include "utf8.h"
 
 /* Deepest nesting of lists, dicts and namespaces that printing and comparing will follow; a
  * namespace can be made to contain itself, so this also ends cycles. */
@@ -405,7 +406,7 @@ int kiri_chat_iterate(struct kiri_chat_render *r, const struct kiri_chat_expr *e
             return -1;
         for (size_t i = 0; i < v.u.s.n; k++) {
             uint32_t cp;
-            size_t len = kiri_chat_utf8_next(v.u.s.p, v.u.s.n, i, &cp);
+            size_t len = kiri_utf8_decode(v.u.s.p + i, v.u.s.n - i, &cp);
             l.u.list->v[k] = kiri_chat_str(v.u.s.p + i, len);
             i += len;
         }
@@ -742,7 +743,7 @@ static int getitem(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
             if (i >= 0 && i < n) {
                 size_t off = cp_offset(obj.u.s.p, obj.u.s.n, (size_t)i);
                 uint32_t cp;
-                *out = kiri_chat_str(obj.u.s.p + off, kiri_chat_utf8_next(obj.u.s.p, obj.u.s.n, off, &cp));
+                *out = kiri_chat_str(obj.u.s.p + off, kiri_utf8_decode(obj.u.s.p + off, obj.u.s.n - off, &cp));
             }
             return kiri_chat_charge(r, obj.u.s.n);
         }

@@ -11,6 +11,7 @@
 #include "chat_template_ast.h"
 #include "chat_template_value.h"
 #include "mem.h"
+#include "utf8.h"
 
 /* Deepest nesting of lists, dicts and namespaces printing follows (a namespace can be made to
  * contain itself, so this also ends cycles). */
@@ -81,19 +82,6 @@ void kiri_chat_arena_free(struct kiri_chat_arena *a)
  * UTF-8 and whitespace
  * ------------------------------------------------------------------------------------------- */
 
-size_t kiri_chat_utf8_next(const char *s, size_t n, size_t i, uint32_t *cp)
-{
-    const unsigned char *u = (const unsigned char *)s + i;
-    size_t k = u[0] < 0x80 ? 1 : u[0] < 0xe0 ? 2 : u[0] < 0xf0 ? 3 : 4;
-    if (k > n - i)
-        k = 1; /* only for invalid input, which callers never pass */
-    uint32_t c = k == 1 ? u[0] : k == 2 ? (u[0] & 0x1fu) : k == 3 ? (u[0] & 0x0fu) : (u[0] & 0x07u);
-    for (size_t j = 1; j < k; j++)
-        c = (c << 6) | (u[j] & 0x3fu);
-    *cp = c;
-    return k;
-}
-
 static int is_space_cp(uint32_t c)
 {
     return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
@@ -109,7 +97,7 @@ size_t kiri_chat_space_at(const char *s, size_t n, size_t i)
     if (b != 0xc2 && b != 0xe1 && b != 0xe2 && b != 0xe3)
         return 0;
     uint32_t cp;
-    size_t k = kiri_chat_utf8_next(s, n, i, &cp);
+    size_t k = kiri_utf8_decode(s + i, n - i, &cp);
     return is_space_cp(cp) ? k : 0;
 }
 
@@ -125,45 +113,8 @@ size_t kiri_chat_space_before(const char *s, size_t i)
 
 int kiri_chat_utf8_valid(const char *s, size_t n)
 {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = u[i];
-        if (c == 0)
-            return 0;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k;
-        uint32_t cp, min;
-        if (c >= 0xc2 && c <= 0xdf) {
-            k = 2;
-            cp = c & 0x1f;
-            min = 0x80;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            k = 3;
-            cp = c & 0x0f;
-            min = 0x800;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            k = 4;
-            cp = c & 0x07;
-            min = 0x10000;
-        } else {
-            return 0;
-        }
-        if (n - i < k)
-            return 0;
-        for (size_t j = 1; j < k; j++) {
-            if ((u[i + j] & 0xc0) != 0x80)
-                return 0;
-            cp = (cp << 6) | (u[i + j] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += k;
-    }
-    return 1;
+    /* NUL bytes are valid UTF-8, but a template or message holding one is refused */
+    return kiri_utf8_valid(s, n) && !memchr(s, '\0', n);
 }
 
 size_t kiri_chat_cp_len(const char *s, size_t n)
@@ -277,7 +228,7 @@ static int repr_str(struct kiri_chat_render *r, struct kiri_chat_buf *b, const c
     size_t run = 0; /* start of the pending run of bytes copied as they are */
     for (size_t i = 0; i < n;) {
         uint32_t c;
-        size_t k = kiri_chat_utf8_next(s, n, i, &c);
+        size_t k = kiri_utf8_decode(s + i, n - i, &c);
         char esc[16] = "";
         if (c == (uint32_t)q || c == '\\')
             snprintf(esc, sizeof esc, "\\%c", (char)c);
