@@ -14,6 +14,7 @@
 
 #include "chat_template_ast.h"
 #include "chat_template_value.h"
+#include "buf.h"
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
@@ -484,42 +485,28 @@ int kiri_chat_buf_put(struct kiri_chat_render *r, struct kiri_chat_buf *b, const
                                        "chat template output exceeds %zu bytes (max_output)",
                                        r->max_output);
         r->produced += n;
-    } else if (n > r->max_memory - b->n) {
+    } else if (n > r->max_memory - b->text.len) {
         return memory_limit(r);
     }
     if (kiri_chat_charge(r, n) < 0)
         return -1;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 256;
-        while (nc < b->n + n + 1)
-            nc *= 2;
-        char *np = kiri_mem_realloc(b->p, nc);
-        if (!np)
-            return kiri_chat_fail_code(r, KIRI_E_NOMEM, "", "out of memory rendering the chat template");
-        b->p = np;
-        b->cap = nc;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
+    if (kiri_buf_append(&b->text, s, n) < 0)
+        return kiri_chat_fail_code(r, KIRI_E_NOMEM, "", "out of memory rendering the chat template");
     return 0;
 }
 
 void kiri_chat_buf_free(struct kiri_chat_buf *b)
 {
-    kiri_mem_free(b->p);
-    b->p = NULL;
-    b->n = b->cap = 0;
+    kiri_buf_free(&b->text);
 }
 
 int kiri_chat_buf_finish(struct kiri_chat_render *r, struct kiri_chat_buf *b,
                          struct kiri_chat_value *out)
 {
     char *p;
-    int rc = kiri_chat_new_str(r, b->n, &p, out);
-    if (rc == 0 && b->n)
-        memcpy(p, b->p, b->n);
+    int rc = kiri_chat_new_str(r, b->text.len, &p, out);
+    if (rc == 0 && b->text.len)
+        memcpy(p, b->text.data, b->text.len);
     kiri_chat_buf_free(b);
     return rc;
 }
@@ -1418,19 +1405,16 @@ int kiri_chat_template_render(const struct kiri_chat_template *t,
     int rc = setup(&r, msgs, n_msgs, bos_token, eos_token, add_generation_prompt);
     if (rc == 0)
         rc = exec_body(&r, t->body);
-    if (rc == 0 && !buf.p) {
-        buf.p = kiri_mem_alloc(1);
-        if (buf.p)
-            buf.p[0] = '\0';
-        else
-            rc = kiri_chat_fail_code(&r, KIRI_E_NOMEM, "", "out of memory rendering the chat template");
-    }
+    size_t len = 0;
+    char *text = rc == 0 ? kiri_buf_take(&buf.text, &len) : NULL;
+    if (rc == 0 && !text)
+        rc = kiri_chat_fail_code(&r, KIRI_E_NOMEM, "", "out of memory rendering the chat template");
     kiri_chat_arena_free(&r.arena);
     if (rc < 0) {
         kiri_chat_buf_free(&buf);
         return r.code ? r.code : KIRI_E_UNSUPPORTED;
     }
-    *out = buf.p;
-    *out_len = buf.n;
+    *out = text;
+    *out_len = len;
     return KIRI_OK;
 }

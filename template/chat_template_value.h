@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
 #include "chat_template_ast.h"
 
 struct kiri_status_info;
@@ -74,10 +75,10 @@ struct kiri_chat_loop {
     const struct kiri_chat_value *items; /* the sequence iterated, length of them */
 };
 
-/* A growable byte buffer on the heap: the output, or scratch text for a conversion. */
+/* Text being built on the heap: the output, or scratch text for a conversion. Zeroed is empty;
+ * kiri_chat_buf_put does the accounting, the bytes grow in a base buffer. */
 struct kiri_chat_buf {
-    char *p; /* owned */
-    size_t n, cap;
+    struct kiri_buf text;
     int is_output; /* counted against max_output rather than max_memory */
 };
 
