@@ -1,17 +1,19 @@
 /* Chat templates: the lexer. It reproduces jinja2's lexer under the settings transformers uses,
  * since byte-exact prompts depend on it: newlines are normalised to "\n" before lexing (see
- * kiri_chat_template_init), a block or comment tag eats the newline right after it (trim_blocks),
+ * kiri_chat_parse), a block or comment tag eats the newline right after it (trim_blocks),
  * spaces and tabs from the start of a line up to a block or comment tag are dropped
  * (lstrip_blocks), "-" inside a delimiter strips all whitespace on that side and "+" turns the
  * trimming off. Template data comes out with that whitespace control already applied; string
  * literals come out decoded (Python's escapes), numbers parsed.
  */
+#include "chat_template_lex.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat_template_ast.h"
+#include "chat_template_text.h"
 #include "hex.h"
 #include "kiri.h"
 #include "utf8.h"
