@@ -45,10 +45,7 @@ static void *fail(struct parser *p, size_t pos, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    int line, col;
-    kiri_chat_line_col(p->lx.src, pos, &line, &col);
-    kiri_error_at(p->info, KIRI_E_UNSUPPORTED, "chat_template", (int64_t)pos,
-                  "chat template line %d, column %d: %s", line, col, msg);
+    kiri_chat_error_at(p->info, KIRI_E_UNSUPPORTED, p->lx.src, pos, msg);
     return NULL;
 }
 

@@ -2,7 +2,7 @@
  * whitespace (str.isspace, the regex \s), which strip(), split(), trim and Jinja's whitespace
  * control all use; code points (counting, offsets, the case mapping of upper() and lower(), what
  * repr() escapes); the repr of a float, which decides how numbers print (repr(0.1 + 0.2),
- * "1e+16"); and line and column numbers for error messages. Decoding and checking UTF-8 is
+ * "1e+16"); and error messages that name a line and column of the source. Decoding and checking UTF-8 is
  * base/utf8's; every string here is valid UTF-8.
  */
 #include "chat_template_text.h"
@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "error.h"
 #include "utf8.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -197,7 +198,7 @@ void kiri_chat_format_float(double d, char *out, size_t cap)
     snprintf(out, cap, "%s", res);
 }
 
-void kiri_chat_line_col(const char *s, size_t pos, int *line, int *col)
+static void line_col(const char *s, size_t pos, int *line, int *col)
 {
     int l = 1;
     size_t start = 0;
@@ -209,4 +210,13 @@ void kiri_chat_line_col(const char *s, size_t pos, int *line, int *col)
     }
     *line = l;
     *col = (int)(pos - start) + 1;
+}
+
+void kiri_chat_error_at(struct kiri_status_info *info, int code, const char *src, size_t pos,
+                        const char *msg)
+{
+    int line, col;
+    line_col(src, pos, &line, &col);
+    kiri_error_at(info, code, "chat_template", (int64_t)pos, "chat template line %d, column %d: %s",
+                  line, col, msg);
 }

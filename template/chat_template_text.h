@@ -1,5 +1,6 @@
-/* Chat templates: text as Python sees it (whitespace, code points, case, float repr, positions).
- * The bottom layer with the arena: it knows no template types. Strings are byte ranges of valid
+/* Chat templates: text as Python sees it (whitespace, code points, case, float repr), and error
+ * messages that name a line and column. The bottom layer with the arena: it knows no template
+ * types. Strings are byte ranges of valid
  * UTF-8 (pointer and length, not NUL-terminated).
  */
 #ifndef KIRI_CHAT_TEMPLATE_TEXT_H
@@ -7,6 +8,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+struct kiri_status_info;
 
 /* Byte length of the whitespace character starting at s[i] (i < n), or 0. */
 size_t kiri_chat_space_at(const char *s, size_t n, size_t i);
@@ -30,7 +33,9 @@ int kiri_chat_cp_is_cased(uint32_t c);
 
 /* Python's repr of a float (out needs 32 bytes). */
 void kiri_chat_format_float(double d, char *out, size_t cap);
-/* 1-based line and column of byte pos of s. */
-void kiri_chat_line_col(const char *s, size_t pos, int *line, int *col);
+/* Records msg as error code in info, at byte pos of the template's normalised source src, with
+ * "chat template line L, column C: " before it. */
+void kiri_chat_error_at(struct kiri_status_info *info, int code, const char *src, size_t pos,
+                        const char *msg);
 
 #endif

@@ -31,14 +31,10 @@ int kiri_chat_fail(struct kiri_chat_render *r, int64_t at, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (at >= 0) {
-        int line, col;
-        kiri_chat_line_col(r->src, (size_t)at, &line, &col);
-        kiri_error_at(r->info, r->code, "chat_template", at,
-                      "chat template line %d, column %d: %s", line, col, msg);
-    } else {
+    if (at >= 0)
+        kiri_chat_error_at(r->info, r->code, r->src, (size_t)at, msg);
+    else
         kiri_error_at(r->info, r->code, "chat_template", -1, "chat template: %s", msg);
-    }
     return -1;
 }
 
