@@ -621,12 +621,14 @@ static void args_from(const struct kiri_chat_args *a, int first, struct kiri_cha
     }
 }
 
-/* select, reject, selectattr, rejectattr: the items whose test (or truth) is keep_if, testing an
- * attribute of each (a->v[0]) when by_attr. */
-static int select_items(struct kiri_chat_render *r, int64_t at, int by_attr, int keep_if,
-                        struct kiri_chat_value in, struct kiri_chat_args *a,
-                        struct kiri_chat_value *out)
+enum { SELECT_KEEP = 1, SELECT_BY_ATTR = 2 };
+
+/* select, reject, selectattr, rejectattr: the items whose test (or truth) is true (mode
+ * SELECT_KEEP) or false, testing an attribute of each (a->v[0]) with SELECT_BY_ATTR. */
+static int select_items(struct kiri_chat_render *r, int64_t at, int mode, struct kiri_chat_value in,
+                        struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
+    int by_attr = (mode & SELECT_BY_ATTR) != 0, keep_if = (mode & SELECT_KEEP) != 0;
     int off = by_attr, test = -1;
     struct kiri_chat_args rest = {0};
     const struct kiri_chat_value *items;
@@ -828,30 +830,6 @@ static int case_filter(struct kiri_chat_render *r, int64_t at, int mode, struct 
     return change_case(r, s, mode, out);
 }
 
-static int filter_capitalize(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                             struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return case_filter(r, at, CASE_CAPITALIZE, in, a, out);
-}
-
-static int filter_lower(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return case_filter(r, at, CASE_LOWER, in, a, out);
-}
-
-static int filter_title(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return case_filter(r, at, CASE_TITLE_JINJA, in, a, out);
-}
-
-static int filter_upper(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return case_filter(r, at, CASE_UPPER, in, a, out);
-}
-
 static int filter_default(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
                           struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
@@ -898,7 +876,7 @@ static int filter_escape(struct kiri_chat_render *r, int64_t at, struct kiri_cha
     return kiri_chat_buf_finish(r, &b, out);
 }
 
-/* first and last: an end item of a sequence, Undefined when it is empty. */
+/* first and last (last 1): an end item of a sequence, Undefined when it is empty. */
 static int end_item(struct kiri_chat_render *r, int64_t at, int last, struct kiri_chat_value in,
                     struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
@@ -908,18 +886,6 @@ static int end_item(struct kiri_chat_render *r, int64_t at, int last, struct kir
         return -1;
     *out = n == 0 ? kiri_chat_undef("item", 4) : items[last ? n - 1 : 0];
     return 0;
-}
-
-static int filter_first(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return end_item(r, at, 0, in, a, out);
-}
-
-static int filter_last(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                       struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return end_item(r, at, 1, in, a, out);
 }
 
 static int filter_float(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
@@ -1038,30 +1004,6 @@ static int filter_list(struct kiri_chat_render *r, int64_t at, struct kiri_chat_
     return iterate_list(r, at, in, out);
 }
 
-static int filter_select(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                         struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return select_items(r, at, 0, 1, in, a, out);
-}
-
-static int filter_reject(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                         struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return select_items(r, at, 0, 0, in, a, out);
-}
-
-static int filter_selectattr(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                             struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return select_items(r, at, 1, 1, in, a, out);
-}
-
-static int filter_rejectattr(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
-                             struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return select_items(r, at, 1, 0, in, a, out);
-}
-
 static int filter_replace(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
                           struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
@@ -1126,23 +1068,49 @@ static int filter_trim(struct kiri_chat_render *r, int64_t at, struct kiri_chat_
 
 typedef int filter_fn(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
                       struct kiri_chat_args *a, struct kiri_chat_value *out);
+/* One function serving several filters, told apart by the entry's mode. */
+typedef int filter_mode_fn(struct kiri_chat_render *r, int64_t at, int mode, struct kiri_chat_value in,
+                           struct kiri_chat_args *a, struct kiri_chat_value *out);
 
-/* jinja2's names, aliases included; a filter's id is its index here. */
+/* jinja2's names, aliases included; a filter's id is its index here. Each has fn, or with_mode
+ * and its mode. */
 static const struct {
     const char *name;
     filter_fn *fn;
+    filter_mode_fn *with_mode;
+    int mode;
 } filters[] = {
-    {"abs", filter_abs},           {"capitalize", filter_capitalize}, {"count", filter_length},
-    {"d", filter_default},         {"default", filter_default},       {"e", filter_escape},
-    {"escape", filter_escape},     {"first", filter_first},           {"float", filter_float},
-    {"indent", filter_indent},     {"int", filter_int},               {"items", filter_items},
-    {"join", filter_join},         {"last", filter_last},             {"length", filter_length},
-    {"list", filter_list},         {"lower", filter_lower},           {"map", filter_map},
-    {"reject", filter_reject},     {"rejectattr", filter_rejectattr}, {"replace", filter_replace},
-    {"reverse", filter_reverse},   {"round", filter_round},           {"safe", filter_string},
-    {"select", filter_select},     {"selectattr", filter_selectattr}, {"string", filter_string},
-    {"title", filter_title},       {"tojson", filter_tojson},         {"trim", filter_trim},
-    {"upper", filter_upper},
+    {"abs", filter_abs, NULL, 0},
+    {"capitalize", NULL, case_filter, CASE_CAPITALIZE},
+    {"count", filter_length, NULL, 0},
+    {"d", filter_default, NULL, 0},
+    {"default", filter_default, NULL, 0},
+    {"e", filter_escape, NULL, 0},
+    {"escape", filter_escape, NULL, 0},
+    {"first", NULL, end_item, 0},
+    {"float", filter_float, NULL, 0},
+    {"indent", filter_indent, NULL, 0},
+    {"int", filter_int, NULL, 0},
+    {"items", filter_items, NULL, 0},
+    {"join", filter_join, NULL, 0},
+    {"last", NULL, end_item, 1},
+    {"length", filter_length, NULL, 0},
+    {"list", filter_list, NULL, 0},
+    {"lower", NULL, case_filter, CASE_LOWER},
+    {"map", filter_map, NULL, 0},
+    {"reject", NULL, select_items, 0},
+    {"rejectattr", NULL, select_items, SELECT_BY_ATTR},
+    {"replace", filter_replace, NULL, 0},
+    {"reverse", filter_reverse, NULL, 0},
+    {"round", filter_round, NULL, 0},
+    {"safe", filter_string, NULL, 0},
+    {"select", NULL, select_items, SELECT_KEEP},
+    {"selectattr", NULL, select_items, SELECT_KEEP | SELECT_BY_ATTR},
+    {"string", filter_string, NULL, 0},
+    {"title", NULL, case_filter, CASE_TITLE_JINJA},
+    {"tojson", filter_tojson, NULL, 0},
+    {"trim", filter_trim, NULL, 0},
+    {"upper", NULL, case_filter, CASE_UPPER},
 };
 
 int kiri_chat_filter_find(const char *name, size_t len)
@@ -1158,7 +1126,9 @@ int kiri_chat_filter_apply(struct kiri_chat_render *r, int64_t at, int id, struc
 {
     if (id < 0 || (size_t)id >= sizeof filters / sizeof filters[0])
         return kiri_chat_fail(r, at, "unknown filter");
-    return filters[id].fn(r, at, in, a, out);
+    if (filters[id].fn)
+        return filters[id].fn(r, at, in, a, out);
+    return filters[id].with_mode(r, at, filters[id].mode, in, a, out);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1401,33 +1371,17 @@ int kiri_chat_test_apply(struct kiri_chat_render *r, int64_t at, int id, struct 
  * Methods
  * ------------------------------------------------------------------------------------------- */
 
-/* str.strip, lstrip and rstrip. */
-static int strip_method(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                        struct kiri_chat_args *a, int left, int right, struct kiri_chat_value *out)
+enum { STRIP_LEFT = 1, STRIP_RIGHT = 2 };
+
+/* str.strip, lstrip and rstrip: mode says which ends. */
+static int strip_method(struct kiri_chat_render *r, int64_t at, int mode, struct kiri_chat_value s,
+                        struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
     static const char *const names[] = {"chars"};
     struct kiri_chat_value p[1];
     if (bind(r, at, "strip", a, names, 1, p) < 0)
         return -1;
-    return strip(r, at, s, p[0], left, right, out);
-}
-
-static int method_strip(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return strip_method(r, at, s, a, 1, 1, out);
-}
-
-static int method_lstrip(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                         struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return strip_method(r, at, s, a, 1, 0, out);
-}
-
-static int method_rstrip(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                         struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return strip_method(r, at, s, a, 0, 1, out);
+    return strip(r, at, s, p[0], (mode & STRIP_LEFT) != 0, (mode & STRIP_RIGHT) != 0, out);
 }
 
 static int method_split(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
@@ -1440,9 +1394,9 @@ static int method_split(struct kiri_chat_render *r, int64_t at, struct kiri_chat
     return split(r, at, s, p[0], p[1], out);
 }
 
-/* str.startswith and endswith: the argument may be a tuple of candidates. */
-static int affix_method(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                        struct kiri_chat_args *a, int end, struct kiri_chat_value *out)
+/* str.startswith and endswith (end 1): the argument may be a tuple of candidates. */
+static int affix_method(struct kiri_chat_render *r, int64_t at, int end, struct kiri_chat_value s,
+                        struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
     static const char *const names[] = {"prefix"};
     struct kiri_chat_value p[1];
@@ -1466,48 +1420,12 @@ static int affix_method(struct kiri_chat_render *r, int64_t at, struct kiri_chat
     return 0;
 }
 
-static int method_startswith(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                             struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return affix_method(r, at, s, a, 0, out);
-}
-
-static int method_endswith(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                           struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return affix_method(r, at, s, a, 1, out);
-}
-
 static int case_method(struct kiri_chat_render *r, int64_t at, int mode, struct kiri_chat_value s,
                        struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
     if (no_args(r, at, "this method", a) < 0)
         return -1;
     return change_case(r, s, mode, out);
-}
-
-static int method_upper(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return case_method(r, at, CASE_UPPER, s, a, out);
-}
-
-static int method_lower(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return case_method(r, at, CASE_LOWER, s, a, out);
-}
-
-static int method_title(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return case_method(r, at, CASE_TITLE_PY, s, a, out);
-}
-
-static int method_capitalize(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
-                             struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return case_method(r, at, CASE_CAPITALIZE, s, a, out);
 }
 
 static int method_replace(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value s,
@@ -1605,35 +1523,18 @@ static int method_get(struct kiri_chat_render *r, int64_t at, struct kiri_chat_v
     return 0;
 }
 
-static int entries_method(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value d,
-                          struct kiri_chat_args *a, int which, struct kiri_chat_value *out)
+/* dict.items, keys and values (which: DICT_ITEMS...). */
+static int entries_method(struct kiri_chat_render *r, int64_t at, int which, struct kiri_chat_value d,
+                          struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
     if (no_args(r, at, "this method", a) < 0)
         return -1;
     return dict_entries(r, d.u.dict, which, out);
 }
 
-static int method_items(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value d,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return entries_method(r, at, d, a, DICT_ITEMS, out);
-}
-
-static int method_keys(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value d,
+/* list.count and list.index (index 1). */
+static int list_search(struct kiri_chat_render *r, int64_t at, int index, struct kiri_chat_value l,
                        struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return entries_method(r, at, d, a, DICT_KEYS, out);
-}
-
-static int method_values(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value d,
-                         struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return entries_method(r, at, d, a, DICT_VALUES, out);
-}
-
-/* list.count and list.index. */
-static int list_search(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value l,
-                       struct kiri_chat_args *a, int index, struct kiri_chat_value *out)
 {
     static const char *const names[] = {"value"};
     struct kiri_chat_value p[1];
@@ -1653,18 +1554,6 @@ static int list_search(struct kiri_chat_render *r, int64_t at, struct kiri_chat_
     return kiri_chat_step(r, l.u.list->n / 16);
 }
 
-static int method_list_count(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value l,
-                             struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return list_search(r, at, l, a, 0, out);
-}
-
-static int method_list_index(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value l,
-                             struct kiri_chat_args *a, struct kiri_chat_value *out)
-{
-    return list_search(r, at, l, a, 1, out);
-}
-
 /* loop.cycle(a, b, ...): the argument for this iteration, round robin. */
 static int method_cycle(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value loop,
                         struct kiri_chat_args *a, struct kiri_chat_value *out)
@@ -1677,34 +1566,39 @@ static int method_cycle(struct kiri_chat_render *r, int64_t at, struct kiri_chat
 
 typedef int method_fn(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value obj,
                       struct kiri_chat_args *a, struct kiri_chat_value *out);
+/* One function serving several methods, told apart by the entry's mode. */
+typedef int method_mode_fn(struct kiri_chat_render *r, int64_t at, int mode, struct kiri_chat_value obj,
+                           struct kiri_chat_args *a, struct kiri_chat_value *out);
 
-/* Python's methods by receiver type. */
+/* Python's methods by receiver type. Each has fn, or with_mode and its mode. */
 static const struct {
     int type;
     const char *name;
     method_fn *fn;
+    method_mode_fn *with_mode;
+    int mode;
 } methods[] = {
-    {KIRI_CHAT_TYPE_STR, "strip", method_strip},
-    {KIRI_CHAT_TYPE_STR, "lstrip", method_lstrip},
-    {KIRI_CHAT_TYPE_STR, "rstrip", method_rstrip},
-    {KIRI_CHAT_TYPE_STR, "split", method_split},
-    {KIRI_CHAT_TYPE_STR, "startswith", method_startswith},
-    {KIRI_CHAT_TYPE_STR, "endswith", method_endswith},
-    {KIRI_CHAT_TYPE_STR, "upper", method_upper},
-    {KIRI_CHAT_TYPE_STR, "lower", method_lower},
-    {KIRI_CHAT_TYPE_STR, "title", method_title},
-    {KIRI_CHAT_TYPE_STR, "capitalize", method_capitalize},
-    {KIRI_CHAT_TYPE_STR, "replace", method_replace},
-    {KIRI_CHAT_TYPE_STR, "find", method_find},
-    {KIRI_CHAT_TYPE_STR, "count", method_count},
-    {KIRI_CHAT_TYPE_STR, "join", method_join},
-    {KIRI_CHAT_TYPE_DICT, "get", method_get},
-    {KIRI_CHAT_TYPE_DICT, "items", method_items},
-    {KIRI_CHAT_TYPE_DICT, "keys", method_keys},
-    {KIRI_CHAT_TYPE_DICT, "values", method_values},
-    {KIRI_CHAT_TYPE_LIST, "count", method_list_count},
-    {KIRI_CHAT_TYPE_LIST, "index", method_list_index},
-    {KIRI_CHAT_TYPE_LOOP, "cycle", method_cycle},
+    {KIRI_CHAT_TYPE_STR, "strip", NULL, strip_method, STRIP_LEFT | STRIP_RIGHT},
+    {KIRI_CHAT_TYPE_STR, "lstrip", NULL, strip_method, STRIP_LEFT},
+    {KIRI_CHAT_TYPE_STR, "rstrip", NULL, strip_method, STRIP_RIGHT},
+    {KIRI_CHAT_TYPE_STR, "split", method_split, NULL, 0},
+    {KIRI_CHAT_TYPE_STR, "startswith", NULL, affix_method, 0},
+    {KIRI_CHAT_TYPE_STR, "endswith", NULL, affix_method, 1},
+    {KIRI_CHAT_TYPE_STR, "upper", NULL, case_method, CASE_UPPER},
+    {KIRI_CHAT_TYPE_STR, "lower", NULL, case_method, CASE_LOWER},
+    {KIRI_CHAT_TYPE_STR, "title", NULL, case_method, CASE_TITLE_PY},
+    {KIRI_CHAT_TYPE_STR, "capitalize", NULL, case_method, CASE_CAPITALIZE},
+    {KIRI_CHAT_TYPE_STR, "replace", method_replace, NULL, 0},
+    {KIRI_CHAT_TYPE_STR, "find", method_find, NULL, 0},
+    {KIRI_CHAT_TYPE_STR, "count", method_count, NULL, 0},
+    {KIRI_CHAT_TYPE_STR, "join", method_join, NULL, 0},
+    {KIRI_CHAT_TYPE_DICT, "get", method_get, NULL, 0},
+    {KIRI_CHAT_TYPE_DICT, "items", NULL, entries_method, DICT_ITEMS},
+    {KIRI_CHAT_TYPE_DICT, "keys", NULL, entries_method, DICT_KEYS},
+    {KIRI_CHAT_TYPE_DICT, "values", NULL, entries_method, DICT_VALUES},
+    {KIRI_CHAT_TYPE_LIST, "count", NULL, list_search, 0},
+    {KIRI_CHAT_TYPE_LIST, "index", NULL, list_search, 1},
+    {KIRI_CHAT_TYPE_LOOP, "cycle", method_cycle, NULL, 0},
 };
 
 int kiri_chat_method_call(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value obj,
@@ -1718,7 +1612,9 @@ int kiri_chat_method_call(struct kiri_chat_render *r, int64_t at, struct kiri_ch
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
         if (methods[i].type == obj.type && is(name, len, methods[i].name)) {
             *handled = 1;
-            return methods[i].fn(r, at, obj, a, out);
+            if (methods[i].fn)
+                return methods[i].fn(r, at, obj, a, out);
+            return methods[i].with_mode(r, at, methods[i].mode, obj, a, out);
         }
     }
     if (obj.type == KIRI_CHAT_TYPE_LIST || obj.type == KIRI_CHAT_TYPE_DICT)
