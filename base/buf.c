@@ -44,6 +44,8 @@ int kiri_buf_reserve(struct kiri_buf *b, size_t n)
         b->failed = 1;
         return KIRI_E_NOMEM;
     }
+    if (!b->data)
+        d[b->len] = '\0'; /* keeps the invariant for a buffer that had no memory yet */
     b->data = d;
     b->cap = cap;
     return KIRI_OK;

@@ -1,18 +1,22 @@
 /* Chat templates: the lexer. It reproduces jinja2's lexer under the settings transformers uses,
  * since byte-exact prompts depend on it: newlines are normalised to "\n" before lexing (see
- * kiri_chat_template_init), a block or comment tag eats the newline right after it (trim_blocks),
+ * kiri_chat_parse), a block or comment tag eats the newline right after it (trim_blocks),
  * spaces and tabs from the start of a line up to a block or comment tag are dropped
  * (lstrip_blocks), "-" inside a delimiter strips all whitespace on that side and "+" turns the
  * trimming off. Template data comes out with that whitespace control already applied; string
  * literals come out decoded (Python's escapes), numbers parsed.
  */
+#include "chat_template_lex.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat_template_ast.h"
+#include "chat_template_text.h"
+#include "hex.h"
 #include "kiri.h"
+#include "utf8.h"
 
 /* Records the first error; the lexer then produces only EOF. */
 static void fail(struct kiri_chat_lexer *lx, size_t pos, const char *fmt, ...)
@@ -221,41 +225,6 @@ static void lex_root(struct kiri_chat_lexer *lx)
     }
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static size_t put_utf8(char *o, uint32_t cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xc0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
 /* Decodes a string literal's body s[0..n) the way jinja2 does (Python's "unicode-escape" codec
  * applied after non-ASCII characters were turned into \x, \u or \U escapes), into the arena.
  * The output is never longer than 3 bytes per input byte plus a little. */
@@ -276,7 +245,7 @@ static int decode_string(struct kiri_chat_lexer *lx, size_t pos, const char *s, 
         if ((unsigned char)c >= 0x80) {
             /* "\é" is "\\xe9" to the codec: a backslash, then the escape's text */
             uint32_t cp;
-            size_t len = kiri_chat_utf8_next(s, n, i - 1, &cp);
+            size_t len = kiri_utf8_decode(s + i - 1, n - (i - 1), &cp);
             i += len - 1;
             o[k++] = '\\';
             k += (size_t)sprintf(o + k, cp < 0x100 ? "x%02x" : cp < 0x10000 ? "u%04x" : "U%08x",
@@ -308,7 +277,7 @@ static int decode_string(struct kiri_chat_lexer *lx, size_t pos, const char *s, 
                 cp = (uint32_t)(c - '0');
                 for (int j = 0; j < 2 && i < n && s[i] >= '0' && s[i] <= '7'; j++)
                     cp = cp * 8 + (uint32_t)(s[i++] - '0');
-                k += put_utf8(o + k, cp);
+                k += kiri_utf8_encode(cp, o + k);
             } else {
                 o[k++] = '\\';
                 o[k++] = c;
@@ -316,7 +285,7 @@ static int decode_string(struct kiri_chat_lexer *lx, size_t pos, const char *s, 
         }
         if (digits) {
             for (int j = 0; j < digits; j++) {
-                int h = i < n ? hexval(s[i]) : -1;
+                int h = i < n ? kiri_hex_digit(s[i]) : -1;
                 if (h < 0) {
                     fail(lx, pos, "truncated \\%c escape in a string", c);
                     return -1;
@@ -332,7 +301,7 @@ static int decode_string(struct kiri_chat_lexer *lx, size_t pos, const char *s, 
                 fail(lx, pos, "NUL characters in strings are not supported");
                 return -1;
             }
-            k += put_utf8(o + k, cp);
+            k += kiri_utf8_encode(cp, o + k);
         } else if (c >= '0' && c <= '7' && cp == 0) {
             fail(lx, pos, "NUL characters in strings are not supported");
             return -1;
@@ -351,7 +320,7 @@ static size_t digits_end(const char *s, size_t n, size_t i, int base)
         size_t j = k;
         if (j > i && j < n && s[j] == '_')
             j++;
-        if (j < n && hexval(s[j]) >= 0 && hexval(s[j]) < base)
+        if (j < n && kiri_hex_digit(s[j]) >= 0 && kiri_hex_digit(s[j]) < base)
             k = j + 1;
         else
             return k;
@@ -416,7 +385,7 @@ static int lex_number(struct kiri_chat_lexer *lx, size_t i)
     for (size_t j = start; j < end; j++) {
         if (s[j] == '_')
             continue;
-        uint64_t digit = (uint64_t)hexval(s[j]);
+        uint64_t digit = (uint64_t)kiri_hex_digit(s[j]);
         if (v > ((uint64_t)INT64_MAX - digit) / (uint64_t)base)
             return fail(lx, i, "integer literal out of range"), -1;
         v = v * (uint64_t)base + digit;

@@ -1,98 +1,23 @@
-/* Chat templates: memory and text. The arena every parse and render allocates from; UTF-8 and
- * Python's notion of whitespace; and Python's str() and repr() of template values, which decide
- * how numbers, lists and dicts print (so they must match Python to the byte: repr(0.1 + 0.2),
- * "1e+16", quoting of strings inside lists).
+/* Chat templates: text as Python sees it, below every other template module. Python's idea of
+ * whitespace (str.isspace, the regex \s), which strip(), split(), trim and Jinja's whitespace
+ * control all use; code points (counting, offsets, the case mapping of upper() and lower(), what
+ * repr() escapes); the repr of a float, which decides how numbers print (repr(0.1 + 0.2),
+ * "1e+16"); and error messages that name a line and column of the source. Decoding and checking UTF-8 is
+ * base/utf8's; every string here is valid UTF-8.
  */
+#include "chat_template_text.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat_template_ast.h"
-#include "chat_template_value.h"
-#include "mem.h"
-
-/* Deepest nesting of lists, dicts and namespaces printing follows (a namespace can be made to
- * contain itself, so this also ends cycles). */
-#define MAX_VALUE_DEPTH 64
+#include "error.h"
+#include "utf8.h"
 
 /* ---------------------------------------------------------------------------------------------
- * Arena
+ * Whitespace and validity
  * ------------------------------------------------------------------------------------------- */
-
-struct kiri_chat_chunk {
-    struct kiri_chat_chunk *next;
-    size_t size, used;
-    _Alignas(16) unsigned char data[];
-};
-
-#define CHUNK_SIZE ((size_t)64 << 10)
-
-void *kiri_chat_arena_alloc(struct kiri_chat_arena *a, size_t n)
-{
-    a->hit_cap = 0;
-    if (n > ((size_t)1 << 40)) {
-        a->hit_cap = 1;
-        return NULL;
-    }
-    n = (n + 15) & ~(size_t)15;
-    struct kiri_chat_chunk *c = a->head;
-    if (c && c->size - c->used >= n) {
-        void *p = c->data + c->used;
-        c->used += n;
-        return p;
-    }
-    /* A large request gets a chunk of its own, placed behind the current one so the space left
-     * in the current one stays usable. */
-    size_t size = n > CHUNK_SIZE / 4 ? n : CHUNK_SIZE;
-    if (a->used + size + sizeof *c > a->cap) {
-        a->hit_cap = 1;
-        return NULL;
-    }
-    struct kiri_chat_chunk *nc = kiri_mem_calloc(1, sizeof *nc + size);
-    if (!nc)
-        return NULL;
-    nc->size = size;
-    nc->used = n;
-    a->used += size + sizeof *nc;
-    if (c && size != CHUNK_SIZE) {
-        nc->next = c->next;
-        c->next = nc;
-    } else {
-        nc->next = c;
-        a->head = nc;
-    }
-    return nc->data;
-}
-
-void kiri_chat_arena_free(struct kiri_chat_arena *a)
-{
-    struct kiri_chat_chunk *c = a->head;
-    while (c) {
-        struct kiri_chat_chunk *next = c->next;
-        kiri_mem_free(c);
-        c = next;
-    }
-    a->head = NULL;
-    a->used = 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * UTF-8 and whitespace
- * ------------------------------------------------------------------------------------------- */
-
-size_t kiri_chat_utf8_next(const char *s, size_t n, size_t i, uint32_t *cp)
-{
-    const unsigned char *u = (const unsigned char *)s + i;
-    size_t k = u[0] < 0x80 ? 1 : u[0] < 0xe0 ? 2 : u[0] < 0xf0 ? 3 : 4;
-    if (k > n - i)
-        k = 1; /* only for invalid input, which callers never pass */
-    uint32_t c = k == 1 ? u[0] : k == 2 ? (u[0] & 0x1fu) : k == 3 ? (u[0] & 0x0fu) : (u[0] & 0x07u);
-    for (size_t j = 1; j < k; j++)
-        c = (c << 6) | (u[j] & 0x3fu);
-    *cp = c;
-    return k;
-}
 
 static int is_space_cp(uint32_t c)
 {
@@ -109,7 +34,7 @@ size_t kiri_chat_space_at(const char *s, size_t n, size_t i)
     if (b != 0xc2 && b != 0xe1 && b != 0xe2 && b != 0xe3)
         return 0;
     uint32_t cp;
-    size_t k = kiri_chat_utf8_next(s, n, i, &cp);
+    size_t k = kiri_utf8_decode(s + i, n - i, &cp);
     return is_space_cp(cp) ? k : 0;
 }
 
@@ -123,48 +48,15 @@ size_t kiri_chat_space_before(const char *s, size_t i)
     return kiri_chat_space_at(s, i, j) == i - j ? i - j : 0;
 }
 
-int kiri_chat_utf8_valid(const char *s, size_t n)
+int kiri_chat_text_valid(const char *s, size_t n)
 {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = u[i];
-        if (c == 0)
-            return 0;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k;
-        uint32_t cp, min;
-        if (c >= 0xc2 && c <= 0xdf) {
-            k = 2;
-            cp = c & 0x1f;
-            min = 0x80;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            k = 3;
-            cp = c & 0x0f;
-            min = 0x800;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            k = 4;
-            cp = c & 0x07;
-            min = 0x10000;
-        } else {
-            return 0;
-        }
-        if (n - i < k)
-            return 0;
-        for (size_t j = 1; j < k; j++) {
-            if ((u[i + j] & 0xc0) != 0x80)
-                return 0;
-            cp = (cp << 6) | (u[i + j] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += k;
-    }
-    return 1;
+    /* NUL bytes are valid UTF-8, but a template or message holding one is refused */
+    return kiri_utf8_valid(s, n) && !memchr(s, '\0', n);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Code points
+ * ------------------------------------------------------------------------------------------- */
 
 size_t kiri_chat_cp_len(const char *s, size_t n)
 {
@@ -174,14 +66,65 @@ size_t kiri_chat_cp_len(const char *s, size_t n)
     return k;
 }
 
-/* ---------------------------------------------------------------------------------------------
- * Python's str() and repr()
- * ------------------------------------------------------------------------------------------- */
-
-static int put_s(struct kiri_chat_render *r, struct kiri_chat_buf *b, const char *s)
+size_t kiri_chat_cp_offset(const char *s, size_t n, size_t k)
 {
-    return kiri_chat_buf_put(r, b, s, strlen(s));
+    size_t i = 0;
+    for (; i < n; i++) {
+        if (((unsigned char)s[i] & 0xc0) != 0x80) {
+            if (k == 0)
+                return i;
+            k--;
+        }
+    }
+    return n;
 }
+
+/* Is the code point one Python's repr() escapes (str.isprintable() false)? Control and format
+ * characters, separators other than the space, private use and the non-characters; unassigned
+ * code points are not known here and print as themselves. */
+int kiri_chat_cp_unprintable(uint32_t c)
+{
+    return c < 0x20 || (c >= 0x7f && c <= 0xa0) || c == 0xad || (c >= 0x600 && c <= 0x605) ||
+           c == 0x61c || c == 0x6dd || c == 0x70f || c == 0x180e || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) ||
+           (c >= 0x205f && c <= 0x2064) || (c >= 0x2066 && c <= 0x206f) || c == 0x3000 ||
+           (c >= 0xe000 && c <= 0xf8ff) || (c >= 0xfdd0 && c <= 0xfdef) || c == 0xfeff ||
+           (c >= 0xfff9 && c <= 0xfffb) || (c & 0xfffe) == 0xfffe || (c >= 0xe0000 && c <= 0xe007f) ||
+           c >= 0xf0000;
+}
+
+uint32_t kiri_chat_cp_upper(uint32_t c)
+{
+    if ((c >= 'a' && c <= 'z') || (c >= 0xe0 && c <= 0xfe && c != 0xf7) || (c >= 0x430 && c <= 0x44f))
+        return c - 0x20;
+    if ((c >= 0x3b1 && c <= 0x3c9 && c != 0x3c2))
+        return c - 0x20;
+    if (c == 0x3c2)
+        return 0x3a3;
+    if (c >= 0x450 && c <= 0x45f)
+        return c - 0x50;
+    return c;
+}
+
+uint32_t kiri_chat_cp_lower(uint32_t c)
+{
+    if ((c >= 'A' && c <= 'Z') || (c >= 0xc0 && c <= 0xde && c != 0xd7) || (c >= 0x410 && c <= 0x42f))
+        return c + 0x20;
+    if (c >= 0x391 && c <= 0x3a9 && c != 0x3a2)
+        return c + 0x20;
+    if (c >= 0x400 && c <= 0x40f)
+        return c + 0x50;
+    return c;
+}
+
+int kiri_chat_cp_is_cased(uint32_t c)
+{
+    return kiri_chat_cp_upper(c) != c || kiri_chat_cp_lower(c) != c || c == 0x3c2;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Numbers and positions
+ * ------------------------------------------------------------------------------------------- */
 
 void kiri_chat_format_float(double d, char *out, size_t cap)
 {
@@ -255,124 +198,25 @@ void kiri_chat_format_float(double d, char *out, size_t cap)
     snprintf(out, cap, "%s", res);
 }
 
-/* Is the code point one Python's repr() escapes (str.isprintable() false)? Control and format
- * characters, separators other than the space, private use and the non-characters; unassigned
- * code points are not known here and print as themselves. */
-static int unprintable(uint32_t c)
+static void line_col(const char *s, size_t pos, int *line, int *col)
 {
-    return c < 0x20 || (c >= 0x7f && c <= 0xa0) || c == 0xad || (c >= 0x600 && c <= 0x605) ||
-           c == 0x61c || c == 0x6dd || c == 0x70f || c == 0x180e || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) ||
-           (c >= 0x205f && c <= 0x2064) || (c >= 0x2066 && c <= 0x206f) || c == 0x3000 ||
-           (c >= 0xe000 && c <= 0xf8ff) || (c >= 0xfdd0 && c <= 0xfdef) || c == 0xfeff ||
-           (c >= 0xfff9 && c <= 0xfffb) || (c & 0xfffe) == 0xfffe || (c >= 0xe0000 && c <= 0xe007f) ||
-           c >= 0xf0000;
-}
-
-static int repr_str(struct kiri_chat_render *r, struct kiri_chat_buf *b, const char *s, size_t n)
-{
-    char q = memchr(s, '\'', n) && !memchr(s, '"', n) ? '"' : '\'';
-    if (kiri_chat_buf_put(r, b, &q, 1) < 0)
-        return -1;
-    size_t run = 0; /* start of the pending run of bytes copied as they are */
-    for (size_t i = 0; i < n;) {
-        uint32_t c;
-        size_t k = kiri_chat_utf8_next(s, n, i, &c);
-        char esc[16] = "";
-        if (c == (uint32_t)q || c == '\\')
-            snprintf(esc, sizeof esc, "\\%c", (char)c);
-        else if (c == '\n')
-            snprintf(esc, sizeof esc, "\\n");
-        else if (c == '\r')
-            snprintf(esc, sizeof esc, "\\r");
-        else if (c == '\t')
-            snprintf(esc, sizeof esc, "\\t");
-        else if (unprintable(c))
-            snprintf(esc, sizeof esc, c < 0x100 ? "\\x%02x" : c < 0x10000 ? "\\u%04x" : "\\U%08x",
-                     (unsigned)c);
-        if (esc[0]) {
-            if (kiri_chat_buf_put(r, b, s + run, i - run) < 0 || put_s(r, b, esc) < 0)
-                return -1;
-            run = i + k;
+    int l = 1;
+    size_t start = 0;
+    for (size_t i = 0; i < pos; i++) {
+        if (s[i] == '\n') {
+            l++;
+            start = i + 1;
         }
-        i += k;
     }
-    if (kiri_chat_buf_put(r, b, s + run, n - run) < 0)
-        return -1;
-    return kiri_chat_buf_put(r, b, &q, 1);
+    *line = l;
+    *col = (int)(pos - start) + 1;
 }
 
-static int buf_dict(struct kiri_chat_render *r, struct kiri_chat_buf *b,
-                    const struct kiri_chat_dict *d, int depth)
+void kiri_chat_error_at(struct kiri_status_info *info, int code, const char *src, size_t pos,
+                        const char *msg)
 {
-    if (put_s(r, b, "{") < 0)
-        return -1;
-    for (size_t i = 0; i < d->n; i++) {
-        if ((i && put_s(r, b, ", ") < 0) || kiri_chat_buf_value(r, b, d->k[i], 1, depth + 1) < 0 ||
-            put_s(r, b, ": ") < 0 || kiri_chat_buf_value(r, b, d->v[i], 1, depth + 1) < 0)
-            return -1;
-    }
-    return put_s(r, b, "}");
+    int line, col;
+    line_col(src, pos, &line, &col);
+    kiri_error_at(info, code, "chat_template", (int64_t)pos, "chat template line %d, column %d: %s",
+                  line, col, msg);
 }
-
-int kiri_chat_buf_value(struct kiri_chat_render *r, struct kiri_chat_buf *b,
-                        struct kiri_chat_value v, int repr, int depth)
-{
-    char tmp[48];
-    if (depth > MAX_VALUE_DEPTH)
-        return kiri_chat_fail(r, NULL, "value nested too deeply to print");
-    switch (v.type) {
-    case KIRI_CHAT_TYPE_UNDEF: return repr ? put_s(r, b, "Undefined") : 0;
-    case KIRI_CHAT_TYPE_NONE: return put_s(r, b, "None");
-    case KIRI_CHAT_TYPE_BOOL: return put_s(r, b, v.u.i ? "True" : "False");
-    case KIRI_CHAT_TYPE_INT:
-        snprintf(tmp, sizeof tmp, "%lld", (long long)v.u.i);
-        return put_s(r, b, tmp);
-    case KIRI_CHAT_TYPE_FLOAT:
-        kiri_chat_format_float(v.u.f, tmp, sizeof tmp);
-        return put_s(r, b, tmp);
-    case KIRI_CHAT_TYPE_STR:
-        return repr ? repr_str(r, b, v.u.s.p, v.u.s.n) : kiri_chat_buf_put(r, b, v.u.s.p, v.u.s.n);
-    case KIRI_CHAT_TYPE_LIST: {
-        const struct kiri_chat_list *l = v.u.list;
-        if (put_s(r, b, l->tuple ? "(" : "[") < 0)
-            return -1;
-        for (size_t i = 0; i < l->n; i++)
-            if ((i && put_s(r, b, ", ") < 0) || kiri_chat_buf_value(r, b, l->v[i], 1, depth + 1) < 0)
-                return -1;
-        if (l->tuple && l->n == 1 && put_s(r, b, ",") < 0)
-            return -1;
-        return put_s(r, b, l->tuple ? ")" : "]");
-    }
-    case KIRI_CHAT_TYPE_DICT: return buf_dict(r, b, v.u.dict, depth);
-    case KIRI_CHAT_TYPE_NS:
-        if (put_s(r, b, "<Namespace ") < 0 || buf_dict(r, b, v.u.dict, depth) < 0)
-            return -1;
-        return put_s(r, b, ">");
-    case KIRI_CHAT_TYPE_LOOP:
-        snprintf(tmp, sizeof tmp, "<LoopContext %lld/%lld>", (long long)v.u.loop->index0 + 1,
-                 (long long)v.u.loop->length);
-        return put_s(r, b, tmp);
-    default: return put_s(r, b, "<function>");
-    }
-}
-
-int kiri_chat_to_str(struct kiri_chat_render *r, struct kiri_chat_value v,
-                     struct kiri_chat_value *out)
-{
-    if (v.type == KIRI_CHAT_TYPE_STR) {
-        *out = v;
-        return 0;
-    }
-    if (v.type == KIRI_CHAT_TYPE_UNDEF) {
-        *out = kiri_chat_str("", 0);
-        return 0;
-    }
-    struct kiri_chat_buf b = {0};
-    if (kiri_chat_buf_value(r, &b, v, 0, 0) < 0) {
-        kiri_chat_buf_free(&b);
-        return -1;
-    }
-    return kiri_chat_buf_finish(r, &b, out);
-}
-

@@ -1,14 +1,19 @@
-/* Runtime values of the chat-template evaluator and the render state, shared by the evaluator
- * (chat_template_eval.c), the builtins it calls (chat_template_builtins.c: filters, tests,
- * methods, global functions) and the printing of values (chat_template_text.c); nothing else
- * includes this header.
+/* Chat templates: the values a render computes with, and the render's resources they are made
+ * from. Values follow Python's data model as jinja2 exposes it, closely enough for
+ * byte-identical output: ints are int64 (overflow is an error, not a bigint), strings are
+ * immutable UTF-8 slices indexed by code point, lists/tuples and dicts are immutable once built
+ * (the sandbox forbids mutation), and only namespace() objects can change, through
+ * {% set ns.x = ... %}. Every value lives in the render's arena (or is borrowed from the template
+ * or the messages, which outlive the render) and is freed with it, so values are copied freely by
+ * value and nothing is reference-counted.
  *
- * Values follow Python's data model as jinja2 exposes it, closely enough for byte-identical
- * output: ints are int64 (overflow is an error, not a bigint), strings are immutable UTF-8
- * slices indexed by code point, lists/tuples and dicts are immutable once built (the sandbox
- * forbids mutation), and only namespace() objects can change, through {% set ns.x = ... %}.
- * Every value lives in the render's arena (or is borrowed from the template or the messages,
- * which outlive the render) and is freed with it, so values are copied freely by value.
+ * This module owns making values (within max_memory, counting steps), dicts, Python's truth,
+ * equality, ordering, `in`, iteration and attribute lookup, str() and repr(), the text buffers
+ * (within max_output), and the recording of the first error. It knows nothing of the template's
+ * syntax: an error's place in the source is a byte offset, `at` (KIRI_CHAT_NOWHERE for none).
+ *
+ * Functions returning int return 0 or -1; after -1 the status is r->code and the message is in
+ * r->info.
  */
 #ifndef KIRI_CHAT_TEMPLATE_VALUE_H
 #define KIRI_CHAT_TEMPLATE_VALUE_H
@@ -16,7 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "chat_template_ast.h"
+#include "buf.h"
+#include "chat_template_arena.h"
 
 struct kiri_status_info;
 
@@ -32,14 +38,7 @@ enum kiri_chat_type {
     KIRI_CHAT_TYPE_DICT,
     KIRI_CHAT_TYPE_NS,           /* namespace(): a dict whose attributes can be set */
     KIRI_CHAT_TYPE_LOOP,         /* the `loop` variable of a for loop */
-    KIRI_CHAT_TYPE_FUNC          /* a global function; i is enum kiri_chat_func */
-};
-
-enum kiri_chat_func {
-    KIRI_CHAT_FUNC_RAISE_EXCEPTION,
-    KIRI_CHAT_FUNC_NAMESPACE,
-    KIRI_CHAT_FUNC_RANGE,
-    KIRI_CHAT_FUNC_DICT
+    KIRI_CHAT_TYPE_FUNC          /* a global function; i is its id among the built-ins */
 };
 
 struct kiri_chat_value {
@@ -74,52 +73,47 @@ struct kiri_chat_loop {
     const struct kiri_chat_value *items; /* the sequence iterated, length of them */
 };
 
-/* A growable byte buffer on the heap: the output, or scratch text for a conversion. */
+/* Text being built on the heap: the output, or scratch text for a conversion. Zeroed is empty;
+ * kiri_chat_buf_put does the accounting, the bytes grow in a base buffer. */
 struct kiri_chat_buf {
-    char *p; /* owned */
-    size_t n, cap;
+    struct kiri_buf text;
     int is_output; /* counted against max_output rather than max_memory */
 };
 
-struct kiri_chat_scope;
-
+/* The resources and the error state of one render, shared by every module that evaluates. */
 struct kiri_chat_render {
-    const struct kiri_chat_template *t;
-    struct kiri_chat_arena arena;       /* every value of this render */
-    struct kiri_chat_buf *out;          /* where text goes now (a set block redirects it) */
-    struct kiri_chat_scope *scope;      /* innermost variable scope */
-    struct kiri_chat_value block_input; /* the body text a {% set %} block's filters receive */
+    struct kiri_chat_arena arena; /* every value of this render */
+    const char *src;              /* the template's normalised source, for line and column */
     size_t produced, max_output, max_memory;
     uint64_t steps, max_steps;
     struct kiri_status_info *info;
     int code; /* status of the first error, 0 while none */
 };
 
-/* Up to 8 evaluated arguments: v[i] is keyword kw[i] when kw[i] is non-NULL. */
-#define KIRI_CHAT_MAX_ARGS 8
-struct kiri_chat_args {
-    int n;
-    struct kiri_chat_value v[KIRI_CHAT_MAX_ARGS];
-    const char *kw[KIRI_CHAT_MAX_ARGS];
-    size_t kw_len[KIRI_CHAT_MAX_ARGS];
-};
+/* `at` for an error with no place in the source. */
+#define KIRI_CHAT_NOWHERE ((int64_t)-1)
 
-/* ---- chat_template_eval.c; functions returning int return 0 or -1 (the status is r->code) - */
+/* ---- errors, work and memory ----------------------------------------------------------- */
 
-/* Records an evaluation error at e (may be NULL) as KIRI_E_UNSUPPORTED. */
-int kiri_chat_fail(struct kiri_chat_render *r, const struct kiri_chat_expr *e, const char *fmt, ...)
+/* Records an evaluation error at byte offset at of the source as KIRI_E_UNSUPPORTED. */
+int kiri_chat_fail(struct kiri_chat_render *r, int64_t at, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Records a failure with an explicit code and field (limits, raise_exception). */
 int kiri_chat_fail_code(struct kiri_chat_render *r, int code, const char *field, const char *fmt,
                         ...) __attribute__((format(printf, 4, 5)));
+/* The max_memory failure. */
+int kiri_chat_memory_limit(struct kiri_chat_render *r);
 /* Counts evaluation work: n steps, or one per 256 bytes scanned or copied. */
 int kiri_chat_step(struct kiri_chat_render *r, uint64_t n);
 int kiri_chat_charge(struct kiri_chat_render *r, size_t bytes);
 void *kiri_chat_alloc(struct kiri_chat_render *r, size_t n);
 
+/* ---- making values --------------------------------------------------------------------- */
+
 struct kiri_chat_value kiri_chat_str(const char *p, size_t n);
 struct kiri_chat_value kiri_chat_bool(int b);
 struct kiri_chat_value kiri_chat_int(int64_t i);
+struct kiri_chat_value kiri_chat_float(double f);
 struct kiri_chat_value kiri_chat_undef(const char *name, size_t n);
 /* A new string of n bytes in the arena (*p to fill), n checked against max_memory. */
 int kiri_chat_new_str(struct kiri_chat_render *r, size_t n, char **p, struct kiri_chat_value *out);
@@ -131,53 +125,48 @@ int kiri_chat_dict_set(struct kiri_chat_render *r, struct kiri_chat_dict *d,
 const struct kiri_chat_value *kiri_chat_dict_get(const struct kiri_chat_dict *d,
                                                  struct kiri_chat_value k);
 
+/* ---- Python's semantics ---------------------------------------------------------------- */
+
 const char *kiri_chat_type_name(struct kiri_chat_value v);
+/* bool, int or float */
+int kiri_chat_is_number(struct kiri_chat_value v);
+/* A number's value as a double. */
+double kiri_chat_number(struct kiri_chat_value v);
 int kiri_chat_truthy(struct kiri_chat_value v);
 int kiri_chat_equal(struct kiri_chat_value a, struct kiri_chat_value b, int depth);
-/* Python's a < b (*lt) for numbers, strings and sequences; an error for other types. */
-int kiri_chat_less(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
-                   struct kiri_chat_value a, struct kiri_chat_value b, int *lt);
-int kiri_chat_contains(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
-                       struct kiri_chat_value container, struct kiri_chat_value item, int *found);
+
+enum kiri_chat_order { KIRI_CHAT_LT, KIRI_CHAT_LE, KIRI_CHAT_GT, KIRI_CHAT_GE };
+/* Python's a < b, a <= b, a > b or a >= b (*res) for numbers, strings and sequences; an error
+ * for other types. */
+int kiri_chat_compare(struct kiri_chat_render *r, int64_t at, enum kiri_chat_order op,
+                      struct kiri_chat_value a, struct kiri_chat_value b, int *res);
+int kiri_chat_less(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value a,
+                   struct kiri_chat_value b, int *lt);
+int kiri_chat_contains(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value container,
+                       struct kiri_chat_value item, int *found);
 /* The items of an iterable (list, tuple, dict keys, string characters; Undefined is empty). */
-int kiri_chat_iterate(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
-                      struct kiri_chat_value v, const struct kiri_chat_value **items, size_t *n);
+int kiri_chat_iterate(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value v,
+                      const struct kiri_chat_value **items, size_t *n);
 /* jinja2's getattr(obj, name): dict keys, namespace and loop attributes; Undefined if absent. */
-int kiri_chat_getattr(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
-                      struct kiri_chat_value obj, const char *name, size_t len,
-                      struct kiri_chat_value *out);
-/* Byte buffers: kiri_chat_buf_put fails (recording the limit) past max_output or max_memory. */
+int kiri_chat_getattr(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value obj,
+                      const char *name, size_t len, struct kiri_chat_value *out);
+/* The error for using Undefined u as a value. */
+int kiri_chat_undefined_error(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value u);
+
+/* ---- text ------------------------------------------------------------------------------ */
+
+/* Appends s[0..n): fails (recording the limit) past max_output or max_memory. */
 int kiri_chat_buf_put(struct kiri_chat_render *r, struct kiri_chat_buf *b, const char *s, size_t n);
+int kiri_chat_buf_puts(struct kiri_chat_render *r, struct kiri_chat_buf *b, const char *s);
 /* Moves the buffer's text into a string value in the arena and frees the buffer. */
 int kiri_chat_buf_finish(struct kiri_chat_render *r, struct kiri_chat_buf *b,
                          struct kiri_chat_value *out);
 void kiri_chat_buf_free(struct kiri_chat_buf *b);
-
-/* ---- chat_template_text.c ---------------------------------------------------------------- */
-
-/* Number of code points in a string. */
-size_t kiri_chat_cp_len(const char *s, size_t n);
 /* Appends Python's str(v) (repr 0) or repr(v) (repr 1). */
 int kiri_chat_buf_value(struct kiri_chat_render *r, struct kiri_chat_buf *b,
                         struct kiri_chat_value v, int repr, int depth);
 /* Python's str(v) (Undefined gives ""), as a value. */
 int kiri_chat_to_str(struct kiri_chat_render *r, struct kiri_chat_value v,
                      struct kiri_chat_value *out);
-/* Python's repr of a float (out needs 32 bytes). */
-void kiri_chat_format_float(double d, char *out, size_t cap);
-
-/* ---- chat_template_builtins.c: id is a filter or test id -------------------------------- */
-
-int kiri_chat_filter(struct kiri_chat_render *r, const struct kiri_chat_expr *e, int id,
-                     struct kiri_chat_value in, struct kiri_chat_args *a,
-                     struct kiri_chat_value *out);
-int kiri_chat_test(struct kiri_chat_render *r, const struct kiri_chat_expr *e, int id,
-                   struct kiri_chat_value in, struct kiri_chat_args *a, int *result);
-/* obj.name(args) for strings, dicts and loops; *handled 0 if obj has no such method. */
-int kiri_chat_method(struct kiri_chat_render *r, const struct kiri_chat_expr *e,
-                     struct kiri_chat_value obj, const char *name, size_t len,
-                     struct kiri_chat_args *a, struct kiri_chat_value *out, int *handled);
-int kiri_chat_call_func(struct kiri_chat_render *r, const struct kiri_chat_expr *e, int func,
-                        struct kiri_chat_args *a, struct kiri_chat_value *out);
 
 #endif

@@ -1,0 +1,27 @@
+/* Chat templates: the evaluator. It runs a parsed template (chat_template_parse.h) with the
+ * semantics jinja2 gives it under transformers' settings: statements, expressions and their
+ * operators, indexing and slicing, variable scopes, and the step counting that, with the caps
+ * the values enforce (chat_template_value.h), keeps a hostile template from hanging the render.
+ * Filters, tests, methods and global functions come from chat_template_builtins.h.
+ */
+#ifndef KIRI_CHAT_TEMPLATE_EVAL_H
+#define KIRI_CHAT_TEMPLATE_EVAL_H
+
+#include <stddef.h>
+
+#include "chat_template_parse.h"
+#include "chat_template_value.h"
+
+/* A variable the template starts with; name is NUL-terminated and outlives the render. */
+struct kiri_chat_binding {
+    const char *name;
+    struct kiri_chat_value value;
+};
+
+/* Renders t into out (an output buffer: is_output set) within r's limits, with the variables
+ * vars[0..n_vars) and the global functions. r->src must be t->src. Returns 0 or -1 (r->code). */
+int kiri_chat_eval_run(struct kiri_chat_render *r, const struct kiri_chat_template *t,
+                       const struct kiri_chat_binding *vars, size_t n_vars,
+                       struct kiri_chat_buf *out);
+
+#endif
