@@ -39,11 +39,14 @@ int kiri_buf_reserve(struct kiri_buf *b, size_t n)
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need)
         cap *= 2;
+    if (b->limit && cap - 1 > b->limit)
+        cap = b->limit + 1;   /* a limited buffer never allocates more than it may hold */
     char *d = kiri_mem_realloc(b->data, cap);
     if (!d) {
         b->failed = 1;
         return KIRI_E_NOMEM;
     }
+    d[b->len] = '\0';   /* a first allocation is a string too */
     b->data = d;
     b->cap = cap;
     return KIRI_OK;

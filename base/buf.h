@@ -1,6 +1,7 @@
 /* A growable byte buffer, the one every layer uses to build text (JSON, SSE events, metrics,
  * template output, HTTP requests). The bytes are always NUL-terminated. A buffer may carry a
- * limit: an append that would pass it fails, so no input can make one grow without bound.
+ * limit: an append that would pass it fails, so no input can make one grow without bound (nor
+ * allocate more than limit + 1 bytes).
  *
  * Invariants: data is NULL or holds len + 1 <= cap bytes with data[len] == 0; after a failed
  * append the contents are unchanged and failed is set, so a caller may check once at the end. */
