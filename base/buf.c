@@ -95,6 +95,18 @@ int kiri_buf_printf(struct kiri_buf *b, const char *fmt, ...)
     return rc;
 }
 
+void kiri_buf_drop(struct kiri_buf *b, size_t n)
+{
+    if (n >= b->len) {
+        b->len = 0;
+    } else {
+        memmove(b->data, b->data + n, b->len - n);
+        b->len -= n;
+    }
+    if (b->data)
+        b->data[b->len] = '\0';
+}
+
 char *kiri_buf_take(struct kiri_buf *b, size_t *len)
 {
     if (!b->data && kiri_buf_reserve(b, 0) < 0)

@@ -46,6 +46,19 @@ static void test_buf_append(void)
     CHECK_EQ_INT(b.len, 301);
     CHECK_EQ_INT(b.data[300], '>');
 
+    /* Dropping what a parser has used keeps the rest, still a string. */
+    struct kiri_buf d = {0};
+    kiri_buf_puts(&d, "event one\n\nrest");
+    kiri_buf_drop(&d, 11);
+    CHECK_EQ_INT(d.len, 4);
+    CHECK_STR(d.data, "rest");
+    kiri_buf_drop(&d, 99);
+    CHECK_EQ_INT(d.len, 0);
+    CHECK_STR(d.data, "");
+    kiri_buf_free(&d);
+    kiri_buf_drop(&d, 1);   /* nothing allocated: nothing to do */
+    CHECK(d.data == NULL && d.len == 0);
+
     size_t n = 1;
     char *s = kiri_buf_take(&b, &n);
     CHECK_EQ_INT(n, 301);
