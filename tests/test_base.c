@@ -383,6 +383,14 @@ static void test_hex(void)
     CHECK_EQ_INT(kiri_hex_decode("abc", out, 2), -1);           /* too short: stops at the NUL */
     CHECK_EQ_INT(kiri_hex_decode("", out, 1), -1);
 
+    /* The string form: exactly 2 * n digits, no more, no fewer. */
+    CHECK_EQ_INT(kiri_hex_decode_str("00017f80abff", out, 6), 0);
+    CHECK(memcmp(out, b, 6) == 0);
+    CHECK_EQ_INT(kiri_hex_decode_str("00017f80abff0", out, 6), -1);
+    CHECK_EQ_INT(kiri_hex_decode_str("00017f80abf", out, 6), -1);
+    CHECK_EQ_INT(kiri_hex_decode_str("00017f80abfz", out, 6), -1);
+    CHECK_EQ_INT(kiri_hex_decode_str(NULL, out, 6), -1);
+
     /* Round trip over every byte value. */
     uint8_t all[256], back[256];
     char text[513];
