@@ -15,6 +15,7 @@
 #include "kiri.h"
 #include "manifest.h"
 #include "mem.h"
+#include "names.h"
 #include "oci.h"
 #include "net_platform.h"
 
@@ -499,7 +500,7 @@ static int name_from(const char *ref, int is_url, const struct kiri_oci_ref *r, 
             return -1;
         memcpy(out, tmp, strlen(tmp) + 1);
     }
-    return kiri_manifest_name_ok(out) ? 0 : -1;
+    return kiri_model_name_ok(out, strlen(out)) ? 0 : -1;
 }
 
 static int cmd_pull(struct opts *o)
@@ -529,7 +530,7 @@ static int cmd_pull(struct opts *o)
         return 2;
     }
     char name[KIRI_MANIFEST_MAX_NAME + 1], file[KIRI_MANIFEST_MAX_NAME + 6];
-    if (o->name ? !kiri_manifest_name_ok(o->name) : name_from(ref, is_url, &oref, name, sizeof name) != 0) {
+    if (o->name ? !kiri_model_name_ok(o->name, strlen(o->name)) : name_from(ref, is_url, &oref, name, sizeof name) != 0) {
         fprintf(stderr, "kiri: error: pull: cannot make a model name from '%s'; pass --name NAME\n", o->name ? o->name : ref);
         return 2;
     }

@@ -10,6 +10,7 @@
 #include "hex.h"
 #include "kiri.h"
 #include "mem.h"
+#include "names.h"
 #include "oci.h"
 #include "net_platform.h"
 
@@ -590,7 +591,7 @@ int kiri_fleet_superseded(const char *models_dir, const struct kiri_manifest *m,
     if (st.root && state_holds(&st, m) && json_is_object(models))
         json_object_foreach(models, key, v) {
             /* The state names files inside the directory only when its names pass as manifest names. */
-            if (n < cap && kiri_manifest_name_ok(key) && !manifest_names(m, key))
+            if (n < cap && kiri_model_name_ok(key, strlen(key)) && !manifest_names(m, key))
                 snprintf(names[n++], sizeof names[0], "%s", key);
         }
     json_decref(st.root);
@@ -602,7 +603,7 @@ int kiri_fleet_remove_superseded(const char *models_dir, const struct kiri_manif
                                  struct kiri_status_info *info)
 {
     kiri_error_clear(info);
-    if (!kiri_manifest_name_ok(name) || manifest_names(m, name))
+    if (!kiri_model_name_ok(name, strlen(name)) || manifest_names(m, name))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "%.64s is not a superseded model", name);
     char *lock_path = path_join(models_dir, KIRI_FLEET_LOCK_FILE);
     if (!lock_path)

@@ -164,21 +164,6 @@ static int url_ok(const char *s, size_t len, const char *const *schemes, size_t 
     return 0;
 }
 
-static int name_ok(const char *s, size_t len)
-{
-    if (len == 0 || len > KIRI_MANIFEST_MAX_NAME || strlen(s) != len || s[0] == '.')
-        return 0;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-              c == '_' || c == '-'))
-            return 0;
-    }
-    return 1;
-}
-
-int kiri_manifest_name_ok(const char *s) { return name_ok(s, strlen(s)); }
-
 static const char *const https_only[] = {"https://", NULL};
 static const char *const model_schemes[] = {"https://", "oci://", NULL};
 
@@ -221,7 +206,7 @@ static int parse_model(json_t *e, int i, struct kiri_manifest_model *m, struct k
            *size = json_object_get(e, "size"), *hash = json_object_get(e, "sha256"),
            *type = json_object_get(e, "type");
     snprintf(f, sizeof f, "models[%d].name", i);
-    if (!json_is_string(name) || !name_ok(json_string_value(name), json_string_length(name)))
+    if (!json_is_string(name) || !kiri_model_name_ok(json_string_value(name), json_string_length(name)))
         return kiri_error_at(info, KIRI_E_INVALID_ARG, f, -1,
                              "%s must be 1..64 characters of A-Z a-z 0-9 . _ - not starting with '.'", f);
     snprintf(m->name, sizeof m->name, "%s", json_string_value(name));
