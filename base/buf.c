@@ -39,13 +39,14 @@ int kiri_buf_reserve(struct kiri_buf *b, size_t n)
     size_t cap = b->cap ? b->cap : 64;
     while (cap < need)
         cap *= 2;
+    if (b->limit && cap - 1 > b->limit)
+        cap = b->limit + 1;   /* a limited buffer never allocates more than it may hold */
     char *d = kiri_mem_realloc(b->data, cap);
     if (!d) {
         b->failed = 1;
         return KIRI_E_NOMEM;
     }
-    if (!b->data)
-        d[b->len] = '\0'; /* keeps the invariant for a buffer that had no memory yet */
+    d[b->len] = '\0';   /* a first allocation is a string too */
     b->data = d;
     b->cap = cap;
     return KIRI_OK;
@@ -92,6 +93,18 @@ int kiri_buf_printf(struct kiri_buf *b, const char *fmt, ...)
     const int rc = kiri_buf_vprintf(b, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+void kiri_buf_drop(struct kiri_buf *b, size_t n)
+{
+    if (n >= b->len) {
+        b->len = 0;
+    } else {
+        memmove(b->data, b->data + n, b->len - n);
+        b->len -= n;
+    }
+    if (b->data)
+        b->data[b->len] = '\0';
 }
 
 char *kiri_buf_take(struct kiri_buf *b, size_t *len)

@@ -1,6 +1,7 @@
 /* A growable byte buffer, the one every layer uses to build text (JSON, SSE events, metrics,
  * template output, HTTP requests). The bytes are always NUL-terminated. A buffer may carry a
- * limit: an append that would pass it fails, so no input can make one grow without bound.
+ * limit: an append that would pass it fails, so no input can make one grow without bound (nor
+ * allocate more than limit + 1 bytes).
  *
  * Invariants: data is NULL or holds len + 1 <= cap bytes with data[len] == 0; after a failed
  * append the contents are unchanged and failed is set, so a caller may check once at the end. */
@@ -29,6 +30,8 @@ int kiri_buf_puts(struct kiri_buf *b, const char *s);
 int kiri_buf_putc(struct kiri_buf *b, char c);
 int kiri_buf_printf(struct kiri_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int kiri_buf_vprintf(struct kiri_buf *b, const char *fmt, va_list ap);
+/* Removes the first n bytes (at most len), as a stream parser does with what it has used. */
+void kiri_buf_drop(struct kiri_buf *b, size_t n);
 /* Hands the bytes to the caller (free with kiri_mem_free; never NULL unless out of memory) and
  * leaves the buffer empty. */
 char *kiri_buf_take(struct kiri_buf *b, size_t *len);

@@ -1,5 +1,7 @@
 #include "hex.h"
 
+#include <string.h>
+
 void kiri_hex_encode(const uint8_t *b, size_t n, char *out)
 {
     static const char digits[] = "0123456789abcdef";
@@ -30,4 +32,9 @@ int kiri_hex_decode(const char *s, uint8_t *out, size_t n)
         out[i] = (uint8_t)(hi << 4 | lo);
     }
     return 0;
+}
+
+int kiri_hex_decode_str(const char *s, uint8_t *out, size_t n)
+{
+    return s && strlen(s) == 2 * n ? kiri_hex_decode(s, out, n) : -1;
 }

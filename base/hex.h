@@ -11,5 +11,7 @@ void kiri_hex_encode(const uint8_t *b, size_t n, char *out);
 int kiri_hex_digit(char c);
 /* Decodes exactly 2 * n digits of s into n bytes. Returns 0, or -1 on a non-digit. */
 int kiri_hex_decode(const char *s, uint8_t *out, size_t n);
+/* The same for a NUL-terminated s that must be exactly 2 * n digits long (a digest as text). */
+int kiri_hex_decode_str(const char *s, uint8_t *out, size_t n);
 
 #endif

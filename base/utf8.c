@@ -41,6 +41,10 @@ int kiri_utf8_valid(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
+        if (u[i] < 0x80) {   /* the common case, without the call */
+            i++;
+            continue;
+        }
         const int k = kiri_utf8_check(u + i, n - i);
         if (k <= 0)
             return 0;

@@ -10,10 +10,12 @@
 #include "download.h"
 #include "error.h"
 #include "fleet.h"
+#include "hex.h"
 #include "https.h"
 #include "kiri.h"
 #include "manifest.h"
 #include "mem.h"
+#include "names.h"
 #include "oci.h"
 #include "net_platform.h"
 
@@ -498,20 +500,7 @@ static int name_from(const char *ref, int is_url, const struct kiri_oci_ref *r, 
             return -1;
         memcpy(out, tmp, strlen(tmp) + 1);
     }
-    return kiri_manifest_name_ok(out) ? 0 : -1;
-}
-
-static int parse_hex32(const char *s, uint8_t out[32])
-{
-    if (!s || strlen(s) != 64)
-        return -1;
-    for (int i = 0; i < 32; i++) {
-        unsigned v;
-        if (sscanf(s + 2 * i, "%2x", &v) != 1)
-            return -1;
-        out[i] = (uint8_t)v;
-    }
-    return 0;
+    return kiri_model_name_ok(out, strlen(out)) ? 0 : -1;
 }
 
 static int cmd_pull(struct opts *o)
@@ -532,7 +521,7 @@ static int cmd_pull(struct opts *o)
         fprintf(stderr, "kiri: error: pull: '%s' is neither an https:// URL nor an OCI reference host[:port]/repo[:tag]\n", ref);
         return 2;
     }
-    if (o->sha256 && parse_hex32(o->sha256, want) != 0) {
+    if (o->sha256 && kiri_hex_decode_str(o->sha256, want, 32) != 0) {
         fprintf(stderr, "kiri: error: --sha256 needs 64 hex digits\n");
         return 2;
     }
@@ -541,7 +530,7 @@ static int cmd_pull(struct opts *o)
         return 2;
     }
     char name[KIRI_MANIFEST_MAX_NAME + 1], file[KIRI_MANIFEST_MAX_NAME + 6];
-    if (o->name ? !kiri_manifest_name_ok(o->name) : name_from(ref, is_url, &oref, name, sizeof name) != 0) {
+    if (o->name ? !kiri_model_name_ok(o->name, strlen(o->name)) : name_from(ref, is_url, &oref, name, sizeof name) != 0) {
         fprintf(stderr, "kiri: error: pull: cannot make a model name from '%s'; pass --name NAME\n", o->name ? o->name : ref);
         return 2;
     }
@@ -614,8 +603,8 @@ static int cmd_pull(struct opts *o)
 out:
     if (o->json) {
         char hex[65] = "";
-        for (int i = 0; i < 32 && dr.size; i++)
-            snprintf(hex + 2 * i, 3, "%02x", dr.sha256[i]);
+        if (dr.size)
+            kiri_hex_encode(dr.sha256, 32, hex);
         print_json(json_pack("{s:s, s:s, s:s, s:I, s:s, s:s, s:s, s:o}", "file", file, "status",
                              rc == KIRI_OK ? (installed_already ? "unchanged" : "installed") : "failed", "sha256", hex,
                              "size", (json_int_t)dr.size, "error_field", rc == KIRI_OK ? "" : info.field, "error",

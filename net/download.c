@@ -18,6 +18,7 @@
 #include "https.h"
 #include "kiri.h"
 #include "mem.h"
+#include "names.h"
 #include "net_platform.h"
 
 #define READ_CHUNK (1u << 20)
@@ -256,11 +257,6 @@ static int install(struct job *j, struct kiri_status_info *info)
  * The retry loop
  * ------------------------------------------------------------------------------------------- */
 
-static int name_ok(const char *s)
-{
-    return *s && *s != '.' && !strchr(s, '/') && strlen(s) <= 200;
-}
-
 /* Sleeps seconds in slices, returning early (non-zero) when cancelled. */
 static int nap(const struct job *j, double seconds)
 {
@@ -298,7 +294,7 @@ int kiri_download_install(struct kiri_https_client *client, const struct kiri_do
 {
     memset(res, 0, sizeof *res);
     const double t0 = kiri_platform_now();
-    if (!req->url || !req->dir || !req->name || !name_ok(req->name) || req->size == 0)
+    if (!req->url || !req->dir || !req->name || !kiri_model_file_ok(req->name) || req->size == 0)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "download: bad request (url, dir, name and size are needed)");
     struct job j;
     memset(&j, 0, sizeof j);
@@ -484,7 +480,7 @@ int kiri_download_file_sha256(const char *path, uint8_t out[32], struct kiri_sta
 int kiri_download_install_local(const char *src, const struct kiri_download_request *req,
                                 struct kiri_status_info *info)
 {
-    if (!req->dir || !req->name || !name_ok(req->name))
+    if (!req->dir || !req->name || !kiri_model_file_ok(req->name))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "install: bad request (dir and name are needed)");
     uint64_t size = 0;
     int rc = kiri_platform_file_size(src, &size, info);

@@ -32,7 +32,7 @@ struct kiri_download_request {
     const char *url;                /* https:// */
     const char *const *headers;     /* extra request headers (NULL-terminated), or NULL */
     const char *dir;                /* the models directory */
-    const char *name;               /* the file name inside dir: no '/', not starting with '.' */
+    const char *name;               /* the file name inside dir: NAME.gguf, NAME a model name (names.h) */
     uint8_t sha256[32];             /* the expected hash */
     uint64_t size;                  /* the expected length in bytes (>= 1) */
     uint64_t disk_margin;           /* free bytes that must remain after the download */

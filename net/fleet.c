@@ -7,8 +7,10 @@
 #include <string.h>
 
 #include "error.h"
+#include "hex.h"
 #include "kiri.h"
 #include "mem.h"
+#include "names.h"
 #include "oci.h"
 #include "net_platform.h"
 
@@ -40,29 +42,6 @@ static char *path_join(const char *dir, const char *name)
         memcpy(p + a + 1, name, b + 1);
     }
     return p;
-}
-
-static void hex32(const uint8_t *b, char *out)
-{
-    static const char d[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = d[b[i] >> 4];
-        out[2 * i + 1] = d[b[i] & 15];
-    }
-    out[64] = '\0';
-}
-
-static int unhex32(const char *s, uint8_t *out)
-{
-    if (!s || strlen(s) != 64)
-        return -1;
-    for (int i = 0; i < 32; i++) {
-        unsigned v;
-        if (sscanf(s + 2 * i, "%2x", &v) != 1)
-            return -1;
-        out[i] = (uint8_t)v;
-    }
-    return 0;
 }
 
 void kiri_fleet_options_default(struct kiri_fleet_options *o)
@@ -106,7 +85,7 @@ static int state_read(const char *dir, struct state *st, struct kiri_status_info
         json_t *v = json_object_get(st->root, "version"), *h = json_object_get(st->root, "manifest_sha256");
         uint8_t tmp[32];
         if (!json_is_object(st->root) || !json_is_integer(v) || json_integer_value(v) < 1 || !json_is_string(h) ||
-            unhex32(json_string_value(h), tmp) != 0) {
+            kiri_hex_decode_str(json_string_value(h), tmp, 32) != 0) {
             /* Fail closed: a state that cannot be read must not reset the high-water mark. */
             json_decref(st->root);
             st->root = NULL;
@@ -126,7 +105,7 @@ static void state_policy(const struct state *st, struct kiri_manifest_policy *p)
         return;
     p->have_current = 1;
     p->current_version = (uint64_t)json_integer_value(json_object_get(st->root, "version"));
-    unhex32(json_string_value(json_object_get(st->root, "manifest_sha256")), p->current_sha256);
+    kiri_hex_decode_str(json_string_value(json_object_get(st->root, "manifest_sha256")), p->current_sha256, 32);
     json_t *f = json_object_get(st->root, "time_floor");
     p->time_floor = json_is_integer(f) ? (int64_t)json_integer_value(f) : 0;
 }
@@ -433,7 +412,7 @@ int kiri_fleet_sync(const struct kiri_fleet_options *o, struct kiri_fleet_report
         json_t *root = st.root ? json_deep_copy(st.root) : json_object();
         int64_t floor = pol.time_floor > m->issued ? pol.time_floor : m->issued;
         char hex[65];
-        hex32(m->sha256, hex);
+        kiri_hex_encode(m->sha256, 32, hex);
         if (!root || json_object_set_new(root, "version", json_integer((json_int_t)m->version)) ||
             json_object_set_new(root, "manifest_sha256", json_string(hex)) ||
             json_object_set_new(root, "time_floor", json_integer((json_int_t)floor)) ||
@@ -612,7 +591,7 @@ int kiri_fleet_superseded(const char *models_dir, const struct kiri_manifest *m,
     if (st.root && state_holds(&st, m) && json_is_object(models))
         json_object_foreach(models, key, v) {
             /* The state names files inside the directory only when its names pass as manifest names. */
-            if (n < cap && kiri_manifest_name_ok(key) && !manifest_names(m, key))
+            if (n < cap && kiri_model_name_ok(key, strlen(key)) && !manifest_names(m, key))
                 snprintf(names[n++], sizeof names[0], "%s", key);
         }
     json_decref(st.root);
@@ -624,7 +603,7 @@ int kiri_fleet_remove_superseded(const char *models_dir, const struct kiri_manif
                                  struct kiri_status_info *info)
 {
     kiri_error_clear(info);
-    if (!kiri_manifest_name_ok(name) || manifest_names(m, name))
+    if (!kiri_model_name_ok(name, strlen(name)) || manifest_names(m, name))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "%.64s is not a superseded model", name);
     char *lock_path = path_join(models_dir, KIRI_FLEET_LOCK_FILE);
     if (!lock_path)

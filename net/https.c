@@ -21,6 +21,7 @@
 #include "mbedtls/x509_crt.h"
 #include "psa/crypto.h"
 
+#include "buf.h"
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
@@ -869,8 +870,9 @@ static int method_ok(const char *m)
     return n > 0;
 }
 
-/* Builds the request head into out (cap bytes): 0, or -1 when it does not fit. */
-static int build_request(char *out, size_t cap, const char *host, int port, int tls, const char *path,
+/* Builds the request head into out (emptied first; its limit is the most a head may take): 0, or
+ * -1 when it does not fit. */
+static int build_request(struct kiri_buf *out, const char *host, int port, int tls, const char *path,
                          const struct kiri_https_request *req, const struct send_parts *sp, int same_host_as_origin)
 {
     const int v6 = strchr(host, ':') != NULL;
@@ -879,33 +881,29 @@ static int build_request(char *out, size_t cap, const char *host, int port, int 
         snprintf(hostport, sizeof hostport, "%s%s%s", v6 ? "[" : "", host, v6 ? "]" : "");
     else
         snprintf(hostport, sizeof hostport, "%s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", port);
-    size_t n = (size_t)snprintf(out, cap,
-                                "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: kiri/%s\r\nAccept-Encoding: identity\r\n"
-                                "Connection: close\r\n",
-                                sp->method, path, hostport, KIRI_VERSION_STRING);
-    if (n >= cap)
-        return -1;
+    kiri_buf_clear(out);
+    kiri_buf_printf(out,
+                    "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: kiri/%s\r\nAccept-Encoding: identity\r\n"
+                    "Connection: close\r\n",
+                    sp->method, path, hostport, KIRI_VERSION_STRING);
     /* A body is always framed by Content-Length (never chunked), and so is an empty POST. */
     if (sp->body || (strcmp(sp->method, "GET") != 0 && strcmp(sp->method, "HEAD") != 0))
-        n += (size_t)snprintf(out + n, cap - n, "Content-Length: %zu\r\n", sp->body ? sp->body_len : 0);
-    if (n < cap && sp->body)
-        n += (size_t)snprintf(out + n, cap - n, "Content-Type: %s\r\n", sp->content_type);
-    if (n >= cap)
-        return -1;
+        kiri_buf_printf(out, "Content-Length: %zu\r\n", sp->body ? sp->body_len : 0);
+    if (sp->body)
+        kiri_buf_printf(out, "Content-Type: %s\r\n", sp->content_type);
     if (req->range_start > 0) {
-        n += (size_t)snprintf(out + n, cap - n, "Range: bytes=%llu-\r\n", (unsigned long long)req->range_start);
-        if (n < cap && req->if_range && *req->if_range)
-            n += (size_t)snprintf(out + n, cap - n, "If-Range: %s\r\n", req->if_range);
+        kiri_buf_printf(out, "Range: bytes=%llu-\r\n", (unsigned long long)req->range_start);
+        if (req->if_range && *req->if_range)
+            kiri_buf_printf(out, "If-Range: %s\r\n", req->if_range);
     }
-    for (const char *const *hp = req->headers; hp && *hp && n < cap; hp++) {
+    for (const char *const *hp = req->headers; hp && *hp && !out->failed; hp++) {
         /* Credentials stay with the host they were meant for. */
         if (!same_host_as_origin && (strncasecmp(*hp, "authorization:", 14) == 0 || strncasecmp(*hp, "cookie:", 7) == 0))
             continue;
-        n += (size_t)snprintf(out + n, cap - n, "%s\r\n", *hp);
+        kiri_buf_printf(out, "%s\r\n", *hp);
     }
-    if (n < cap)
-        n += (size_t)snprintf(out + n, cap - n, "\r\n");
-    return n < cap ? 0 : -1;
+    kiri_buf_puts(out, "\r\n");
+    return out->failed ? -1 : 0;
 }
 
 /* One request, following redirects unless it carries a body; kiri_https_get and _send. */
@@ -921,7 +919,9 @@ static int run(struct kiri_https_client *c, const struct kiri_https_request *req
     if (req->if_range && strpbrk(req->if_range, "\r\n"))
         return fail(resp, KIRI_HTTPS_URL, info, KIRI_E_INVALID_ARG, "header", "malformed If-Range value%s%s", "", "");
 
-    char origin[256], host[256], *path = kiri_mem_alloc(KIRI_HTTPS_MAX_URL), *request = kiri_mem_alloc(16384);
+    char origin[256], host[256], *path = kiri_mem_alloc(KIRI_HTTPS_MAX_URL);
+    struct kiri_buf request;
+    kiri_buf_init(&request, 16383);   /* a head of under 16 KiB */
     char (*visited)[KIRI_HTTPS_MAX_URL] = kiri_mem_calloc(KIRI_HTTPS_MAX_REDIRECTS + 1, KIRI_HTTPS_MAX_URL);
     struct head *h = kiri_mem_alloc(sizeof *h);
     struct conn k;
@@ -930,7 +930,7 @@ static int run(struct kiri_https_client *c, const struct kiri_https_request *req
     k.c = c;
     k.buf = kiri_mem_alloc(BUF_SIZE);
     int rc = KIRI_OK, port = 0;
-    if (!path || !request || !visited || !h || !k.buf) {
+    if (!path || !visited || !h || !k.buf) {
         rc = fail(resp, KIRI_HTTPS_NOMEM, info, KIRI_E_NOMEM, "", "out of memory for a request%s%s", "", "");
         goto done;
     }
@@ -942,7 +942,7 @@ static int run(struct kiri_https_client *c, const struct kiri_https_request *req
     for (int hop = 0;; hop++) {
         memcpy(visited[hop], resp->url, KIRI_HTTPS_MAX_URL);
         kiri_https_parse_url_any(resp->url, &k.tls, host, sizeof host, &port, path, KIRI_HTTPS_MAX_URL);
-        if (build_request(request, 16384, host, port, k.tls, path, req, sp, strcasecmp(host, origin) == 0) != 0) {
+        if (build_request(&request, host, port, k.tls, path, req, sp, strcasecmp(host, origin) == 0) != 0) {
             rc = fail(resp, KIRI_HTTPS_URL, info, KIRI_E_INVALID_ARG, "header", "request head over 16 KiB%s%s", "", "");
             break;
         }
@@ -954,7 +954,7 @@ static int run(struct kiri_https_client *c, const struct kiri_https_request *req
         k.pos = k.len = 0;
         k.eof = k.in_body = k.timed_out = k.slow = k.cancelled = k.reset = 0;
         if ((k.tls && (rc = handshake(&k, host, resp, info)) != KIRI_OK) ||
-            (rc = write_all(&k, request, strlen(request), resp, host, info)) != KIRI_OK ||
+            (rc = write_all(&k, request.data, request.len, resp, host, info)) != KIRI_OK ||
             (sp->body && sp->body_len && (rc = write_all(&k, sp->body, sp->body_len, resp, host, info)) != KIRI_OK) ||
             (rc = read_head(&k, h, resp, host, info)) != KIRI_OK)
             break;
@@ -1020,7 +1020,7 @@ done:
     kiri_mem_free(k.buf);
     kiri_mem_free(h);
     kiri_mem_free(visited);
-    kiri_mem_free(request);
+    kiri_buf_free(&request);
     kiri_mem_free(path);
     return rc;
 }
@@ -1060,49 +1060,30 @@ int kiri_https_send(struct kiri_https_client *c, const struct kiri_https_request
  * Small documents
  * ------------------------------------------------------------------------------------------- */
 
-struct grow {
-    char *p;
-    size_t n, cap;
-};
-
-static int grow_append(void *user, const struct kiri_https_response *resp, const void *data, size_t n)
+static int collect_body(void *user, const struct kiri_https_response *resp, const void *data, size_t n)
 {
     (void)resp;
-    struct grow *g = user;
-    if (g->n + n + 1 > g->cap) {
-        size_t cap = g->cap ? g->cap : 4096;
-        while (cap < g->n + n + 1)
-            cap *= 2;
-        char *q = kiri_mem_realloc(g->p, cap);
-        if (!q)
-            return 1;
-        g->p = q;
-        g->cap = cap;
-    }
-    memcpy(g->p + g->n, data, n);
-    g->n += n;
-    g->p[g->n] = '\0';
-    return 0;
+    return kiri_buf_append(user, data, n) != KIRI_OK;   /* non-zero aborts the transfer */
 }
 
 int kiri_https_get_small(struct kiri_https_client *c, const char *url, const char *const *headers, size_t max,
                          char **out, size_t *out_len, struct kiri_https_response *resp,
                          struct kiri_status_info *info)
 {
-    struct grow g = {NULL, 0, 0};
+    /* The client cuts the body at max (KIRI_HTTPS_TOO_LARGE) before the buffer's own limit. */
+    struct kiri_buf body;
+    kiri_buf_init(&body, max);
     struct kiri_https_request req = {.url = url, .headers = headers, .max_body = max};
-    int rc = kiri_https_get(c, &req, grow_append, &g, resp, info);
+    int rc = kiri_https_get(c, &req, collect_body, &body, resp, info);
     if (rc == KIRI_E_CANCELLED && resp->failure == KIRI_HTTPS_ABORTED)
         rc = kiri_error_set(info, KIRI_E_NOMEM, "out of memory reading %.200s", url);
     if (rc != KIRI_OK || resp->status < 200 || resp->status >= 300) {
-        kiri_mem_free(g.p);
+        kiri_buf_free(&body);
         *out = NULL;
         *out_len = 0;
         return rc;
     }
-    if (!g.p && !(g.p = kiri_mem_calloc(1, 1)))
+    if (!(*out = kiri_buf_take(&body, out_len)))
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory reading %.200s", url);
-    *out = g.p;
-    *out_len = g.n;
     return KIRI_OK;
 }

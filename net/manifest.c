@@ -21,47 +21,13 @@
 #include "mbedtls/sha256.h"
 
 #include "error.h"
+#include "hex.h"
 #include "kiri.h"
 #include "mem.h"
 
 /* ---------------------------------------------------------------------------------------------
- * Small helpers: hex, base64, time
+ * Small helpers: base64, time (hexadecimal is base/hex.h)
  * ------------------------------------------------------------------------------------------- */
-
-static void hex_encode(const uint8_t *b, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[b[i] >> 4];
-        out[2 * i + 1] = digits[b[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Exactly 64 hex digits (either case) into 32 bytes. */
-static int hex_decode32(const char *s, uint8_t out[32])
-{
-    if (strlen(s) != 64)
-        return -1;
-    for (int i = 0; i < 32; i++) {
-        int hi = hex_value(s[2 * i]), lo = hex_value(s[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return -1;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return 0;
-}
 
 /* Strict base64 (RFC 4648 alphabet, padded, no whitespace) into an owned buffer. */
 static int b64_decode(const char *s, size_t len, size_t max_out, uint8_t **out, size_t *out_len)
@@ -198,21 +164,6 @@ static int url_ok(const char *s, size_t len, const char *const *schemes, size_t 
     return 0;
 }
 
-static int name_ok(const char *s, size_t len)
-{
-    if (len == 0 || len > KIRI_MANIFEST_MAX_NAME || strlen(s) != len || s[0] == '.')
-        return 0;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-              c == '_' || c == '-'))
-            return 0;
-    }
-    return 1;
-}
-
-int kiri_manifest_name_ok(const char *s) { return name_ok(s, strlen(s)); }
-
 static const char *const https_only[] = {"https://", NULL};
 static const char *const model_schemes[] = {"https://", "oci://", NULL};
 
@@ -255,7 +206,7 @@ static int parse_model(json_t *e, int i, struct kiri_manifest_model *m, struct k
            *size = json_object_get(e, "size"), *hash = json_object_get(e, "sha256"),
            *type = json_object_get(e, "type");
     snprintf(f, sizeof f, "models[%d].name", i);
-    if (!json_is_string(name) || !name_ok(json_string_value(name), json_string_length(name)))
+    if (!json_is_string(name) || !kiri_model_name_ok(json_string_value(name), json_string_length(name)))
         return kiri_error_at(info, KIRI_E_INVALID_ARG, f, -1,
                              "%s must be 1..64 characters of A-Z a-z 0-9 . _ - not starting with '.'", f);
     snprintf(m->name, sizeof m->name, "%s", json_string_value(name));
@@ -268,9 +219,9 @@ static int parse_model(json_t *e, int i, struct kiri_manifest_model *m, struct k
         return kiri_error_at(info, KIRI_E_INVALID_ARG, f, -1, "%s must be an integer in [1, 2^50]", f);
     m->size = (uint64_t)json_integer_value(size);
     snprintf(f, sizeof f, "models[%d].sha256", i);
-    if (!json_is_string(hash) || hex_decode32(json_string_value(hash), m->sha256) != 0)
+    if (!json_is_string(hash) || kiri_hex_decode_str(json_string_value(hash), m->sha256, 32) != 0)
         return kiri_error_at(info, KIRI_E_INVALID_ARG, f, -1, "%s must be 64 hex digits", f);
-    hex_encode(m->sha256, 32, m->sha256_hex);
+    kiri_hex_encode(m->sha256, 32, m->sha256_hex);
     snprintf(f, sizeof f, "models[%d].type", i);
     if (type && (!json_is_string(type) || strcmp(json_string_value(type), "gguf") != 0))
         return kiri_error_at(info, KIRI_E_UNSUPPORTED, f, -1, "%s: only \"gguf\" models are supported", f);
@@ -404,7 +355,7 @@ static int pk_key_id(mbedtls_pk_context *pk, char out[KIRI_MANIFEST_KEY_ID_LEN +
     uint8_t h[32];
     sha256(der + sizeof der - (size_t)n, (size_t)n, h);
     memcpy(out, "sha256:", 7);
-    hex_encode(h, 32, out + 7);
+    kiri_hex_encode(h, 32, out + 7);
     return 0;
 }
 

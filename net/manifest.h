@@ -23,12 +23,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "names.h"
+
 struct kiri_status_info;
 
 #define KIRI_MANIFEST_MAX_BYTES (1u << 20)          /* manifest bytes, before base64 */
 #define KIRI_MANIFEST_MAX_ENVELOPE (2u << 20)       /* the whole signed envelope */
 #define KIRI_MANIFEST_MAX_MODELS 64
-#define KIRI_MANIFEST_MAX_NAME 64
+#define KIRI_MANIFEST_MAX_NAME KIRI_MODEL_NAME_MAX   /* a name follows base/names.h */
 #define KIRI_MANIFEST_MAX_URL 2048
 #define KIRI_MANIFEST_MAX_KEYS 8
 #define KIRI_MANIFEST_MAX_VERSION ((UINT64_C(1) << 53) - 1)
@@ -64,9 +66,6 @@ struct kiri_manifest {
 int kiri_manifest_parse(const void *json, size_t len, struct kiri_manifest **out,
                         struct kiri_status_info *info);
 void kiri_manifest_free(struct kiri_manifest *m);
-/* Whether s (NUL-terminated) is a model name manifests allow: 1 to KIRI_MANIFEST_MAX_NAME bytes
- * of [A-Za-z0-9._-], not starting with '.', so it can name a file inside a directory. */
-int kiri_manifest_name_ok(const char *s);
 
 /* ---- Pinned public keys ---- */
 

@@ -10,6 +10,7 @@
 #include "mbedtls/sha256.h"
 
 #include "error.h"
+#include "hex.h"
 #include "https.h"
 #include "kiri.h"
 #include "mem.h"
@@ -294,16 +295,6 @@ static int ends_with(const char *s, const char *suffix)
     return a >= b && strcasecmp(s + a - b, suffix) == 0;
 }
 
-static void hex_encode(const uint8_t *b, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = digits[b[i] >> 4];
-        out[2 * i + 1] = digits[b[i] & 15];
-    }
-    out[64] = '\0';
-}
-
 static int pick_layer(json_t *root, struct kiri_oci_blob *b, struct kiri_status_info *info)
 {
     json_t *mt = json_object_get(root, "mediaType"), *sv = json_object_get(root, "schemaVersion");
@@ -344,11 +335,7 @@ static int pick_layer(json_t *root, struct kiri_oci_blob *b, struct kiri_status_
     const char *hex = b->digest + 7;
     if (strncmp(b->digest, "sha256:", 7) != 0 || !hex64(hex))
         return kiri_error_at(info, KIRI_E_UNSUPPORTED, "digest", -1, "layer %d: only sha256 digests are supported", best);
-    for (int k = 0; k < 32; k++) {
-        unsigned v;
-        sscanf(hex + 2 * k, "%2x", &v);
-        b->sha256[k] = (uint8_t)v;
-    }
+    kiri_hex_decode(hex, b->sha256, 32);   /* hex64 checked the digits */
     return KIRI_OK;
 }
 
@@ -397,7 +384,7 @@ int kiri_oci_resolve(struct kiri_https_client *c, const struct kiri_oci_ref *ref
     uint8_t h[32];
     char hex[65];
     mbedtls_sha256((const unsigned char *)body, len, h, 0);
-    hex_encode(h, hex);
+    kiri_hex_encode(h, 32, hex);
     if (ref->digest[0] && strcmp(ref->digest + 7, hex) != 0) {
         rc = kiri_error_at(info, KIRI_E_MODEL_INVALID, "digest", -1,
                            "the manifest's sha256 is %.12s..., not the digest asked for", hex);

@@ -33,6 +33,7 @@
 #include "kiri.h"
 #include "mem.h"
 #include "platform.h"
+#include "utf8.h"
 
 #define MAX_ALIGNMENT 65536u
 
@@ -110,41 +111,11 @@ static int pad_to(uint64_t x, uint64_t a, uint64_t *out)
     return 0;
 }
 
-/* Strict UTF-8: no overlong forms, surrogates or code points above U+10FFFF, and no NUL. */
-static int utf8_valid(const uint8_t *s, size_t n)
+/* Keys and names: valid UTF-8 (base/utf8.h: RFC 3629) without NUL, which would cut them short as
+ * C strings. */
+static int name_text_ok(const uint8_t *s, size_t n)
 {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t b = s[i];
-        if (b == 0)
-            return 0;
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        uint32_t cp, min;
-        if ((b & 0xE0) == 0xC0) {
-            len = 2, cp = b & 0x1Fu, min = 0x80;
-        } else if ((b & 0xF0) == 0xE0) {
-            len = 3, cp = b & 0x0Fu, min = 0x800;
-        } else if ((b & 0xF8) == 0xF0) {
-            len = 4, cp = b & 0x07u, min = 0x10000;
-        } else {
-            return 0;
-        }
-        if (n - i < len)
-            return 0;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80)
-                return 0;
-            cp = cp << 6 | (s[i + k] & 0x3Fu);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return 0;
-        i += len;
-    }
-    return 1;
+    return memchr(s, 0, n) == NULL && kiri_utf8_valid((const char *)s, n);
 }
 
 /* Formats a field name into buf (fields are short; longer names are cut, the message has them). */
@@ -457,7 +428,7 @@ static int parse_kv(struct parser *p, struct kv *kv, int64_t i)
                     "metadata pair %lld: key length %llu exceeds the %zu bytes remaining",
                     (long long)i, (unsigned long long)len, left(p) - 8);
     const uint8_t *k = p->base + at + 8;
-    if (!utf8_valid(k, (size_t)len))
+    if (!name_text_ok(k, (size_t)len))
         return fail(p->info, at + 8, fieldf(fb, sizeof fb, "kv[%lld].key", (long long)i),
                     "metadata pair %lld: the key is not valid UTF-8 or contains NUL", (long long)i);
     kv->key = (const char *)k;
@@ -533,7 +504,7 @@ static int parse_tensor_info(struct parser *p, struct kiri_gguf *g, int64_t i, u
                     "tensor %lld: name length %llu exceeds the %zu bytes remaining", (long long)i,
                     (unsigned long long)len, left(p) - 8);
     const uint8_t *nm = p->base + at + 8;
-    if (!utf8_valid(nm, (size_t)len))
+    if (!name_text_ok(nm, (size_t)len))
         return fail(p->info, at + 8, fieldf(fb, sizeof fb, "tensor[%lld].name", (long long)i),
                     "tensor %lld: the name is not valid UTF-8 or contains NUL", (long long)i);
     t->name = (const char *)nm;
@@ -1108,7 +1079,7 @@ static int put_kv(struct kiri_gguf_writer *w, const char *key, uint32_t type, co
     if (w->state != W_BUILD || !key)
         return KIRI_E_INVALID_ARG;
     size_t klen = strlen(key);
-    if (klen == 0 || klen > KIRI_GGUF_MAX_KEY || !utf8_valid((const uint8_t *)key, klen))
+    if (klen == 0 || klen > KIRI_GGUF_MAX_KEY || !name_text_ok((const uint8_t *)key, klen))
         return KIRI_E_INVALID_ARG;
     size_t align = w->alignment;
     if (strcmp(key, "general.alignment") == 0) {
@@ -1197,7 +1168,7 @@ int kiri_gguf_writer_add_tensor(struct kiri_gguf_writer *w, const char *name, in
     if (w->state != W_BUILD || !name || !ne || n_dims < 1 || n_dims > KIRI_MAX_DIMS)
         return KIRI_E_INVALID_ARG;
     size_t len = strlen(name);
-    if (len == 0 || len >= KIRI_GGUF_MAX_NAME || !utf8_valid((const uint8_t *)name, len))
+    if (len == 0 || len >= KIRI_GGUF_MAX_NAME || !name_text_ok((const uint8_t *)name, len))
         return KIRI_E_INVALID_ARG;
     if (type < 0 || type >= KIRI_TYPE_COUNT || kiri_type_size(type) == 0)
         return KIRI_E_INVALID_ARG;

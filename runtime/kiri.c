@@ -3,7 +3,6 @@
  * and finish reasons exist only there. */
 #include "kiri.h"
 
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -111,64 +110,61 @@ int kiri_model_file_check(const char *path, struct kiri_status_info *info)
     return rc;
 }
 
-static void appendf(char *buf, size_t cap, size_t *used, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void appendf(char *buf, size_t cap, size_t *used, const char *fmt, ...)
+/* The describing texts are built whole in a kiri_buf, then given to the caller's fixed buffer cut
+ * as snprintf cuts (nothing when memory ran out). */
+static void copy_out(struct kiri_buf *b, char *buf, size_t cap)
 {
-    if (*used + 1 >= cap)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + *used, cap - *used, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        *used = *used + (size_t)n < cap ? *used + (size_t)n : cap - 1;
+    const size_t n = b->failed ? 0 : b->len < cap - 1 ? b->len : cap - 1;
+    if (n)
+        memcpy(buf, b->data, n);
+    buf[n] = '\0';
+    kiri_buf_free(b);
 }
 
 void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
 {
-    size_t u = 0;
     if (!cap)
         return;
-    buf[0] = '\0';
-    appendf(buf, cap, &u, "tokenizer:     %s (pre: %s), %d tokens\n", kiri_tokenizer_model_name(m->tokenizer),
+    struct kiri_buf text = {0};
+    kiri_buf_printf(&text, "tokenizer:     %s (pre: %s), %d tokens\n", kiri_tokenizer_model_name(m->tokenizer),
             kiri_tokenizer_pre_name(m->tokenizer), m->hp.n_vocab);
     if (m->vocab_only) {
-        appendf(buf, cap, &u, "weights:       none (vocabulary only)\n");
+        kiri_buf_printf(&text, "weights:       none (vocabulary only)\n");
+        copy_out(&text, buf, cap);
         return;
     }
     const struct kiri_hparams *hp = &m->hp;
-    appendf(buf, cap, &u, "architecture:  %s\n", m->arch_name);
-    appendf(buf, cap, &u, "layers:        %d, embedding %d, feed-forward %d\n", hp->n_layer, hp->n_embd, hp->n_ff);
-    appendf(buf, cap, &u, "attention:     %d heads, %d kv heads, head size %d, rope %s over %d dims, base %g, scale %g\n",
+    kiri_buf_printf(&text, "architecture:  %s\n", m->arch_name);
+    kiri_buf_printf(&text, "layers:        %d, embedding %d, feed-forward %d\n", hp->n_layer, hp->n_embd, hp->n_ff);
+    kiri_buf_printf(&text, "attention:     %d heads, %d kv heads, head size %d, rope %s over %d dims, base %g, scale %g\n",
             hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_mode == KIRI_ROPE_NEOX ? "neox" : "normal",
             hp->n_rot, (double)hp->rope_freq_base, (double)hp->rope_freq_scale);
-    appendf(buf, cap, &u, "context:       %d (trained)\n", hp->n_ctx_train);
+    kiri_buf_printf(&text, "context:       %d (trained)\n", hp->n_ctx_train);
     int count[KIRI_TYPE_COUNT] = {0};
     for (int i = 0; i < m->n_tensors; i++)
         if (m->tensors[i].type >= 0 && m->tensors[i].type < KIRI_TYPE_COUNT)
             count[m->tensors[i].type]++;
-    appendf(buf, cap, &u, "tensor types: ");
+    kiri_buf_printf(&text, "tensor types: ");
     for (int t = 0; t < KIRI_TYPE_COUNT; t++)
         if (count[t])
-            appendf(buf, cap, &u, " %s x%d", kiri_type_name(t), count[t]);
-    appendf(buf, cap, &u, "%s\n", m->output == m->tok_embd ? " (tied embeddings)" : "");
+            kiri_buf_printf(&text, " %s x%d", kiri_type_name(t), count[t]);
+    kiri_buf_printf(&text, "%s\n", m->output == m->tok_embd ? " (tied embeddings)" : "");
     const double mib = 1024.0 * 1024.0;
     const size_t kv_tok = kiri_model_kv_bytes_per_token(m, KIRI_TYPE_F16);
-    appendf(buf, cap, &u, "weights:       %.2f MiB mapped from the file (shared page cache, not copied)\n",
+    kiri_buf_printf(&text, "weights:       %.2f MiB mapped from the file (shared page cache, not copied)\n",
             (double)m->weight_bytes / mib);
-    appendf(buf, cap, &u, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
+    kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
             (double)kv_tok / 1024.0, (double)kv_tok * hp->n_ctx_train / mib);
     const uint64_t scratch = kiri_graph_scratch_bytes(m, 512, 1, 4096);
-    appendf(buf, cap, &u, "memory needed: %.2f MiB resident at the trained context (weights + kv + %.2f MiB scratch)\n",
+    kiri_buf_printf(&text, "memory needed: %.2f MiB resident at the trained context (weights + kv + %.2f MiB scratch)\n",
             ((double)m->weight_bytes + (double)kv_tok * hp->n_ctx_train + (double)scratch) / mib,
             (double)scratch / mib);
     char placement[320];
     kiri_model_describe_placement(m, placement, sizeof placement);
-    appendf(buf, cap, &u, "placement:     %s\n", placement);
-    appendf(buf, cap, &u, "threads:       %d\n", m->threads.n);
-    appendf(buf, cap, &u, "backends:\n%s", m->backend_report);
+    kiri_buf_printf(&text, "placement:     %s\n", placement);
+    kiri_buf_printf(&text, "threads:       %d\n", m->threads.n);
+    kiri_buf_printf(&text, "backends:\n%s", m->backend_report);
+    copy_out(&text, buf, cap);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -438,22 +434,21 @@ static void no_barrier(void *pool) { (void)pool; }
 
 void kiri_system_info(const char *backend, char *buf, size_t cap)
 {
-    size_t u = 0;
     if (!cap)
         return;
-    buf[0] = '\0';
+    struct kiri_buf text = {0};
     const uint32_t f = kiri_platform_cpu_features();
-    appendf(buf, cap, &u, "kiri %s\n", KIRI_VERSION_STRING);
-    appendf(buf, cap, &u, "cpu:           %d cores, features:%s%s%s%s%s%s%s%s\n", kiri_platform_n_cpus(),
+    kiri_buf_printf(&text, "kiri %s\n", KIRI_VERSION_STRING);
+    kiri_buf_printf(&text, "cpu:           %d cores, features:%s%s%s%s%s%s%s%s\n", kiri_platform_n_cpus(),
             f & KIRI_CPU_AVX2 ? " avx2+fma+f16c" : "", f & KIRI_CPU_AVX512 ? " avx512" : "",
             f & KIRI_CPU_AVX512_VNNI ? " avx512-vnni" : "", f & KIRI_CPU_AVX_VNNI ? " avx-vnni" : "",
             f & KIRI_CPU_NEON ? " neon" : "", f & KIRI_CPU_DOTPROD ? " dotprod" : "",
             f & KIRI_CPU_I8MM ? " i8mm" : "", f ? "" : " (portable C only)");
-    appendf(buf, cap, &u, "memory:        %.1f GiB\n", (double)kiri_platform_total_memory() / (1024.0 * 1024.0 * 1024.0));
-    appendf(buf, cap, &u, "compiled-in backends:");
+    kiri_buf_printf(&text, "memory:        %.1f GiB\n", (double)kiri_platform_total_memory() / (1024.0 * 1024.0 * 1024.0));
+    kiri_buf_printf(&text, "compiled-in backends:");
     for (int i = 0; i < kiri_backends_count(); i++)
-        appendf(buf, cap, &u, " %s", kiri_backends_get(i)->name);
-    appendf(buf, cap, &u, "\n");
+        kiri_buf_printf(&text, " %s", kiri_backends_get(i)->name);
+    kiri_buf_printf(&text, "\n");
     struct kiri_backend_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.threads.n = 1;
@@ -467,9 +462,10 @@ void kiri_system_info(const char *backend, char *buf, size_t cap)
     char report[512];
     struct kiri_status_info info;
     const int rc = kiri_backends_pick(backend, &cfg, &iface, &be, report, sizeof report, &info);
-    appendf(buf, cap, &u, "backends:\n%s", report);
+    kiri_buf_printf(&text, "backends:\n%s", report);
     if (rc < 0)
-        appendf(buf, cap, &u, "error: %s\n", info.message);
+        kiri_buf_printf(&text, "error: %s\n", info.message);
     else
         iface->free(be);
+    copy_out(&text, buf, cap);
 }

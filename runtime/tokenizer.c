@@ -13,6 +13,7 @@
 #include "gguf.h"
 #include "kiri.h"
 #include "mem.h"
+#include "utf8.h"
 
 /* ============================================================================================
  * Constants and the tokenizer object
@@ -106,86 +107,14 @@ struct kiri_tokenizer {
  * UTF-8 and the GPT-2 byte mapping
  * ============================================================================================ */
 
-/* Classifies the bytes at s (n >= 1): returns L > 0 when a valid character of L bytes starts
- * there; -k when the first k bytes are a maximal invalid subsequence (to be replaced by one
- * U+FFFD, Unicode's recommended practice); 0 when all n bytes are a valid but unfinished
- * character. */
-static int utf8_check(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    unsigned lo = 0x80, hi = 0xBF;
-    size_t need;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF) {
-        need = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;   /* no surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;   /* nothing above U+10FFFF */
-    } else {
-        return -1;
-    }
-    for (size_t i = 1; i < need; i++) {
-        if (i >= n)
-            return 0;
-        if (s[i] < lo || s[i] > hi)
-            return -(int)i;
-        lo = 0x80;
-        hi = 0xBF;
-    }
-    return (int)need;
-}
+/* UTF-8 itself is base/utf8.h's (RFC 3629; each maximal invalid subsequence is one U+FFFD). */
 
-/* Length of the character whose lead byte is c, for text already known to be valid UTF-8. */
-static size_t utf8_len(unsigned char c)
+/* Length of the character at s[0, n) in text already made valid (1 for a stray byte, so that a
+ * scan always moves on). */
+static size_t char_len(const char *s, size_t n)
 {
-    return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-}
-
-static size_t utf8_put(char *out, uint32_t cp)
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* Decodes one valid character (len from utf8_len). */
-static uint32_t utf8_get(const unsigned char *s, size_t len)
-{
-    switch (len) {
-    case 1: return s[0];
-    case 2: return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3Fu);
-    case 3: return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3Fu);
-    default:
-        return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
-               ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3Fu);
-    }
+    const int k = kiri_utf8_check((const unsigned char *)s, n);
+    return k > 0 ? (size_t)k : 1;
 }
 
 /* GPT-2's byte-level alphabet: printable Latin-1 bytes (0x21-0x7E, 0xA1-0xAC, 0xAE-0xFF) stand for
@@ -640,7 +569,7 @@ static void find_byte_tokens(struct kiri_tokenizer *t)
     if (t->model == MODEL_BPE) {
         for (unsigned b = 0; b < 256; b++) {
             char buf[4];
-            size_t n = utf8_put(buf, t->byte_cp[b]);
+            size_t n = kiri_utf8_encode(t->byte_cp[b], buf);
             t->byte_tok[b] = vocab_find(t, buf, n);
         }
         return;
@@ -689,12 +618,13 @@ static size_t decode_token(const struct kiri_tokenizer *t, int32_t id, char *out
     /* Byte-level BPE: each character of the GPT-2 alphabet is one byte; anything else (a token
      * stored as raw text) passes through unchanged. */
     for (size_t i = 0; i < n;) {
-        int len = utf8_check(s + i, n - i);
+        const int len = kiri_utf8_check(s + i, n - i);
         if (len <= 0) {
             out[o++] = (char)s[i++];
             continue;
         }
-        uint32_t cp = utf8_get(s + i, (size_t)len);
+        uint32_t cp;
+        kiri_utf8_decode((const char *)s + i, (size_t)len, &cp);
         int byte = cp < 324 ? t->cp_byte[cp] : -1;
         if (byte >= 0) {
             out[o++] = (char)byte;
@@ -1084,13 +1014,13 @@ static int spm_fragment(const struct kiri_tokenizer *t, struct scratch *sc, cons
         }
     }
     size_t n_sym = 0;
-    for (size_t i = 0; i < m; i += utf8_len((unsigned char)sc->buf[i]))
+    for (size_t i = 0; i < m; i += char_len(sc->buf + i, m - i))
         n_sym++;
     if (grow((void **)&sc->sym, &sc->sym_cap, n_sym, sizeof *sc->sym) < 0)
         return KIRI_E_NOMEM;
     size_t k = 0;
     for (size_t i = 0; i < m; k++) {
-        size_t len = utf8_len((unsigned char)sc->buf[i]);
+        size_t len = char_len(sc->buf + i, m - i);
         sc->sym[k] = (struct sym){(int32_t)k - 1, k + 1 < n_sym ? (int32_t)k + 1 : -1,
                                   (uint32_t)i, (uint32_t)len, -1};
         i += len;
@@ -1175,7 +1105,7 @@ static int bpe_word(const struct kiri_tokenizer *t, struct scratch *sc, const un
         char mapped[2 * KIRI_TOKENIZER_MAX_TOKEN_LEN];
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
-            m += utf8_put(mapped + m, t->byte_cp[w[i]]);
+            m += kiri_utf8_encode(t->byte_cp[w[i]], mapped + m);
         int32_t id = m <= KIRI_TOKENIZER_MAX_TOKEN_LEN ? vocab_find(t, mapped, m) : -1;
         if (id >= 0 && mergeable(t, id)) {
             emit(sc, id);
@@ -1233,7 +1163,7 @@ static int bpe_split(const struct kiri_tokenizer *t, struct scratch *sc, int lev
         size_t ms = ov[0], me = ov[1];
         if (me <= ms) {
             /* An empty match: search again one character on; the character joins the gap. */
-            from = ms + (ms < n ? utf8_len((unsigned char)s[ms]) : 1);
+            from = ms + (ms < n ? char_len(s + ms, n - ms) : 1);
             continue;
         }
         if (ms > pos && (rc = bpe_split(t, sc, level + 1, s + pos, ms - pos)) < 0)
@@ -1255,37 +1185,18 @@ static int bpe_split(const struct kiri_tokenizer *t, struct scratch *sc, int lev
  * sc->text with each maximal invalid subsequence replaced by U+FFFD. NULL when out of memory. */
 static const char *sanitize(struct scratch *sc, const char *text, size_t len, size_t *out_len)
 {
-    const unsigned char *s = (const unsigned char *)text;
-    size_t i = 0;
-    while (i < len) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        int r = utf8_check(s + i, len - i);
-        if (r <= 0)
-            break;
-        i += (size_t)r;
-    }
     *out_len = len;
-    if (i == len)
+    if (kiri_utf8_valid(text, len))
         return text;
+    /* At most 3 bytes per byte replaced, the unfinished tail (one U+FFFD) included. */
     sc->text = kiri_mem_alloc(3 * len);
     if (!sc->text)
         return NULL;
-    memcpy(sc->text, text, i);
-    size_t o = i;
-    while (i < len) {
-        int r = utf8_check(s + i, len - i);
-        if (r > 0) {
-            memcpy(sc->text + o, s + i, (size_t)r);
-            o += (size_t)r;
-            i += (size_t)r;
-        } else {
-            memcpy(sc->text + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i += r < 0 ? (size_t)-r : len - i;
-        }
+    size_t hold;
+    size_t o = kiri_utf8_repair((const unsigned char *)text, len, sc->text, &hold);
+    if (hold) {
+        memcpy(sc->text + o, KIRI_UTF8_REPLACEMENT, 3);
+        o += 3;
     }
     *out_len = o;
     return sc->text;
@@ -1419,34 +1330,6 @@ int kiri_tokenizer_piece(const struct kiri_tokenizer *t, int32_t id, int render_
     return (int)n;
 }
 
-/* Runs the UTF-8 repair over in[0, n): writes whole characters (and U+FFFD for invalid
- * sequences) to out when out is not NULL, returns the output size, and sets *hold to the number
- * of trailing bytes that start a character not yet complete. */
-static size_t stream_utf8(const unsigned char *in, size_t n, char *out, size_t *hold)
-{
-    size_t i = 0, o = 0;
-    *hold = 0;
-    while (i < n) {
-        int r = utf8_check(in + i, n - i);
-        if (r == 0) {
-            *hold = n - i;
-            break;
-        }
-        if (r > 0) {
-            if (out)
-                memcpy(out + o, in + i, (size_t)r);
-            o += (size_t)r;
-            i += (size_t)r;
-        } else {
-            if (out)
-                memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i += (size_t)-r;
-        }
-    }
-    return o;
-}
-
 int kiri_detok_push(const struct kiri_tokenizer *t, struct kiri_detok_stream *s, int32_t id,
                     int render_special, char *out, size_t cap)
 {
@@ -1460,10 +1343,10 @@ int kiri_detok_push(const struct kiri_tokenizer *t, struct kiri_detok_stream *s,
     memcpy(buf + s->n_pending, p, n);
     n += (size_t)s->n_pending;
     size_t hold;
-    size_t need = stream_utf8(buf, n, NULL, &hold);
+    size_t need = kiri_utf8_repair(buf, n, NULL, &hold);
     if (need > cap || need > INT_MAX)
         return KIRI_E_INVALID_ARG;
-    stream_utf8(buf, n, out, &hold);
+    kiri_utf8_repair(buf, n, out, &hold);
     memcpy(s->pending, buf + n - hold, hold);
     s->n_pending = (int)hold;
     return (int)need;
@@ -1477,7 +1360,7 @@ int kiri_detok_flush(struct kiri_detok_stream *s, char *out, size_t cap)
         return 0;
     if (cap < 3 || !out)
         return KIRI_E_INVALID_ARG;
-    memcpy(out, "\xEF\xBF\xBD", 3);
+    memcpy(out, KIRI_UTF8_REPLACEMENT, 3);
     s->n_pending = 0;
     return 3;
 }

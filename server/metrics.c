@@ -44,15 +44,16 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
 #include "kiri.h"
 #include "mem.h"
 #include "platform.h"
 #include "upstream.h"
+#include "utf8.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Fixed label sets and buckets
@@ -225,62 +226,17 @@ void kiri_metrics_client_disconnect(struct kiri_metrics *m)
  * Text building
  * ------------------------------------------------------------------------------------------- */
 
-struct sb {
-    char *p;        /* owned, NUL-terminated while !failed */
-    size_t n, cap;
-    int failed;     /* an allocation failed; everything after is dropped */
-};
+/* The page is a kiri_buf: an append that fails (out of memory) sets its failed flag, and the
+ * page is then dropped whole rather than served cut short. */
 
-static int sb_reserve(struct sb *b, size_t extra)
-{
-    if (b->failed)
-        return -1;
-    if (b->n + extra + 1 <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + extra + 1)
-        cap *= 2;
-    char *p = kiri_mem_realloc(b->p, cap);
-    if (!p) {
-        b->failed = 1;
-        return -1;
-    }
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static void sb_put(struct sb *b, const char *s, size_t n)
-{
-    if (sb_reserve(b, n))
-        return;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void sb_puts(struct sb *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-__attribute__((format(printf, 2, 3))) static void sb_printf(struct sb *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    /* Every caller formats numbers and fixed names, far below the buffer's size. */
-    if (n > 0)
-        sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-/* The builder's text, or NULL (everything freed) when an allocation failed. */
-static char *sb_finish(struct sb *b)
+/* The page's text, or NULL (everything freed) when an append failed. */
+static char *finish(struct kiri_buf *b)
 {
     if (b->failed) {
-        kiri_mem_free(b->p);
+        kiri_buf_free(b);
         return NULL;
     }
-    return b->p;
+    return kiri_buf_take(b, NULL);
 }
 
 /* Whole numbers without exponent (160, not 1.6e+02); otherwise the shortest decimal that reads
@@ -306,111 +262,71 @@ static void fmt_double(char *buf, size_t cap, double v)
     }
 }
 
-/* Length of the valid UTF-8 sequence at s (n bytes left), or 0 if it is not one: no overlong
- * forms, no surrogates, nothing above U+10FFFF. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t len;
-    unsigned cp, min;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2, cp = c & 0x1F, min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3, cp = c & 0x0F, min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4, cp = c & 0x07, min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return len;
-}
-
-/* A label value as the format wants it: \ " and line feed escaped; bytes that are not valid
- * UTF-8 become '?', since parsers refuse invalid UTF-8 in label values. Owned by the caller. */
-static char *escape_label(const char *s)
+/* Appends a label value as the format wants it: \\ " and line feed escaped; bytes that are not
+ * valid UTF-8 become '?', one each, since parsers refuse invalid UTF-8 in label values. */
+static void put_label(struct kiri_buf *b, const char *s)
 {
     if (!s)
         s = "";
-    size_t n = strlen(s);
-    if (n > (SIZE_MAX - 1) / 2)
-        return NULL;
-    char *out = kiri_mem_alloc(2 * n + 1);
-    if (!out)
-        return NULL;
+    const size_t n = strlen(s);
     const unsigned char *u = (const unsigned char *)s;
-    size_t o = 0;
     for (size_t i = 0; i < n;) {
-        size_t len = utf8_len(u + i, n - i);
-        if (len == 0) {
-            out[o++] = '?';
+        const int len = kiri_utf8_check(u + i, n - i);
+        if (len <= 0) {
+            kiri_buf_putc(b, '?');
             i++;
         } else if (u[i] == '\\' || u[i] == '"') {
-            out[o++] = '\\';
-            out[o++] = (char)u[i++];
+            kiri_buf_putc(b, '\\');
+            kiri_buf_putc(b, (char)u[i++]);
         } else if (u[i] == '\n') {
-            out[o++] = '\\';
-            out[o++] = 'n';
+            kiri_buf_puts(b, "\\n");
             i++;
         } else {
-            memcpy(out + o, u + i, len);
-            o += len;
-            i += len;
+            kiri_buf_append(b, u + i, (size_t)len);
+            i += (size_t)len;
         }
     }
-    out[o] = '\0';
-    return out;
 }
 
 /* HELP texts are fixed strings without backslashes or line feeds, so they need no escaping. */
-static void family(struct sb *b, const char *name, const char *type, const char *help)
+static void family(struct kiri_buf *b, const char *name, const char *type, const char *help)
 {
-    sb_printf(b, "# HELP %s ", name);
-    sb_puts(b, help);
-    sb_printf(b, "\n# TYPE %s %s\n", name, type);
+    kiri_buf_printf(b, "# HELP %s ", name);
+    kiri_buf_puts(b, help);
+    kiri_buf_printf(b, "\n# TYPE %s %s\n", name, type);
 }
 
-static void counter(struct sb *b, const char *name, const char *help, uint64_t v)
+static void counter(struct kiri_buf *b, const char *name, const char *help, uint64_t v)
 {
     family(b, name, "counter", help);
-    sb_printf(b, "%s %" PRIu64 "\n", name, v);
+    kiri_buf_printf(b, "%s %" PRIu64 "\n", name, v);
 }
 
-static void gauge_int(struct sb *b, const char *name, const char *help, int64_t v)
+static void gauge_int(struct kiri_buf *b, const char *name, const char *help, int64_t v)
 {
     family(b, name, "gauge", help);
-    sb_printf(b, "%s %" PRId64 "\n", name, v);
+    kiri_buf_printf(b, "%s %" PRId64 "\n", name, v);
 }
 
-static void gauge_double(struct sb *b, const char *name, const char *help, double v)
+static void gauge_double(struct kiri_buf *b, const char *name, const char *help, double v)
 {
     char num[40];
     fmt_double(num, sizeof num, v);
     family(b, name, "gauge", help);
-    sb_printf(b, "%s %s\n", name, num);
+    kiri_buf_printf(b, "%s %s\n", name, num);
 }
 
-/* One sample with the vLLM labels; labels is the escaped model name. */
-static void vllm_sample(struct sb *b, const char *name, const char *type, const char *help,
+/* One sample with the vLLM labels; model is the served model's name (escaped here). */
+static void vllm_sample(struct kiri_buf *b, const char *name, const char *type, const char *help,
                         const char *model, const char *value)
 {
     family(b, name, type, help);
-    sb_printf(b, "%s{engine=\"0\",model_name=\"", name);
-    sb_puts(b, model);
-    sb_printf(b, "\"} %s\n", value);
+    kiri_buf_printf(b, "%s{engine=\"0\",model_name=\"", name);
+    put_label(b, model);
+    kiri_buf_printf(b, "\"} %s\n", value);
 }
 
-static void histogram(struct sb *b, const char *name, const char *help, const struct hist *h)
+static void histogram(struct kiri_buf *b, const char *name, const char *help, const struct hist *h)
 {
     char num[40];
     family(b, name, "histogram", help);
@@ -418,30 +334,30 @@ static void histogram(struct sb *b, const char *name, const char *help, const st
     for (int i = 0; i < h->n_bounds; i++) {
         cum += h->bucket[i];
         fmt_double(num, sizeof num, h->bounds[i]);
-        sb_printf(b, "%s_bucket{le=\"%s\"} %" PRIu64 "\n", name, num, cum);
+        kiri_buf_printf(b, "%s_bucket{le=\"%s\"} %" PRIu64 "\n", name, num, cum);
     }
-    sb_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->count);
+    kiri_buf_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->count);
     fmt_double(num, sizeof num, h->sum);
-    sb_printf(b, "%s_sum %s\n", name, num);
-    sb_printf(b, "%s_count %" PRIu64 "\n", name, h->count);
+    kiri_buf_printf(b, "%s_sum %s\n", name, num);
+    kiri_buf_printf(b, "%s_count %" PRIu64 "\n", name, h->count);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Rendering
  * ------------------------------------------------------------------------------------------- */
 
-static void render_requests(struct sb *b, const struct kiri_metrics *m)
+static void render_requests(struct kiri_buf *b, const struct kiri_metrics *m)
 {
     family(b, "kiri_requests_total", "counter",
            "HTTP requests finished, by route (\"other\" for unknown paths) and status code.");
     for (size_t e = 0; e < N_ENDPOINTS; e++)
         for (size_t s = 0; s < N_STATUS; s++)
             if (m->requests[e][s])
-                sb_printf(b, "kiri_requests_total{endpoint=\"%s\",status=\"%zu\"} %" PRIu64 "\n",
+                kiri_buf_printf(b, "kiri_requests_total{endpoint=\"%s\",status=\"%zu\"} %" PRIu64 "\n",
                           endpoints[e], s, m->requests[e][s]);
 }
 
-static void render_batcher(struct sb *b, const struct kiri_batcher_stats *s, double usage)
+static void render_batcher(struct kiri_buf *b, const struct kiri_batcher_stats *s, double usage)
 {
     gauge_int(b, "kiri_requests_running", "Sequences in the running batch.", s->running);
     gauge_int(b, "kiri_requests_waiting", "Requests queued for a batch slot.", s->waiting);
@@ -464,7 +380,7 @@ static void render_batcher(struct sb *b, const struct kiri_batcher_stats *s, dou
             "Sequences preempted for lack of KV blocks (recomputed later).", s->preemptions);
 }
 
-static void render_vllm(struct sb *b, const struct kiri_metrics *m, const struct kiri_batcher_stats *s,
+static void render_vllm(struct kiri_buf *b, const struct kiri_metrics *m, const struct kiri_batcher_stats *s,
                         double usage, const char *model)
 {
     char num[40];
@@ -480,7 +396,7 @@ static void render_vllm(struct sb *b, const struct kiri_metrics *m, const struct
     vllm_sample(b, "vllm:gpu_cache_usage_perc", "gauge",
                 "KV-cache usage, 1 means 100 percent (vLLM V0 name).", model, num);
     family(b, "vllm:cache_config_info", "gauge", "KV cache configuration in labels (vLLM name).");
-    sb_printf(b, "vllm:cache_config_info{block_size=\"%" PRId32 "\",engine=\"0\",num_gpu_blocks=\"%" PRId32
+    kiri_buf_printf(b, "vllm:cache_config_info{block_size=\"%" PRId32 "\",engine=\"0\",num_gpu_blocks=\"%" PRId32
               "\"} 1\n", s->kv_block_size, s->kv_blocks_total);
     snprintf(num, sizeof num, "%" PRIu64, m->prompt_tokens);
     vllm_sample(b, "vllm:prompt_tokens_total", "counter",
@@ -510,16 +426,13 @@ char *kiri_metrics_render(struct kiri_metrics *m, const struct kiri_batcher_stat
         memset(&zero, 0, sizeof zero);
         s = &zero;
     }
-    char *model = escape_label(model_name);
-    if (!model)
-        return NULL;
     double usage = 0;
     if (s->kv_blocks_total > 0 && s->kv_blocks_used > 0)
         usage = s->kv_blocks_used >= s->kv_blocks_total
                     ? 1.0 : (double)s->kv_blocks_used / (double)s->kv_blocks_total;
 
-    struct sb b = {0};
-    sb_reserve(&b, 12 * 1024);
+    struct kiri_buf b = {0};
+    kiri_buf_reserve(&b, 12 * 1024);
     kiri_platform_mutex_lock(m->lock);
     render_requests(&b, m);
     counter(&b, "kiri_prompt_tokens_total", "Prompt tokens of finished requests.", m->prompt_tokens);
@@ -537,21 +450,21 @@ char *kiri_metrics_render(struct kiri_metrics *m, const struct kiri_batcher_stat
     histogram(&b, "kiri_e2e_request_latency_seconds",
               "Seconds from a request's arrival to its last byte.", &m->e2e);
     render_batcher(&b, s, usage);
-    render_vllm(&b, m, s, usage, model);
+    render_vllm(&b, m, s, usage, model_name);
     kiri_platform_mutex_unlock(m->lock);
-    kiri_mem_free(model);
-    return sb_finish(&b);
+    return finish(&b);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Served models and the fleet
  * ------------------------------------------------------------------------------------------- */
 
-/* The page to append to (owned) as a text builder. */
-static struct sb sb_append(char *page)
+/* The page to append to (owned, from kiri_mem_alloc) as a buffer that holds it: the invariant of
+ * buf.h (data[len] == 0, len + 1 <= cap) is the string's own. */
+static struct kiri_buf page_buf(char *page)
 {
     const size_t n = strlen(page);
-    struct sb b = {page, n, n + 1, 0};
+    struct kiri_buf b = {.data = page, .len = n, .cap = n + 1};
     return b;
 }
 
@@ -559,7 +472,7 @@ char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f
 {
     if (!page)
         return NULL;
-    struct sb b = sb_append(page);
+    struct kiri_buf b = page_buf(page);
     counter(&b, "kiri_model_loads_total", "Models loaded (at start, on demand or by a swap).", f->loads);
     counter(&b, "kiri_model_swaps_total", "Hot-swaps to a new version of a model's file.", f->swaps);
     counter(&b, "kiri_model_load_failures_total",
@@ -573,18 +486,11 @@ char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f
     family(&b, "kiri_model_info", "gauge",
            "One sample per model served: its id, the SHA-256 of its file (empty when unknown) and whether it is loaded.");
     for (int i = 0; i < f->n_models; i++) {
-        char *id = escape_label(f->ids[i]), *sha = escape_label(f->sha256_hex[i]);
-        if (id && sha) {
-            sb_puts(&b, "kiri_model_info{model=\"");
-            sb_puts(&b, id);
-            sb_puts(&b, "\",sha256=\"");
-            sb_puts(&b, sha);
-            sb_printf(&b, "\",loaded=\"%d\"} 1\n", f->is_loaded[i] ? 1 : 0);
-        } else {
-            b.failed = 1;
-        }
-        kiri_mem_free(id);
-        kiri_mem_free(sha);
+        kiri_buf_puts(&b, "kiri_model_info{model=\"");
+        put_label(&b, f->ids[i]);
+        kiri_buf_puts(&b, "\",sha256=\"");
+        put_label(&b, f->sha256_hex[i]);
+        kiri_buf_printf(&b, "\",loaded=\"%d\"} 1\n", f->is_loaded[i] ? 1 : 0);
     }
     if (f->fleet) {
         gauge_int(&b, "kiri_fleet_manifest_version", "Version of the fleet manifest in force (0: none).",
@@ -605,7 +511,7 @@ char *kiri_metrics_render_models(char *page, const struct kiri_metrics_models *f
         counter(&b, "kiri_model_removed_files_total",
                 "Files of superseded models deleted (model and kept previous version).", f->removed_files);
     }
-    return sb_finish(&b);
+    return finish(&b);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -616,11 +522,11 @@ char *kiri_metrics_render_upstream(char *page, const struct kiri_upstream_stats 
 {
     if (!page)
         return NULL;
-    struct sb b = sb_append(page);
+    struct kiri_buf b = page_buf(page);
     family(&b, "kiri_route_requests_total", "counter", "Generation requests by where they were served.");
-    sb_printf(&b, "kiri_route_requests_total{served_by=\"local\"} %" PRIu64 "\n",
+    kiri_buf_printf(&b, "kiri_route_requests_total{served_by=\"local\"} %" PRIu64 "\n",
               u->counts[KIRI_UPSTREAM_SERVED_LOCAL]);
-    sb_printf(&b, "kiri_route_requests_total{served_by=\"upstream\"} %" PRIu64 "\n",
+    kiri_buf_printf(&b, "kiri_route_requests_total{served_by=\"upstream\"} %" PRIu64 "\n",
               u->counts[KIRI_UPSTREAM_SERVED_UPSTREAM]);
     counter(&b, "kiri_route_fallbacks_total", "Requests the upstream could not take that were served locally.",
             u->counts[KIRI_UPSTREAM_FALLBACK]);
@@ -630,7 +536,7 @@ char *kiri_metrics_render_upstream(char *page, const struct kiri_upstream_stats 
     counter(&b, "kiri_upstream_breaker_opens_total", "Times the upstream circuit breaker opened.", u->breaker_opens);
     family(&b, "kiri_upstream_failures_total", "counter", "Forwards the upstream did not answer in full, by reason.");
     for (int i = 0; i < KIRI_UPSTREAM_N_REASONS; i++)
-        sb_printf(&b, "kiri_upstream_failures_total{reason=\"%s\"} %" PRIu64 "\n", u->reason_names[i],
+        kiri_buf_printf(&b, "kiri_upstream_failures_total{reason=\"%s\"} %" PRIu64 "\n", u->reason_names[i],
                   u->failures[i]);
-    return sb_finish(&b);
+    return finish(&b);
 }

@@ -16,6 +16,7 @@
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
+#include "names.h"
 #include "platform.h"
 
 #define LOAD_WAIT_S 120.0    /* longest wait for another thread's load of the same model */
@@ -357,19 +358,6 @@ int kiri_models_add(struct kiri_models *r, const char *id, const char *path, con
     return rc;
 }
 
-static int name_ok(const char *s, size_t n)
-{
-    if (n == 0 || n >= KIRI_MODELS_ID_MAX || s[0] == '.')
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        const char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-              c == '-'))
-            return 0;
-    }
-    return 1;
-}
-
 struct scan {
     struct kiri_models *r;
     const char *dir;
@@ -381,7 +369,7 @@ static int scan_one(void *user, const char *name)
 {
     struct scan *sc = user;
     const size_t n = strlen(name);
-    if (n <= 5 || strcmp(name + n - 5, ".gguf") != 0 || !name_ok(name, n - 5))
+    if (!kiri_model_file_ok(name))
         return 0;
     char path[1024], id[KIRI_MODELS_ID_MAX];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", sc->dir, name) >= sizeof path)

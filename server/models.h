@@ -77,8 +77,8 @@ void kiri_models_stop(struct kiri_models *r);
  * as it is (returns 1). */
 int kiri_models_add(struct kiri_models *r, const char *id, const char *path, const char *sha256_hex,
                     struct kiri_status_info *info);
-/* Adds every DIR/NAME.gguf (a regular file; NAME of [A-Za-z0-9._-], not starting with '.') as
- * model NAME. Returns KIRI_OK, or the directory's error. */
+/* Adds every DIR/NAME.gguf (a regular file; NAME a model name, base/names.h: 1 to 64 bytes of
+ * [A-Za-z0-9._-], not starting with '.') as model NAME. Returns KIRI_OK, or the directory's error. */
 int kiri_models_scan_dir(struct kiri_models *r, const char *dir, struct kiri_status_info *info);
 /* The same, leaving out the n_skip ids in skip (models being removed). */
 int kiri_models_scan_dir_except(struct kiri_models *r, const char *dir, const char *const *skip, int n_skip,

@@ -48,7 +48,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
 #include "mem.h"
+#include "utf8.h"
 
 #define KIRI_API_MAX_DEPTH 64
 #define MAX_LOGIT_BIAS 1024
@@ -118,78 +120,28 @@ void kiri_api_error_set(struct kiri_api_error *e, int status, const char *type, 
  * UTF-8
  * ------------------------------------------------------------------------------------------- */
 
-/* Length of the valid UTF-8 sequence at s[0..n) (1..4), or 0 if it is not one: no overlongs, no
- * surrogates, nothing above U+10FFFF (RFC 3629). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
+/* A copy of s[0..n) with every byte that does not start a valid character replaced by U+FFFD,
+ * one each, as the header says (owned; NULL when out of memory). Writes its length to *out_n. */
+static char *repair_bytes(const char *s, size_t n, size_t *out_n)
 {
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t len;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++)
-        if (s[i] < 0x80 || s[i] > 0xBF)
-            return 0;
-    return len;
-}
-
-static int utf8_valid(const char *s, size_t n)
-{
+    struct kiri_buf b = {0};
+    kiri_buf_reserve(&b, n + 6);
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(u + i, n - i);
-        if (!k)
-            return 0;
-        i += k;
-    }
-    return 1;
-}
-
-/* A copy of s[0..n) with every byte that does not start a valid sequence replaced by U+FFFD
- * (owned; NULL when out of memory). Writes its length to *out_n. */
-static char *utf8_repair(const char *s, size_t n, size_t *out_n)
-{
-    if (n > (SIZE_MAX - 1) / 3)
-        return NULL;
-    char *d = kiri_mem_alloc(3 * n + 1);
-    if (!d)
-        return NULL;
-    const unsigned char *u = (const unsigned char *)s;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(u + i, n - i);
-        if (k) {
-            memcpy(d + o, s + i, k);
-            o += k;
-            i += k;
+        const int k = kiri_utf8_check(u + i, n - i);
+        if (k > 0) {
+            kiri_buf_append(&b, s + i, (size_t)k);
+            i += (size_t)k;
         } else {
-            memcpy(d + o, "\xEF\xBF\xBD", 3);
-            o += 3;
+            kiri_buf_puts(&b, KIRI_UTF8_REPLACEMENT);
             i++;
         }
     }
-    d[o] = '\0';
-    *out_n = o;
-    return d;
+    if (b.failed) {
+        kiri_buf_free(&b);
+        return NULL;
+    }
+    return kiri_buf_take(&b, out_n);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -956,10 +908,10 @@ static json_t *jtext(const char *s, size_t n)
 {
     if (!s)
         return json_string_nocheck("");
-    if (utf8_valid(s, n))
+    if (kiri_utf8_valid(s, n))
         return json_stringn_nocheck(s, n);
     size_t m;
-    char *fixed = utf8_repair(s, n, &m);
+    char *fixed = repair_bytes(s, n, &m);
     if (!fixed)
         return NULL;
     json_t *j = json_stringn_nocheck(fixed, m);

@@ -182,54 +182,46 @@ static int read_body(struct kiri_server *s, struct mg_connection *c, char **out,
         if (strcmp(ri->http_version, "1.1") == 0)
             mg_printf(c, "HTTP/1.1 100 Continue\r\n\r\n");
     }
-    size_t want = ri->content_length >= 0 ? (size_t)ri->content_length : 0, got = 0;
-    size_t capb = ri->content_length >= 0 ? want + 1 : 4096;
-    char *buf = kiri_mem_alloc(capb);
-    if (!buf)
+    /* The buffer's limit is the body's: an append past it is the 413. */
+    const size_t want = ri->content_length >= 0 ? (size_t)ri->content_length : 0;
+    struct kiri_buf body;
+    kiri_buf_init(&body, (size_t)cap);
+    if (kiri_buf_reserve(&body, want) != KIRI_OK)
         return fail(c, 500, "server_error", "", "", "out of memory", "Connection: close\r\n");
+    char chunk[8192];
     for (;;) {
-        if (ri->content_length >= 0 && got == want)
+        if (ri->content_length >= 0 && body.len == want)
             break;
-        if (got > cap) {
-            kiri_mem_free(buf);
-            return fail(c, 413, "invalid_request_error", "", "body_too_large",
-                        "the request body exceeds the size limit", "Connection: close\r\n");
-        }
-        if (got + 1 >= capb) {
-            /* Grow to at most cap + 2 bytes: room for one byte past the limit, and the NUL. */
-            size_t nc = capb * 2 > cap + 2 ? (size_t)cap + 2 : capb * 2;
-            char *nb = kiri_mem_realloc(buf, nc);
-            if (!nb) {
-                kiri_mem_free(buf);
-                return fail(c, 500, "server_error", "", "", "out of memory", "Connection: close\r\n");
-            }
-            buf = nb;
-            capb = nc;
-        }
-        const int r = mg_read(c, buf + got, capb - 1 - got);
+        size_t ask = sizeof chunk;
+        if (ri->content_length >= 0 && want - body.len < ask)
+            ask = want - body.len;
+        const int r = mg_read(c, chunk, ask);
         if (r < 0) {
             /* A broken chunked encoding or a read error: the framing is lost. */
-            kiri_mem_free(buf);
+            kiri_buf_free(&body);
             return fail(c, 400, "invalid_request_error", "", "", "the request body is malformed",
                         "Connection: close\r\n");
         }
         if (r == 0)
             break;
-        got += (size_t)r;
+        const int rc = kiri_buf_append(&body, chunk, (size_t)r);
+        if (rc == KIRI_E_NOMEM) {
+            kiri_buf_free(&body);
+            return fail(c, 500, "server_error", "", "", "out of memory", "Connection: close\r\n");
+        }
+        if (rc != KIRI_OK || body.len > cap) { /* (to kiri_buf a limit of 0 is none) */
+            kiri_buf_free(&body);
+            return fail(c, 413, "invalid_request_error", "", "body_too_large", "the request body exceeds the size limit",
+                        "Connection: close\r\n");
+        }
     }
-    if (got > cap) {
-        kiri_mem_free(buf);
-        return fail(c, 413, "invalid_request_error", "", "body_too_large", "the request body exceeds the size limit",
-                    "Connection: close\r\n");
-    }
-    if (ri->content_length >= 0 && got != want) {
-        kiri_mem_free(buf);
+    if (ri->content_length >= 0 && body.len != want) {
+        kiri_buf_free(&body);
         return fail(c, 400, "invalid_request_error", "", "", "the request body ended early", "Connection: close\r\n");
     }
-    buf[got] = '\0';
     mg_set_user_connection_data(c, (void *)&body_read_mark);
-    *out = buf;
-    *out_len = got;
+    if (!(*out = kiri_buf_take(&body, out_len)))
+        return fail(c, 500, "server_error", "", "", "out of memory", "Connection: close\r\n");
     return 0;
 }
 

@@ -167,11 +167,15 @@ int kiri_upstream_check_json(const char *content_type, const void *body, size_t 
     return 0;
 }
 
-void kiri_upstream_sse_init(struct kiri_upstream_sse *s) { memset(s, 0, sizeof *s); }
+void kiri_upstream_sse_init(struct kiri_upstream_sse *s)
+{
+    memset(s, 0, sizeof *s);
+    kiri_buf_init(&s->event, KIRI_UPSTREAM_MAX_EVENT + 1);
+}
 
 void kiri_upstream_sse_free(struct kiri_upstream_sse *s)
 {
-    kiri_mem_free(s->buf);
+    kiri_buf_free(&s->event);
     memset(s, 0, sizeof *s);
 }
 
@@ -179,8 +183,7 @@ void kiri_upstream_sse_free(struct kiri_upstream_sse *s)
 static int check_event(struct kiri_upstream_sse *s, const char *ev, size_t n, char *why, size_t why_cap)
 {
     /* The data lines joined by '\n', as the SSE specification assembles them. */
-    char *data = NULL;
-    size_t dlen = 0;
+    struct kiri_buf data = {0};
     int has_data = 0, rc = 0;
     for (size_t i = 0; i < n && rc == 0;) {
         const char *line = ev + i, *nl = memchr(line, '\n', n - i);
@@ -197,18 +200,13 @@ static int check_event(struct kiri_upstream_sse *s, const char *ev, size_t n, ch
         if (vn && *v == ' ')
             v++, vn--;
         if (fn == 4 && memcmp(line, "data", 4) == 0) {
-            char *nd = kiri_mem_realloc(data, dlen + vn + 2);
-            if (!nd) {
+            if (has_data)
+                kiri_buf_putc(&data, '\n');
+            if (kiri_buf_append(&data, v, vn) != KIRI_OK || data.failed) {
                 say(why, why_cap, "out of memory reading the upstream's stream");
                 rc = -1;
                 break;
             }
-            data = nd;
-            if (has_data)
-                data[dlen++] = '\n';
-            memcpy(data + dlen, v, vn);
-            dlen += vn;
-            data[dlen] = '\0';
             has_data = 1;
         } else if (!((fn == 5 && memcmp(line, "event", 5) == 0) || (fn == 2 && memcmp(line, "id", 2) == 0) ||
                      (fn == 5 && memcmp(line, "retry", 5) == 0))) {
@@ -217,11 +215,11 @@ static int check_event(struct kiri_upstream_sse *s, const char *ev, size_t n, ch
         }
     }
     if (rc == 0 && has_data) {
-        if (dlen == 6 && memcmp(data, "[DONE]", 6) == 0) {
+        if (data.len == 6 && memcmp(data.data, "[DONE]", 6) == 0) {
             s->done = 1;
         } else {
             json_error_t err;
-            json_t *root = json_loadb(data, dlen, JSON_REJECT_DUPLICATES, &err);
+            json_t *root = json_loadb(data.data ? data.data : "", data.len, JSON_REJECT_DUPLICATES, &err);
             if (!root || !json_is_object(root)) {
                 say(why, why_cap, "an event of the upstream's stream does not hold a JSON object");
                 rc = -1;
@@ -229,7 +227,7 @@ static int check_event(struct kiri_upstream_sse *s, const char *ev, size_t n, ch
             json_decref(root);
         }
     }
-    kiri_mem_free(data);
+    kiri_buf_free(&data);
     return rc;
 }
 
@@ -251,53 +249,42 @@ int kiri_upstream_sse_push(struct kiri_upstream_sse *s, const void *data, size_t
                            void *user, char *why, size_t why_cap)
 {
     const char *p = data;
+    struct kiri_buf *b = &s->event;
     while (n > 0) {
-        /* Take at most what completes the event plus the rest of this call, in bounded steps. */
-        if (s->len == s->cap) {
-            if (s->cap > KIRI_UPSTREAM_MAX_EVENT) {
-                say(why, why_cap, "an event of the upstream's stream is longer than 1 MiB");
-                return -1;
-            }
-            size_t cap = s->cap ? s->cap * 2 : 4096;
-            if (cap > KIRI_UPSTREAM_MAX_EVENT + 1)
-                cap = KIRI_UPSTREAM_MAX_EVENT + 1;
-            char *nb = kiri_mem_realloc(s->buf, cap);
-            if (!nb) {
-                say(why, why_cap, "out of memory reading the upstream's stream");
-                return -1;
-            }
-            s->buf = nb;
-            s->cap = cap;
+        /* Take what fits under the limit, so that an event that never ends is refused in
+         * bounded memory. */
+        if (b->len > KIRI_UPSTREAM_MAX_EVENT) {
+            say(why, why_cap, "an event of the upstream's stream is longer than 1 MiB");
+            return -1;
         }
-        size_t take = s->cap - s->len < n ? s->cap - s->len : n;
-        const size_t old = s->len;
-        memcpy(s->buf + s->len, p, take);
-        s->len += take;
+        const size_t room = KIRI_UPSTREAM_MAX_EVENT + 1 - b->len, take = room < n ? room : n;
+        const size_t old = b->len;
+        if (kiri_buf_append(b, p, take) != KIRI_OK) {
+            say(why, why_cap, "out of memory reading the upstream's stream");
+            return -1;
+        }
         p += take;
         n -= take;
         /* Pass on every whole event now in the buffer (the scan restarts 2 bytes back, where a
          * boundary split across calls may begin). */
         size_t start = 0, from = old > 2 ? old - 2 : 0, end;
-        while ((end = event_end(s->buf, s->len, from > start ? from : start)) != 0) {
-            if (check_event(s, s->buf + start, end - start, why, why_cap) != 0)
+        while ((end = event_end(b->data, b->len, from > start ? from : start)) != 0) {
+            if (check_event(s, b->data + start, end - start, why, why_cap) != 0)
                 return -1;
             s->events++;
-            if (fn && fn(user, s->buf + start, end - start) != 0)
+            if (fn && fn(user, b->data + start, end - start) != 0)
                 return 1;
             start = end;
         }
-        if (start) {
-            memmove(s->buf, s->buf + start, s->len - start);
-            s->len -= start;
-        }
+        kiri_buf_drop(b, start);
     }
     return 0;
 }
 
 int kiri_upstream_sse_finish(const struct kiri_upstream_sse *s, char *why, size_t why_cap)
 {
-    for (size_t i = 0; i < s->len; i++)
-        if (s->buf[i] != '\n' && s->buf[i] != '\r' && s->buf[i] != ' ') {
+    for (size_t i = 0; i < s->event.len; i++)
+        if (s->event.data[i] != '\n' && s->event.data[i] != '\r' && s->event.data[i] != ' ') {
             say(why, why_cap, "the upstream's stream was cut off inside an event");
             return -1;
         }
@@ -610,8 +597,7 @@ struct fwd {
     char why[200];
     char content_type[128];
     struct kiri_upstream_sse sse;
-    char *buf;                  /* M_BUFFER: owned */
-    size_t len, cap;
+    struct kiri_buf body;       /* M_BUFFER: the answer (the HTTPS client keeps it to max_response) */
 };
 
 static int relay_event(void *user, const char *ev, size_t n)
@@ -666,21 +652,11 @@ static int on_body(void *user, const struct kiri_https_response *resp, const voi
             f->bad = 1;
         return r != 0;
     }
-    if (f->len + n + 1 > f->cap) {
-        size_t cap = f->cap ? f->cap : 16384;
-        while (cap < f->len + n + 1)
-            cap *= 2;
-        char *nb = kiri_mem_realloc(f->buf, cap);
-        if (!nb) {
-            f->bad = 1;
-            snprintf(f->why, sizeof f->why, "out of memory buffering the upstream's answer");
-            return 1;
-        }
-        f->buf = nb;
-        f->cap = cap;
+    if (kiri_buf_append(&f->body, data, n) != KIRI_OK) {
+        f->bad = 1;
+        snprintf(f->why, sizeof f->why, "out of memory buffering the upstream's answer");
+        return 1;
     }
-    memcpy(f->buf + f->len, data, n);
-    f->len += n;
     return 0;
 }
 
@@ -755,7 +731,7 @@ static enum kiri_breaker_result classify(struct kiri_upstream *u, struct fwd *f,
         return KIRI_BREAKER_SUCCESS;
     }
     if (relayed_status(st)) {
-        if (kiri_upstream_check_json(resp->content_type, f->buf ? f->buf : "", f->len, f->why, sizeof f->why) != 0) {
+        if (kiri_upstream_check_json(resp->content_type, f->body.data ? f->body.data : "", f->body.len, f->why, sizeof f->why) != 0) {
             atomic_fetch_add(&u->failures[R_BAD], 1);
             outcome(out, KIRI_UPSTREAM_BAD_ANSWER, 502, f->why);
             return KIRI_BREAKER_FAILURE;
@@ -883,9 +859,9 @@ void kiri_upstream_forward(struct kiri_upstream *u, const char *path, const void
         target_free(t);
     /* A whole body goes out only now, so that whoever reads it sees the breaker already updated. */
     if (f.relay && (sink->head(sink->user, out->upstream_status, "application/json", 0) != 0 ||
-                    sink->data(sink->user, f.buf ? f.buf : "", f.len) != 0))
+                    sink->data(sink->user, f.body.data ? f.body.data : "", f.body.len) != 0))
         outcome(out, KIRI_UPSTREAM_CLIENT_GONE, 499, "the client went away");
     kiri_upstream_sse_free(&f.sse);
-    kiri_mem_free(f.buf);
+    kiri_buf_free(&f.body);
     kiri_mem_free(resp);
 }

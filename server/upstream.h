@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
+
 struct kiri_status_info;
 
 #define KIRI_UPSTREAM_MAX_RESPONSE ((uint64_t)64 << 20)   /* default cap on one answer's bytes */
@@ -81,8 +83,7 @@ int kiri_upstream_check_json(const char *content_type, const void *body, size_t 
  * each: only data/event/id/retry fields and comments, and every data payload JSON or [DONE].
  * Events are passed on whole, so a stream cut off never leaves half an event at the client. */
 struct kiri_upstream_sse {
-    char *buf;                  /* owned: bytes of the event being assembled */
-    size_t len, cap;            /* cap <= KIRI_UPSTREAM_MAX_EVENT + 1 */
+    struct kiri_buf event;      /* bytes of the event being assembled: at most KIRI_UPSTREAM_MAX_EVENT + 1 */
     int done;                   /* a data: [DONE] event was seen */
     uint64_t events;            /* whole events passed on */
 };

@@ -343,7 +343,7 @@ static void test_sse(void)
             rc = kiri_upstream_sse_push(&s, chunk, 65536, NULL, NULL, why, sizeof why);
         CHECK_EQ_INT(rc, -1);
         CHECK(pushes <= 18);
-        CHECK(s.cap <= KIRI_UPSTREAM_MAX_EVENT + 1);
+        CHECK(s.event.cap <= KIRI_UPSTREAM_MAX_EVENT + 2);   /* MAX + 1 bytes held, and the NUL */
         CHECK(strstr(why, "longer than 1 MiB") != NULL);
         free(chunk);
         kiri_upstream_sse_free(&s);
