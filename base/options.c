@@ -407,7 +407,7 @@ static int walk_argv(struct walk *w, int argc, char **argv, struct errbuf *e)
             if (w->n_positional >= w->spec->max_positional) {
                 if (w->help)
                     continue;
-                return fail(e, "too many arguments ('%.80s' is one more than %d)", a, w->spec->max_positional);
+                return fail(e, "unexpected argument '%.80s' (the command takes %d)", a, w->spec->max_positional);
             }
             if (w->positional && w->dst)
                 w->positional[w->n_positional] = a;
@@ -427,7 +427,7 @@ static int walk_argv(struct walk *w, int argc, char **argv, struct errbuf *e)
             v = argv[++i];
         }
         if (!w->dst) {
-            if (o->flags & KIRI_OPTION_CONFIG_FILE)
+            if ((o->flags & KIRI_OPTION_CONFIG_FILE) && w->config)
                 *w->config = v;
         } else if (apply(w->dst, o, v, w->src, e)) {
             return -1;
