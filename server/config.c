@@ -14,7 +14,6 @@
  */
 #include "config.h"
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -211,28 +210,14 @@ static void default_alias(struct kiri_server_config *c)
     c->model_alias[n] = '\0';
 }
 
-struct errbuf {
-    char *p;
-    size_t cap;
-};
-
-__attribute__((format(printf, 2, 3))) static int fail(struct errbuf *e, const char *fmt, ...)
-{
-    if (e->p && e->cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(e->p, e->cap, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
+/* Writes one sentence into err (snprintf takes a NULL buffer of size 0) and returns -1. */
+#define FAIL(...) (snprintf(err, err ? err_cap : 0, __VA_ARGS__), -1)
 
 int kiri_server_config_load(struct kiri_server_config *cfg, int argc, char **argv, char **envp,
                             char *err, size_t err_cap)
 {
-    struct errbuf e = {err, err_cap};
     if (!cfg || argc < 0 || (argc > 0 && !argv))
-        return fail(&e, "kiri_server_config_load: invalid arguments");
+        return FAIL("kiri_server_config_load: invalid arguments");
     /* About 17 KiB: fine on any thread's stack, and cfg stays untouched on failure. */
     struct kiri_server_config c;
     set_defaults(&c);
@@ -240,27 +225,27 @@ int kiri_server_config_load(struct kiri_server_config *cfg, int argc, char **arg
         return -1;
 
     if (!c.model[0] && !c.models_dir[0])
-        return fail(&e, "--model is required: the GGUF file to serve (or KIRI_MODEL, or model = FILE "
+        return FAIL("--model is required: the GGUF file to serve (or KIRI_MODEL, or model = FILE "
                         "in the config file), or --models-dir DIR");
     if (c.model[0] && c.models_dir[0])
-        return fail(&e, "--model and --models-dir exclude each other: serve one file or a directory");
+        return FAIL("--model and --models-dir exclude each other: serve one file or a directory");
     if (c.fleet_url[0] && (!c.models_dir[0] || !c.fleet_key[0]))
-        return fail(&e, "--fleet needs --models-dir DIR (where the fleet's models live) and --fleet-key FILE "
+        return FAIL("--fleet needs --models-dir DIR (where the fleet's models live) and --fleet-key FILE "
                         "(the pinned public key)");
     if (!c.fleet_url[0] && (c.fleet_key[0] || c.fleet_ca[0]))
-        return fail(&e, "--fleet-key and --fleet-ca apply only with --fleet URL");
+        return FAIL("--fleet-key and --fleet-ca apply only with --fleet URL");
     if (!c.upstream[0] && !c.fleet_url[0] && (c.upstream_key_file[0] || c.upstream_ca[0] || c.route[0]))
-        return fail(&e, "--upstream-key-file, --upstream-ca and --route apply only with --upstream URL (or --fleet, "
+        return FAIL("--upstream-key-file, --upstream-ca and --route apply only with --upstream URL (or --fleet, "
                         "whose manifest may name the upstream)");
     if (c.upstream[0] && strncmp(c.upstream, "http://", 7) != 0 && strncmp(c.upstream, "https://", 8) != 0)
-        return fail(&e, "--upstream %.200s: must be an http:// or https:// URL", c.upstream);
+        return FAIL("--upstream %.200s: must be an http:// or https:// URL", c.upstream);
     if (c.fleet_url[0] && strncmp(c.fleet_url, "https://", 8) != 0)
-        return fail(&e, "--fleet %.200s: must be an https:// URL", c.fleet_url);
+        return FAIL("--fleet %.200s: must be an https:// URL", c.fleet_url);
     if (!c.tls_cert[0] != !c.tls_key[0])
-        return fail(&e, "--tls-cert and --tls-key must be given together (only --%s is set)",
+        return FAIL("--tls-cert and --tls-key must be given together (only --%s is set)",
                     c.tls_cert[0] ? "tls-cert" : "tls-key");
     if (c.ctx > 0 && c.max_prompt_tokens >= c.ctx)
-        return fail(&e, "--max-prompt-tokens %ld: must be less than --ctx %ld", (long)c.max_prompt_tokens,
+        return FAIL("--max-prompt-tokens %ld: must be less than --ctx %ld", (long)c.max_prompt_tokens,
                     (long)c.ctx);
     if (!c.model_alias[0] && c.model[0])
         default_alias(&c);
