@@ -1,7 +1,7 @@
 /* `kiri pull` and `kiri fleet keygen | sign | verify | sync` (fleet_cli.h). */
 #include "fleet_cli.h"
 
-#include <errno.h>
+#include <stddef.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,168 +17,174 @@
 #include "mem.h"
 #include "names.h"
 #include "oci.h"
+#include "options.h"
 #include "net_platform.h"
 
 #define KEY_FILE_MAX (64u << 10)
 
-const char *kiri_fleet_cli_usage(void)
-{
-    return "  pull      REF --models-dir DIR [--sha256 HEX] [--ca FILE] [...]             fetch a model (OCI or https)\n"
-           "  fleet     keygen | sign | verify | sync (kiri fleet --help)                 signed model manifests\n";
-}
-
-static void fleet_usage(FILE *f)
-{
-    fprintf(f,
-            "usage:\n"
-            "  kiri fleet keygen --out DIR\n"
-            "      writes DIR/fleet-key.pem (private, mode 0600) and DIR/fleet-pub.pem; prints the key id\n"
-            "  kiri fleet sign --key PRIVATE.pem MANIFEST.json > SIGNED.json\n"
-            "  kiri fleet verify --pubkey PUBLIC.pem [--pubkey ...] SIGNED.json [--models-dir DIR]\n"
-            "      checks the signature, the expiry and (with --models-dir) the version against the stored mark\n"
-            "  kiri fleet sync --pubkey PUBLIC.pem --models-dir DIR (--manifest-url URL | --manifest-file FILE)\n"
-            "      [--verify-installed] [--json] [network options]\n"
-            "  kiri pull REF --models-dir DIR [--sha256 HEX] [--size BYTES] [--name NAME] [--json] [network options]\n"
-            "      REF: host[:port]/repo[:tag|@sha256:HEX] (an OCI registry) or an https:// URL (needs --sha256)\n"
-            "\n"
-            "network options:\n"
-            "  --ca FILE               trusted CA bundle (default %s)\n"
-            "  --allow-host HOST       a host redirects and token realms may lead to (repeatable)\n"
-            "  --retries N             attempts per download (default 5)\n"
-            "  --backoff S             first retry wait in seconds, doubling (default 1)\n"
-            "  --backoff-max S         longest wait, Retry-After included (default 300)\n"
-            "  --disk-margin BYTES     free space to keep beyond a download, K/M/G suffixes (default 64M)\n"
-            "  --connect-timeout S --first-byte-timeout S --idle-timeout S (defaults 10, 30, 30)\n"
-            "  --min-rate BYTES/S      slowest transfer accepted over --rate-window S (defaults 1024, 30)\n"
-            "  --skew S                clock error tolerated for expiry (default 300)\n"
-            "  --max-version-jump N    largest version step accepted (default 1048576)\n",
-            KIRI_HTTPS_SYSTEM_CA);
-}
-
 /* ---------------------------------------------------------------------------------------------
- * Options
+ * Options: one table per verb, from shared groups (base/options.h)
  * ------------------------------------------------------------------------------------------- */
 
 struct opts {
-    const char *out, *key, *models_dir, *manifest_url, *manifest_file, *sha256, *name;
+    const char *out, *key, *models_dir, *manifest_url, *manifest_file, *sha256, *name;   /* borrowed from argv */
     const char *pubkeys[KIRI_MANIFEST_MAX_KEYS];
     int n_pubkeys;
-    const char *allow[KIRI_HTTPS_MAX_ALLOW_HOSTS + 1];
+    const char *allow[KIRI_HTTPS_MAX_ALLOW_HOSTS];
     int n_allow;
-    const char *positional[2];
-    int n_positional;
+    const char *allow_hosts[KIRI_HTTPS_MAX_ALLOW_HOSTS + 1];   /* allow, NULL-terminated */
     uint64_t size;
-    int json, verify_installed;
+    int json;
     struct kiri_fleet_options fo;
 };
 
-static int num(const char *opt, const char *v, double lo, double hi, double *out)
+#define O(m) KIRI_OPTION_FIELD(struct opts, m)
+#define REF(n, m, a, h) {.name = n, .type = KIRI_OPTION_STRING_REF, O(m), .arg = a, .help = h}
+#define MODELS_DIR REF("models-dir", models_dir, "DIR", "The models directory.")
+#define JSON {.name = "json", .type = KIRI_OPTION_FLAG, O(json), .help = "Prints one JSON object."}
+#define PUBKEY                                                                                     \
+    {.name = "pubkey", .type = KIRI_OPTION_STRINGS, O(pubkeys), .count_off = offsetof(struct opts, n_pubkeys), \
+     .arg = "PUBLIC.pem", .help = "A public key manifests may be signed with (repeatable, up to 8)."}
+#define SECONDS(n, m, lo, hi, h, d) \
+    {.name = n, .type = KIRI_OPTION_SECONDS, O(m), .flo = lo, .fhi = hi, .arg = "S", .help = h, .def = d}
+
+static const struct kiri_option manifest_opts[] = {
+    SECONDS("skew", fo.skew, 0, 1e9, "Clock error tolerated for the manifest's expiry, in seconds.", "300"),
+    {.name = "max-version-jump", .type = KIRI_OPTION_INT, O(fo.max_version_jump), .lo = 1,
+     .hi = 9007199254740991, .arg = "N", .help = "The largest version step accepted.", .def = "1048576"},
+};
+
+static const struct kiri_option network_opts[] = {
+    REF("ca", fo.https.ca_file, "FILE", "The trusted CA bundle (PEM). Default: " KIRI_HTTPS_SYSTEM_CA "."),
+    {.name = "allow-host", .type = KIRI_OPTION_STRINGS, O(allow), .count_off = offsetof(struct opts, n_allow),
+     .arg = "HOST", .help = "A host redirects and token realms may lead to (repeatable, up to 16)."},
+    {.name = "retries", .type = KIRI_OPTION_INT, O(fo.max_attempts), .lo = 1, .hi = 100, .arg = "N",
+     .help = "Attempts per download.", .def = "5"},
+    SECONDS("backoff", fo.backoff_base, 0.001, 3600, "The first wait between attempts, doubling after each.", "1"),
+    SECONDS("backoff-max", fo.backoff_max, 0.001, 86400, "The longest wait, a server's Retry-After included.",
+            "300"),
+    {.name = "disk-margin", .type = KIRI_OPTION_SIZE, O(fo.disk_margin), .lo = 0, .hi = (int64_t)1 << 50,
+     .arg = "BYTES", .help = "Free space to keep beyond a download, with K, M or G suffixes.", .def = "64M"},
+    SECONDS("connect-timeout", fo.https.connect_timeout, 0.01, 3600, "The longest TCP connect.", "10"),
+    SECONDS("first-byte-timeout", fo.https.first_byte_timeout, 0.01, 3600,
+            "The longest wait from connecting to the end of the response head.", "30"),
+    SECONDS("idle-timeout", fo.https.idle_timeout, 0.01, 3600, "The longest silence inside a response body.", "30"),
+    {.name = "min-rate", .type = KIRI_OPTION_FLOAT, O(fo.https.min_rate), .flo = -1, .fhi = 1e12, .arg = "BYTES/S",
+     .help = "The slowest transfer accepted over --rate-window; 0 is the default, -1 checks none.", .def = "1024"},
+    SECONDS("rate-window", fo.https.rate_window, 0.01, 3600, "The window --min-rate is measured over.", "30"),
+};
+
+static const struct kiri_option keygen_opts[] = {
+    REF("out", out, "DIR", "Writes DIR/fleet-key.pem (private, mode 0600) and DIR/fleet-pub.pem."),
+};
+static const struct kiri_option sign_opts[] = {
+    REF("key", key, "PRIVATE.pem", "The private key to sign with."),
+};
+static const struct kiri_option verify_opts[] = {
+    PUBKEY,
+    REF("models-dir", models_dir, "DIR", "Also checks the version against the one the directory holds."),
+};
+static const struct kiri_option sync_opts[] = {
+    PUBKEY,
+    MODELS_DIR,
+    REF("manifest-url", manifest_url, "URL", "The https:// URL of the signed manifest."),
+    REF("manifest-file", manifest_file, "FILE", "A signed manifest at hand (instead of --manifest-url)."),
+    {.name = "verify-installed", .type = KIRI_OPTION_FLAG, O(fo.verify_installed),
+     .help = "Hashes installed models again instead of trusting the state file."},
+    JSON,
+};
+static const struct kiri_option pull_opts[] = {
+    MODELS_DIR,
+    REF("sha256", sha256, "HEX", "The file's SHA-256 (required for an https:// URL)."),
+    {.name = "size", .type = KIRI_OPTION_SIZE, O(size), .lo = 0, .hi = (int64_t)1 << 50, .arg = "BYTES",
+     .help = "The file's size (for an https:// URL; asked from the server when not given)."},
+    REF("name", name, "NAME", "The model's name in the directory (default: from REF)."),
+    JSON,
+};
+
+#define GROUP(title, opts) {title, opts, sizeof opts / sizeof opts[0]}
+static const struct kiri_option_group keygen_groups[] = {GROUP(NULL, keygen_opts)};
+static const struct kiri_option_group sign_groups[] = {GROUP(NULL, sign_opts)};
+static const struct kiri_option_group verify_groups[] = {GROUP(NULL, verify_opts),
+                                                         GROUP("manifest options", manifest_opts)};
+static const struct kiri_option_group sync_groups[] = {
+    GROUP(NULL, sync_opts), GROUP("manifest options", manifest_opts), GROUP("network options", network_opts)};
+static const struct kiri_option_group pull_groups[] = {GROUP(NULL, pull_opts),
+                                                       GROUP("network options", network_opts)};
+
+struct verb {
+    const char *name;        /* "pull", "fleet sync" */
+    const char *synopsis;
+    const char *summary;
+    struct kiri_option_spec spec;
+    int (*run)(struct opts *o, const char **args, int n_args);
+};
+
+static int cmd_keygen(struct opts *o, const char **args, int n_args);
+static int cmd_sign(struct opts *o, const char **args, int n_args);
+static int cmd_verify(struct opts *o, const char **args, int n_args);
+static int cmd_sync(struct opts *o, const char **args, int n_args);
+static int cmd_pull(struct opts *o, const char **args, int n_args);
+
+#define SPEC(groups, max_positional) {groups, sizeof groups / sizeof groups[0], NULL, NULL, max_positional}
+static const struct verb verbs[] = {
+    {"fleet keygen", "--out DIR", "makes a signing key pair and prints its key id", SPEC(keygen_groups, 0),
+     cmd_keygen},
+    {"fleet sign", "--key PRIVATE.pem MANIFEST.json > SIGNED.json", "signs a manifest", SPEC(sign_groups, 1),
+     cmd_sign},
+    {"fleet verify", "--pubkey PUBLIC.pem [--pubkey ...] SIGNED.json [--models-dir DIR]",
+     "checks the signature, the expiry and (with --models-dir) the version against the stored mark",
+     SPEC(verify_groups, 1), cmd_verify},
+    {"fleet sync", "--pubkey PEM --models-dir DIR (--manifest-url URL | --manifest-file FILE)",
+     "installs the models a signed manifest lists", SPEC(sync_groups, 0), cmd_sync},
+    {"pull", "REF --models-dir DIR [--sha256 HEX] [--size BYTES] [--name NAME] [options]",
+     "fetches a model: REF is host[:port]/repo[:tag|@sha256:HEX] (OCI) or an https:// URL",
+     SPEC(pull_groups, 1), cmd_pull},
+};
+#define N_VERBS (sizeof verbs / sizeof verbs[0])
+
+static void verb_usage(FILE *f, const struct verb *v)
 {
-    char *end = NULL;
-    errno = 0;
-    double d = v ? strtod(v, &end) : 0;
-    if (!v || !*v || *end || errno || !(d >= lo && d <= hi)) {
-        fprintf(stderr, "kiri: error: %s needs a number in [%g, %g], got '%s'\n", opt, lo, hi, v ? v : "");
-        return -1;
-    }
-    *out = d;
-    return 0;
+    static char text[16384];
+    kiri_options_usage(&v->spec, text, sizeof text);
+    fprintf(f, "usage: kiri %s %s\n  %s\n\n%s", v->name, v->synopsis, v->summary, text);
 }
 
-static int bytes(const char *opt, const char *v, uint64_t *out)
+/* kiri fleet --help: every verb's synopsis, then the option groups they share. */
+static void fleet_usage(FILE *f)
 {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long n = v && *v != '-' ? strtoull(v, &end, 10) : 0;
-    uint64_t mul = 1;
-    if (end && (*end == 'K' || *end == 'k'))
-        mul = 1ull << 10, end++;
-    else if (end && (*end == 'M' || *end == 'm'))
-        mul = 1ull << 20, end++;
-    else if (end && (*end == 'G' || *end == 'g'))
-        mul = 1ull << 30, end++;
-    if (!v || !*v || !end || *end || errno || n > (1ull << 50) / mul) {
-        fprintf(stderr, "kiri: error: %s needs a byte count (K/M/G suffixes), got '%s'\n", opt, v ? v : "");
-        return -1;
-    }
-    *out = n * mul;
-    return 0;
+    fprintf(f, "usage:\n");
+    for (size_t i = 0; i < N_VERBS; i++)
+        fprintf(f, "  kiri %s %s\n      %s\n", verbs[i].name, verbs[i].synopsis, verbs[i].summary);
+    static const struct kiri_option_group shared[] = {GROUP("manifest options", manifest_opts),
+                                                      GROUP("network options", network_opts)};
+    static const struct kiri_option_spec spec = SPEC(shared, 0);
+    static char text[16384];
+    kiri_options_usage(&spec, text, sizeof text);
+    fprintf(f, "\n`kiri fleet VERB --help` and `kiri pull --help` list each verb's options.\n\n%s", text);
 }
 
-/* Parses argv from index first. Returns 0, 1 for --help, -1 on a usage error. */
-static int parse(int argc, char **argv, int first, struct opts *o)
+/* Parses argv from index first for v and runs it. */
+static int run_verb(const struct verb *v, int argc, char **argv, int first)
 {
-    memset(o, 0, sizeof *o);
-    kiri_fleet_options_default(&o->fo);
-    for (int i = first; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double d;
-#define TAKE()                                                                     \
-        do {                                                                       \
-            if (!v) {                                                              \
-                fprintf(stderr, "kiri: error: %s needs a value\n", a);             \
-                return -1;                                                         \
-            }                                                                      \
-            i++;                                                                   \
-        } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
-            return 1;
-        else if (!strcmp(a, "--out")) { TAKE(); o->out = v; }
-        else if (!strcmp(a, "--key")) { TAKE(); o->key = v; }
-        else if (!strcmp(a, "--models-dir")) { TAKE(); o->models_dir = v; }
-        else if (!strcmp(a, "--manifest-url")) { TAKE(); o->manifest_url = v; }
-        else if (!strcmp(a, "--manifest-file")) { TAKE(); o->manifest_file = v; }
-        else if (!strcmp(a, "--sha256")) { TAKE(); o->sha256 = v; }
-        else if (!strcmp(a, "--name")) { TAKE(); o->name = v; }
-        else if (!strcmp(a, "--ca")) { TAKE(); o->fo.https.ca_file = v; }
-        else if (!strcmp(a, "--json")) o->json = 1;
-        else if (!strcmp(a, "--verify-installed")) o->fo.verify_installed = 1;
-        else if (!strcmp(a, "--pubkey")) {
-            TAKE();
-            if (o->n_pubkeys == KIRI_MANIFEST_MAX_KEYS) {
-                fprintf(stderr, "kiri: error: at most %d --pubkey\n", KIRI_MANIFEST_MAX_KEYS);
-                return -1;
-            }
-            o->pubkeys[o->n_pubkeys++] = v;
-        } else if (!strcmp(a, "--allow-host")) {
-            TAKE();
-            if (o->n_allow == KIRI_HTTPS_MAX_ALLOW_HOSTS) {
-                fprintf(stderr, "kiri: error: at most %d --allow-host\n", KIRI_HTTPS_MAX_ALLOW_HOSTS);
-                return -1;
-            }
-            o->allow[o->n_allow++] = v;
-        }
-        else if (!strcmp(a, "--size")) { TAKE(); if (bytes(a, v, &o->size)) return -1; }
-        else if (!strcmp(a, "--disk-margin")) { TAKE(); if (bytes(a, v, &o->fo.disk_margin)) return -1; }
-        else if (!strcmp(a, "--retries")) { TAKE(); if (num(a, v, 1, 100, &d)) return -1; o->fo.max_attempts = (int)d; }
-        else if (!strcmp(a, "--backoff")) { TAKE(); if (num(a, v, 0.001, 3600, &o->fo.backoff_base)) return -1; }
-        else if (!strcmp(a, "--backoff-max")) { TAKE(); if (num(a, v, 0.001, 86400, &o->fo.backoff_max)) return -1; }
-        else if (!strcmp(a, "--connect-timeout")) { TAKE(); if (num(a, v, 0.01, 3600, &o->fo.https.connect_timeout)) return -1; }
-        else if (!strcmp(a, "--first-byte-timeout")) { TAKE(); if (num(a, v, 0.01, 3600, &o->fo.https.first_byte_timeout)) return -1; }
-        else if (!strcmp(a, "--idle-timeout")) { TAKE(); if (num(a, v, 0.01, 3600, &o->fo.https.idle_timeout)) return -1; }
-        else if (!strcmp(a, "--min-rate")) { TAKE(); if (num(a, v, -1, 1e12, &o->fo.https.min_rate)) return -1; }
-        else if (!strcmp(a, "--rate-window")) { TAKE(); if (num(a, v, 0.01, 3600, &o->fo.https.rate_window)) return -1; }
-        else if (!strcmp(a, "--skew")) { TAKE(); if (num(a, v, 0, 1e9, &o->fo.skew)) return -1; }
-        else if (!strcmp(a, "--max-version-jump")) {
-            TAKE();
-            if (num(a, v, 1, 9007199254740991.0, &d)) return -1;
-            o->fo.max_version_jump = (uint64_t)d;
-        }
-        else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "kiri: error: unknown option %s (see kiri fleet --help)\n", a);
-            return -1;
-        } else {
-            if (o->n_positional == 2) {
-                fprintf(stderr, "kiri: error: too many arguments\n");
-                return -1;
-            }
-            o->positional[o->n_positional++] = a;
-        }
-#undef TAKE
+    if (kiri_options_help_requested(&v->spec, argc - first, argv + first)) {
+        verb_usage(stdout, v);
+        return 0;
     }
-    o->allow[o->n_allow] = NULL;
-    o->fo.https.allow_hosts = o->n_allow ? o->allow : NULL;
-    return 0;
+    struct opts o;
+    memset(&o, 0, sizeof o);
+    kiri_fleet_options_default(&o.fo);
+    const char *args[2];
+    int n_args = 0;
+    char err[512];
+    if (kiri_options_parse(&v->spec, &o, argc - first, argv + first, NULL, args, &n_args, err, sizeof err)) {
+        fprintf(stderr, "kiri: error: %s (see kiri %s --help)\n", err, v->name);
+        return 2;
+    }
+    memcpy(o.allow_hosts, o.allow, (size_t)o.n_allow * sizeof o.allow[0]);
+    o.allow_hosts[o.n_allow] = NULL;
+    o.fo.https.allow_hosts = o.n_allow ? o.allow_hosts : NULL;
+    return v->run(&o, args, n_args);
 }
 
 static int fail(const char *what, const struct kiri_status_info *info)
@@ -241,8 +247,10 @@ static int write_file(const char *path, const char *text, int private_key, struc
     return kiri_platform_file_sync_close(fd, path, info);
 }
 
-static int cmd_keygen(const struct opts *o)
+static int cmd_keygen(struct opts *o, const char **args, int n_args)
 {
+    (void)args;
+    (void)n_args;
     if (!o->out) {
         fprintf(stderr, "kiri: error: keygen needs --out DIR\n");
         return 2;
@@ -282,9 +290,9 @@ static int cmd_keygen(const struct opts *o)
     return rc == KIRI_OK ? 0 : fail("fleet keygen", &info);
 }
 
-static int cmd_sign(const struct opts *o)
+static int cmd_sign(struct opts *o, const char **args, int n_args)
 {
-    if (!o->key || o->n_positional != 1) {
+    if (!o->key || n_args != 1) {
         fprintf(stderr, "kiri: error: usage: kiri fleet sign --key PRIVATE.pem MANIFEST.json > SIGNED.json\n");
         return 2;
     }
@@ -293,7 +301,7 @@ static int cmd_sign(const struct opts *o)
     size_t key_len = 0, man_len = 0, env_len = 0;
     int rc = kiri_platform_read_file(o->key, KEY_FILE_MAX, &key, &key_len, &info);
     if (rc == KIRI_OK)
-        rc = kiri_platform_read_file(o->positional[0], KIRI_MANIFEST_MAX_BYTES, &man, &man_len, &info);
+        rc = kiri_platform_read_file(args[0], KIRI_MANIFEST_MAX_BYTES, &man, &man_len, &info);
     if (rc == KIRI_OK)
         rc = kiri_manifest_sign(key, key_len, man, man_len, &env, &env_len, &info);
     if (rc == KIRI_OK && (fwrite(env, 1, env_len, stdout) != env_len || fflush(stdout) != 0))
@@ -322,9 +330,9 @@ static void print_manifest(const struct kiri_manifest *m)
                m->models[i].sha256_hex, m->models[i].url);
 }
 
-static int cmd_verify(const struct opts *o)
+static int cmd_verify(struct opts *o, const char **args, int n_args)
 {
-    if (o->n_positional != 1) {
+    if (n_args != 1) {
         fprintf(stderr, "kiri: error: usage: kiri fleet verify --pubkey PUBLIC.pem SIGNED.json [--models-dir DIR]\n");
         return 2;
     }
@@ -339,7 +347,7 @@ static int cmd_verify(const struct opts *o)
     size_t len = 0;
     rc = o->models_dir ? kiri_fleet_state_policy(o->models_dir, &pol, &info) : KIRI_OK;
     if (rc == KIRI_OK)
-        rc = kiri_platform_read_file(o->positional[0], KIRI_MANIFEST_MAX_ENVELOPE, &env, &len, &info);
+        rc = kiri_platform_read_file(args[0], KIRI_MANIFEST_MAX_ENVELOPE, &env, &len, &info);
     struct kiri_manifest *m = NULL;
     int same = 0;
     if (rc == KIRI_OK) {
@@ -386,8 +394,10 @@ static void print_json(json_t *j)
     json_decref(j);
 }
 
-static int cmd_sync(struct opts *o)
+static int cmd_sync(struct opts *o, const char **args, int n_args)
 {
+    (void)args;
+    (void)n_args;
     if (!o->models_dir || (!o->manifest_url == !o->manifest_file)) {
         fprintf(stderr, "kiri: error: sync needs --models-dir DIR and one of --manifest-url URL, --manifest-file FILE\n");
         return 2;
@@ -503,13 +513,13 @@ static int name_from(const char *ref, int is_url, const struct kiri_oci_ref *r, 
     return kiri_model_name_ok(out, strlen(out)) ? 0 : -1;
 }
 
-static int cmd_pull(struct opts *o)
+static int cmd_pull(struct opts *o, const char **args, int n_args)
 {
-    if (o->n_positional != 1 || !o->models_dir) {
+    if (n_args != 1 || !o->models_dir) {
         fprintf(stderr, "kiri: error: usage: kiri pull REF --models-dir DIR [--sha256 HEX] (kiri fleet --help)\n");
         return 2;
     }
-    const char *ref = o->positional[0];
+    const char *ref = args[0];
     const int is_url = strncmp(ref, "https://", 8) == 0;
     struct kiri_oci_ref oref;
     uint8_t want[32];
@@ -627,15 +637,7 @@ out:
 
 int kiri_fleet_cli_pull(int argc, char **argv)
 {
-    struct opts o;
-    int p = parse(argc, argv, 2, &o);
-    if (p == 1) {
-        fleet_usage(stdout);
-        return 0;
-    }
-    if (p < 0)
-        return 2;
-    return cmd_pull(&o);
+    return run_verb(&verbs[N_VERBS - 1], argc, argv, 2);
 }
 
 int kiri_fleet_cli_fleet(int argc, char **argv)
@@ -644,23 +646,9 @@ int kiri_fleet_cli_fleet(int argc, char **argv)
         fleet_usage(argc < 3 ? stderr : stdout);
         return argc < 3 ? 2 : 0;
     }
-    struct opts o;
-    int p = parse(argc, argv, 3, &o);
-    if (p == 1) {
-        fleet_usage(stdout);
-        return 0;
-    }
-    if (p < 0)
-        return 2;
-    const char *sub = argv[2];
-    if (!strcmp(sub, "keygen"))
-        return cmd_keygen(&o);
-    if (!strcmp(sub, "sign"))
-        return cmd_sign(&o);
-    if (!strcmp(sub, "verify"))
-        return cmd_verify(&o);
-    if (!strcmp(sub, "sync"))
-        return cmd_sync(&o);
-    fprintf(stderr, "kiri: error: unknown fleet command '%s' (kiri fleet --help)\n", sub);
+    for (size_t i = 0; i < N_VERBS; i++)
+        if (!strncmp(verbs[i].name, "fleet ", 6) && !strcmp(verbs[i].name + 6, argv[2]))
+            return run_verb(&verbs[i], argc, argv, 3);
+    fprintf(stderr, "kiri: error: unknown fleet command '%s' (kiri fleet --help)\n", argv[2]);
     return 2;
 }

@@ -7,7 +7,5 @@
 
 int kiri_fleet_cli_pull(int argc, char **argv);
 int kiri_fleet_cli_fleet(int argc, char **argv);
-/* The usage lines main.c prints in its command list. */
-const char *kiri_fleet_cli_usage(void);
 
 #endif

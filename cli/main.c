@@ -1,12 +1,15 @@
-/* The kiri command line: run, tokenize, info, quantize, bench. It uses only the public API
- * (kiri.h), as any program embedding libkiri would. Errors go to stderr, one line, exit status 1;
- * usage errors exit with status 2. */
-#include <errno.h>
+/* The kiri command line: run, tokenize, info, quantize, bench, and in a build with the server
+ * serve, pull and fleet. Each command's flags and its --help text come from one option table
+ * (base/options.h). The engine commands use only the public API (kiri.h), as any program
+ * embedding libkiri would. Errors go to stderr, one line, exit status 1; usage errors (a bad
+ * flag, a command this build lacks) exit with status 2. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kiri.h"
+#include "options.h"
 #ifdef KIRI_WITH_SERVER
 #include "config.h"
 #include "fleet_cli.h"
@@ -16,17 +19,18 @@
 
 #define MAX_STOP 16
 
+/* What the commands' option tables fill; the defaults are set by options_default. */
 struct options {
-    const char *model;
+    const char *model;          /* borrowed from argv, like every string here */
     const char *prompt;
     const char *backend;
+    const char *cpu_kernels;
     int n_predict;
     int n_threads;
     int gpu_layers;
-    const char *cpu_kernels;
     int n_ctx;
     int n_batch;
-    int kv_type;
+    char kv_type[8];
     int no_bos;
     int json;
     int n_prompt_bench;
@@ -35,174 +39,113 @@ struct options {
     struct kiri_sampling sampling;
     const char *stop[MAX_STOP];
     int n_stop;
-    const char *positional[4];
-    int n_positional;
 };
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: kiri <command> [options]\n"
-            "\n"
-            "commands:\n"
-            "  run       -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [-t THREADS]   generate text\n"
-            "  tokenize  -m MODEL [--no-bos] TEXT                                      print token ids\n"
-            "  info      [-m MODEL]                                                    model and machine\n"
-            "  quantize  IN.gguf OUT.gguf TYPE                                         convert weights\n"
-            "  bench     -m MODEL [-p N] [-n N] [-t THREADS] [--json]                  tokens per second\n"
-            "  serve     -m MODEL [--host H] [--port P] [...]                          OpenAI-compatible server\n"
-            "            (kiri serve --help lists its options)\n"
-            "\n"
-            "options:\n"
-            "  -m, --model FILE        GGUF model\n"
-            "  -p, --prompt TEXT       prompt (run); prompt tokens (bench, default 512)\n"
-            "  -n, --n-predict N       tokens to generate (run: default 256, -1 until EOS; bench: 128)\n"
-            "  -t, --threads N         worker threads (default: one per core)\n"
-            "  -c, --ctx-size N        context length (default: the model's)\n"
-            "  -b, --batch-size N      prompt tokens per step (default 512)\n"
-            "      --backend NAME      auto, cpu, vulkan or cuda (default auto)\n"
-            "      --gpu-layers N      with a GPU backend, run only the first N layers on it and the\n"
-            "                          rest on the CPU (default -1: all; 0: none)\n"
-            "      --cpu-kernels TIER  the best CPU kernels to use: auto (default), c, avx2, avx512,\n"
-            "                          neon, dotprod or i8mm\n"
-            "      --kv-type TYPE      f16 (default), f32 or q8_0\n"
-            "      --temp T            temperature, 0 = greedy (default 0.8)\n"
-            "      --top-k N --top-p P --min-p P --repeat-penalty P --repeat-last-n N\n"
-            "      --frequency-penalty P --presence-penalty P\n"
-            "      --seed S            sampling seed (default 0)\n"
-            "      --stop TEXT         stop string (repeatable, up to 16)\n"
-            "      --no-bos            do not add the BOS token (tokenize)\n"
-            "      --json              machine-readable output (bench)\n"
-            "  -r, --repetitions N     bench runs to average (default 3)\n"
-            "\n"
-            "TYPE for quantize: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q4_K_M Q5_K Q6_K F16 BF16 F32\n");
-#ifdef KIRI_WITH_SERVER
-    fprintf(f, "\nfleet commands (docs/fleet.md):\n%s", kiri_fleet_cli_usage());
-#endif
-}
-
-/* Parses a whole decimal integer in [lo, hi]. */
-static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
-{
-    char *end = NULL;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || !*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "kiri: error: %s needs an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, s ? s : "");
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_float(const char *opt, const char *s, float *out)
-{
-    char *end = NULL;
-    errno = 0;
-    float v = s ? strtof(s, &end) : 0.0f;
-    if (!s || !*s || *end || errno || v != v) {
-        fprintf(stderr, "kiri: error: %s needs a number, got '%s'\n", opt, s ? s : "");
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int is_opt(const char *a, const char *s1, const char *s2)
-{
-    return strcmp(a, s1) == 0 || (s2 && strcmp(a, s2) == 0);
-}
-
-static int parse_args(int argc, char **argv, struct options *o)
+static void options_default(struct options *o)
 {
     memset(o, 0, sizeof *o);
-    o->n_predict = -2; /* command default */
+    o->n_predict = 256;
     o->n_prompt_bench = 512;
     o->n_gen_bench = 128;
     o->repetitions = 3;
-    o->kv_type = 1;
+    snprintf(o->kv_type, sizeof o->kv_type, "f16");
     o->backend = "auto";
     o->gpu_layers = -1;
     kiri_sampling_default(&o->sampling);
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define IS(s1, s2) is_opt(a, s1, s2)
-#define NEED()                                                                              \
-        do {                                                                                \
-            if (!v) {                                                                       \
-                fprintf(stderr, "kiri: error: %s needs a value\n", a);                      \
-                return -1;                                                                  \
-            }                                                                               \
-            i++;                                                                            \
-        } while (0)
-        if (IS("-m", "--model")) { NEED(); o->model = v; }
-        else if (IS("-p", "--prompt")) {
-            NEED();
-            o->prompt = v;
-            if (strcmp(argv[1], "bench") == 0 && parse_int(a, v, 1, 1 << 20, &o->n_prompt_bench))
-                return -1;
-        }
-        else if (IS("-n", "--n-predict")) { NEED(); if (parse_int(a, v, -1, 1 << 24, &o->n_predict)) return -1; }
-        else if (IS("-t", "--threads")) { NEED(); if (parse_int(a, v, 1, 1024, &o->n_threads)) return -1; }
-        else if (IS("-c", "--ctx-size")) { NEED(); if (parse_int(a, v, 1, 1 << 24, &o->n_ctx)) return -1; }
-        else if (IS("-b", "--batch-size")) { NEED(); if (parse_int(a, v, 1, 8192, &o->n_batch)) return -1; }
-        else if (IS("-r", "--repetitions")) { NEED(); if (parse_int(a, v, 1, 100, &o->repetitions)) return -1; }
-        else if (IS("--backend", NULL)) { NEED(); o->backend = v; }
-        else if (IS("--cpu-kernels", NULL)) { NEED(); o->cpu_kernels = v; }
-        else if (IS("--gpu-layers", NULL)) { NEED(); if (parse_int(a, v, -1, 1 << 20, &o->gpu_layers)) return -1; }
-        else if (IS("--kv-type", NULL)) {
-            NEED();
-            if (strcmp(v, "f16") == 0) o->kv_type = 1;
-            else if (strcmp(v, "f32") == 0) o->kv_type = 0;
-            else if (strcmp(v, "q8_0") == 0) o->kv_type = 8;
-            else { fprintf(stderr, "kiri: error: --kv-type must be f16, f32 or q8_0\n"); return -1; }
-        }
-        else if (IS("--temp", NULL)) { NEED(); if (parse_float(a, v, &o->sampling.temperature)) return -1; }
-        else if (IS("--top-k", NULL)) { NEED(); if (parse_int(a, v, 0, 1 << 24, &o->sampling.top_k)) return -1; }
-        else if (IS("--top-p", NULL)) { NEED(); if (parse_float(a, v, &o->sampling.top_p)) return -1; }
-        else if (IS("--min-p", NULL)) { NEED(); if (parse_float(a, v, &o->sampling.min_p)) return -1; }
-        else if (IS("--repeat-penalty", NULL)) { NEED(); if (parse_float(a, v, &o->sampling.repeat_penalty)) return -1; }
-        else if (IS("--repeat-last-n", NULL)) { NEED(); if (parse_int(a, v, 0, 1 << 20, &o->sampling.repeat_last_n)) return -1; }
-        else if (IS("--frequency-penalty", NULL)) { NEED(); if (parse_float(a, v, &o->sampling.frequency_penalty)) return -1; }
-        else if (IS("--presence-penalty", NULL)) { NEED(); if (parse_float(a, v, &o->sampling.presence_penalty)) return -1; }
-        else if (IS("--seed", NULL)) {
-            NEED();
-            char *end = NULL;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (!*v || *end || errno || v[0] == '-') {
-                fprintf(stderr, "kiri: error: --seed needs a non-negative integer, got '%s'\n", v);
-                return -1;
-            }
-            o->sampling.seed = (uint64_t)s;
-        }
-        else if (IS("--stop", NULL)) {
-            NEED();
-            if (o->n_stop == MAX_STOP || !*v) {
-                fprintf(stderr, "kiri: error: --stop takes a non-empty string, at most %d times\n", MAX_STOP);
-                return -1;
-            }
-            o->stop[o->n_stop++] = v;
-        }
-        else if (IS("--no-bos", NULL)) o->no_bos = 1;
-        else if (IS("--json", NULL)) o->json = 1;
-        else if (IS("-h", "--help")) { usage(stdout); exit(0); }
-        else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "kiri: error: unknown option %s (see kiri --help)\n", a);
-            return -1;
-        } else {
-            if (o->n_positional == 4) {
-                fprintf(stderr, "kiri: error: too many arguments\n");
-                return -1;
-            }
-            o->positional[o->n_positional++] = a;
-        }
-#undef IS
-#undef NEED
-    }
-    return 0;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * The option tables, one group per concern; each command takes the groups it uses.
+ * ------------------------------------------------------------------------------------------- */
+
+#define O(m) KIRI_OPTION_FIELD(struct options, m)
+#define MODEL_OPTION                                                                                \
+    {.name = "model", .short_name = 'm', .type = KIRI_OPTION_STRING_REF, O(model), .arg = "FILE",    \
+     .help = "The GGUF model file."}
+
+static const struct kiri_option model_opts[] = {
+    MODEL_OPTION,
+    {.name = "threads", .short_name = 't', .type = KIRI_OPTION_INT, O(n_threads), .lo = 1, .hi = 1024, .arg = "N",
+     .help = "Worker threads.", .def = "one per core"},
+    {.name = "backend", .type = KIRI_OPTION_STRING_REF, O(backend), .arg = "NAME",
+     .help = "The compute backend: auto, cpu, vulkan or cuda.", .def = "auto"},
+    {.name = "gpu-layers", .type = KIRI_OPTION_INT, O(gpu_layers), .lo = -1, .hi = 1 << 20, .arg = "N",
+     .help = "With a GPU backend, runs only the first N layers on it and the rest on the CPU; -1 runs all of "
+             "them there, 0 none.", .def = "-1"},
+    {.name = "cpu-kernels", .type = KIRI_OPTION_STRING_REF, O(cpu_kernels), .arg = "TIER",
+     .help = "The best CPU kernels to use: auto, c, avx2, avx512, neon, dotprod or i8mm; a tier this CPU "
+             "lacks is an error.", .def = "auto"},
+};
+
+static const struct kiri_option context_opts[] = {
+    {.name = "ctx-size", .short_name = 'c', .type = KIRI_OPTION_INT, O(n_ctx), .lo = 1, .hi = 1 << 24, .arg = "N",
+     .help = "Context length in tokens.", .def = "the model's"},
+    {.name = "batch-size", .short_name = 'b', .type = KIRI_OPTION_INT, O(n_batch), .lo = 1, .hi = 8192, .arg = "N",
+     .help = "Prompt tokens per step.", .def = "512"},
+    {.name = "kv-type", .type = KIRI_OPTION_ENUM, O(kv_type), .choices = "f16|f32|q8_0", .arg = "TYPE",
+     .help = "The element type of the KV cache: f16, f32 or q8_0.", .def = "f16"},
+};
+
+#define S(m) KIRI_OPTION_FIELD(struct options, sampling.m)
+static const struct kiri_option sampling_opts[] = {
+    {.name = "temp", .type = KIRI_OPTION_FLOAT, S(temperature), .arg = "T",
+     .help = "Temperature; 0 is greedy.", .def = "0.8"},
+    {.name = "top-k", .type = KIRI_OPTION_INT, S(top_k), .lo = 0, .hi = 1 << 24, .arg = "N",
+     .help = "Keeps the N likeliest tokens; 0 keeps all.", .def = "40"},
+    {.name = "top-p", .type = KIRI_OPTION_FLOAT, S(top_p), .arg = "P",
+     .help = "Keeps the likeliest tokens whose probabilities add up to P; 1 keeps all.", .def = "0.95"},
+    {.name = "min-p", .type = KIRI_OPTION_FLOAT, S(min_p), .arg = "P",
+     .help = "Drops tokens less likely than P times the likeliest.", .def = "0.05"},
+    {.name = "repeat-penalty", .type = KIRI_OPTION_FLOAT, S(repeat_penalty), .arg = "P",
+     .help = "Divides the logits of recent tokens by P; 1 is off.", .def = "1"},
+    {.name = "repeat-last-n", .type = KIRI_OPTION_INT, S(repeat_last_n), .lo = 0, .hi = 1 << 20, .arg = "N",
+     .help = "Recent tokens the penalties look back over.", .def = "64"},
+    {.name = "frequency-penalty", .type = KIRI_OPTION_FLOAT, S(frequency_penalty), .arg = "P",
+     .help = "Subtracts P times a recent token's count from its logit.", .def = "0"},
+    {.name = "presence-penalty", .type = KIRI_OPTION_FLOAT, S(presence_penalty), .arg = "P",
+     .help = "Subtracts P from the logit of every recent token.", .def = "0"},
+    {.name = "seed", .type = KIRI_OPTION_UINT64, S(seed), .arg = "S", .help = "The sampling seed.", .def = "0"},
+    {.name = "stop", .type = KIRI_OPTION_STRINGS, O(stop), .count_off = offsetof(struct options, n_stop), .lo = 1,
+     .arg = "TEXT", .help = "Ends generation at TEXT (repeatable, up to 16 times)."},
+};
+
+static const struct kiri_option run_opts[] = {
+    {.name = "prompt", .short_name = 'p', .type = KIRI_OPTION_STRING_REF, O(prompt), .arg = "TEXT",
+     .help = "The prompt (required)."},
+    {.name = "n-predict", .short_name = 'n', .type = KIRI_OPTION_INT, O(n_predict), .lo = -1, .hi = 1 << 24,
+     .arg = "N", .help = "Tokens to generate; -1 generates until the end-of-sequence token.", .def = "256"},
+};
+
+static const struct kiri_option bench_opts[] = {
+    {.name = "prompt", .short_name = 'p', .type = KIRI_OPTION_INT, O(n_prompt_bench), .lo = 1, .hi = 1 << 20,
+     .arg = "N", .help = "Prompt tokens to process.", .def = "512"},
+    {.name = "n-predict", .short_name = 'n', .type = KIRI_OPTION_INT, O(n_gen_bench), .lo = -1, .hi = 1 << 24,
+     .arg = "N", .help = "Tokens to generate; below 1, the default.", .def = "128"},
+    {.name = "repetitions", .short_name = 'r', .type = KIRI_OPTION_INT, O(repetitions), .lo = 1, .hi = 100,
+     .arg = "N", .help = "Runs to take the best of.", .def = "3"},
+    {.name = "json", .type = KIRI_OPTION_FLAG, O(json), .help = "Prints one JSON object."},
+};
+
+static const struct kiri_option tokenize_opts[] = {
+    MODEL_OPTION,
+    {.name = "no-bos", .type = KIRI_OPTION_FLAG, O(no_bos), .help = "Does not add the BOS token."},
+};
+
+#define GROUP(title, opts) {title, opts, sizeof opts / sizeof opts[0]}
+static const struct kiri_option_group run_groups[] = {
+    GROUP(NULL, run_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
+    GROUP("sampling options", sampling_opts)};
+static const struct kiri_option_group bench_groups[] = {
+    GROUP(NULL, bench_opts), GROUP("model options", model_opts), GROUP("context options", context_opts)};
+static const struct kiri_option_group info_groups[] = {GROUP(NULL, model_opts)};
+static const struct kiri_option_group tokenize_groups[] = {GROUP(NULL, tokenize_opts)};
+
+#define SPEC(groups, max_positional) {groups, sizeof groups / sizeof groups[0], NULL, NULL, max_positional}
+static const struct kiri_option_spec run_spec = SPEC(run_groups, 0);
+static const struct kiri_option_spec bench_spec = SPEC(bench_groups, 0);
+static const struct kiri_option_spec info_spec = SPEC(info_groups, 0);
+static const struct kiri_option_spec tokenize_spec = SPEC(tokenize_groups, 1);
+static const struct kiri_option_spec quantize_spec = {NULL, 0, NULL, NULL, 3};
 
 static int fail(const char *what, const struct kiri_status_info *info)
 {
@@ -261,7 +204,7 @@ static int make_context(struct kiri_model *m, const struct options *o, struct ki
     cp.n_ctx = o->n_ctx;
     if (o->n_batch)
         cp.n_batch = o->n_batch;
-    cp.kv_type = o->kv_type;
+    cp.kv_type = strcmp(o->kv_type, "f32") == 0 ? 0 : strcmp(o->kv_type, "q8_0") == 0 ? 8 : 1;
     struct kiri_status_info info;
     if (kiri_context_init(m, &cp, c, &info) != KIRI_OK)
         return fail("context", &info);
@@ -281,8 +224,10 @@ static int print_text(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
-static int cmd_run(const struct options *o)
+static int cmd_run(const struct options *o, const char **args, int n_args)
 {
+    (void)args;
+    (void)n_args;
     if (!o->prompt) {
         fprintf(stderr, "kiri: error: -p PROMPT is required\n");
         return 2;
@@ -302,7 +247,7 @@ static int cmd_run(const struct options *o)
     if (rc == 0) {
         struct kiri_generate_params gp;
         memset(&gp, 0, sizeof gp);
-        gp.max_tokens = o->n_predict == -2 ? 256 : o->n_predict;
+        gp.max_tokens = o->n_predict;
         gp.sampling = o->sampling;
         gp.stop = o->stop;
         gp.n_stop = o->n_stop;
@@ -325,9 +270,9 @@ static int cmd_run(const struct options *o)
     return rc;
 }
 
-static int cmd_tokenize(const struct options *o)
+static int cmd_tokenize(const struct options *o, const char **args, int n_args)
 {
-    if (o->n_positional != 1) {
+    if (n_args != 1) {
         fprintf(stderr, "kiri: error: tokenize takes exactly one TEXT argument\n");
         return 2;
     }
@@ -335,7 +280,7 @@ static int cmd_tokenize(const struct options *o)
     int32_t *ids = NULL;
     int n = 0, rc = open_model(o, 1, &m);
     if (rc == 0)
-        rc = tokenize_alloc(m, o->positional[0], o->no_bos ? 0 : -1, &ids, &n);
+        rc = tokenize_alloc(m, args[0], o->no_bos ? 0 : -1, &ids, &n);
     if (rc == 0) {
         for (int i = 0; i < n; i++)
             printf(i ? " %d" : "%d", ids[i]);
@@ -346,8 +291,10 @@ static int cmd_tokenize(const struct options *o)
     return rc;
 }
 
-static int cmd_info(const struct options *o)
+static int cmd_info(const struct options *o, const char **args, int n_args)
 {
+    (void)args;
+    (void)n_args;
     char *buf = malloc(1 << 16);
     if (!buf)
         return 1;
@@ -377,27 +324,30 @@ static void progress_bar(void *user, int64_t done, int64_t total)
         fprintf(stderr, "\n");
 }
 
-static int cmd_quantize(const struct options *o)
+static int cmd_quantize(const struct options *o, const char **args, int n_args)
 {
-    if (o->n_positional != 3) {
+    (void)o;
+    if (n_args != 3) {
         fprintf(stderr, "kiri: error: usage: kiri quantize IN.gguf OUT.gguf TYPE\n");
         return 2;
     }
     struct kiri_status_info info;
-    if (kiri_quantize(o->positional[0], o->positional[1], o->positional[2], progress_bar, NULL, &info) != KIRI_OK)
+    if (kiri_quantize(args[0], args[1], args[2], progress_bar, NULL, &info) != KIRI_OK)
         return fail("quantize", &info);
-    fprintf(stderr, "kiri: wrote %s\n", o->positional[1]);
+    fprintf(stderr, "kiri: wrote %s\n", args[1]);
     return 0;
 }
 
-static int cmd_bench(const struct options *o)
+static int cmd_bench(const struct options *o, const char **args, int n_args)
 {
+    (void)args;
+    (void)n_args;
     struct kiri_model *m = NULL;
     struct kiri_context *c = NULL;
     const double t_open = kiri_time_seconds();
     int rc = open_model(o, 0, &m);
     const double open_seconds = kiri_time_seconds() - t_open;
-    const int n_p = o->n_prompt_bench, n_g = o->n_predict >= 1 ? o->n_predict : o->n_gen_bench;
+    const int n_p = o->n_prompt_bench, n_g = o->n_gen_bench >= 1 ? o->n_gen_bench : 128;
     struct options oc = *o;
     if (rc == 0 && oc.n_ctx == 0)
         oc.n_ctx = n_p + n_g + 1;
@@ -466,21 +416,17 @@ extern char **environ;
 /* kiri serve: runs until SIGTERM/SIGINT, then drains running requests (up to 30 s). */
 static int cmd_serve(int argc, char **argv)
 {
-    for (int i = 2; i < argc; i++)
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            static char help[16384];
-            kiri_server_config_usage(help, sizeof help);
-            fputs(help, stdout);
-            return 0;
-        }
+    if (kiri_server_config_help_requested(argc - 2, argv + 2)) {
+        static char help[16384];
+        kiri_server_config_usage(help, sizeof help);
+        printf("usage: kiri serve -m MODEL [options]\n\nServes the model over an OpenAI-compatible HTTP(S) API "
+               "(docs/server.md).\n\n%s", help);
+        return 0;
+    }
     static struct kiri_server_config cfg;
     char err[512];
     if (kiri_server_config_load(&cfg, argc - 2, argv + 2, environ, err, sizeof err) != 0) {
-        fprintf(stderr, "kiri: error: %s\n", err);
-        return 2;
-    }
-    if (!cfg.model[0] && !cfg.models_dir[0]) {
-        fprintf(stderr, "kiri: error: serve needs a model (-m FILE, KIRI_MODEL or model = in --config)\n");
+        fprintf(stderr, "kiri: error: %s (see kiri serve --help)\n", err);
         return 2;
     }
     kiri_platform_signals_init(); /* before any thread exists */
@@ -498,6 +444,62 @@ static int cmd_serve(int argc, char **argv)
 }
 #endif
 
+/* ---------------------------------------------------------------------------------------------
+ * The command table
+ * ------------------------------------------------------------------------------------------- */
+
+struct command {
+    const char *name;
+    const char *synopsis;      /* after "kiri NAME " */
+    const char *summary;
+    const struct kiri_option_spec *spec;   /* NULL: the command parses its own (serve, pull, fleet) */
+    int (*run)(const struct options *o, const char **args, int n_args);
+    int (*run_argv)(int argc, char **argv);   /* commands of the server build; NULL when it is off */
+    const char *epilog;        /* printed after the options */
+};
+
+#ifdef KIRI_WITH_SERVER
+#define SERVER_COMMAND(f) f
+#else
+#define SERVER_COMMAND(f) NULL
+#endif
+
+static const struct command commands[] = {
+    {"run", "-m MODEL -p PROMPT [options]", "generate text", &run_spec, cmd_run, NULL, NULL},
+    {"tokenize", "-m MODEL [--no-bos] TEXT", "print token ids", &tokenize_spec, cmd_tokenize, NULL, NULL},
+    {"info", "[-m MODEL] [options]", "describe the machine and the model", &info_spec, cmd_info, NULL, NULL},
+    {"quantize", "IN.gguf OUT.gguf TYPE", "convert weights", &quantize_spec, cmd_quantize, NULL,
+     "TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q4_K_M Q5_K Q6_K F16 BF16 F32\n"},
+    {"bench", "-m MODEL [-p N] [-n N] [options]", "tokens per second", &bench_spec, cmd_bench, NULL, NULL},
+    {"serve", "-m MODEL [--host H] [--port P] [options]", "OpenAI-compatible HTTP(S) server", NULL, NULL,
+     SERVER_COMMAND(cmd_serve), NULL},
+    {"pull", "REF --models-dir DIR [options]", "fetch a model (OCI registry or https)", NULL, NULL,
+     SERVER_COMMAND(kiri_fleet_cli_pull), NULL},
+    {"fleet", "keygen | sign | verify | sync [options]", "signed model manifests (docs/fleet.md)", NULL, NULL,
+     SERVER_COMMAND(kiri_fleet_cli_fleet), NULL},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kiri <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const struct command *c = &commands[i];
+        int absent = !c->run && !c->run_argv;
+        fprintf(f, "  %-9s %-44s %s%s\n", c->name, c->synopsis, c->summary,
+                absent ? " (not in this build)" : "");
+    }
+    fprintf(f, "\n`kiri COMMAND --help` lists the options of one command; kiri --version prints the version.\n");
+}
+
+static void command_usage(const struct command *c)
+{
+    static char text[16384];
+    kiri_options_usage(c->spec, text, sizeof text);
+    printf("usage: kiri %s %s\n  %s\n\n%s%s%s", c->name, c->synopsis, c->summary, text,
+           text[0] && c->epilog ? "\n" : "", c->epilog ? c->epilog : "");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
@@ -508,28 +510,33 @@ int main(int argc, char **argv)
         printf("kiri %s\n", KIRI_VERSION_STRING);
         return 0;
     }
-#ifdef KIRI_WITH_SERVER
-    if (strcmp(argv[1], "serve") == 0)
-        return cmd_serve(argc, argv);
-    if (strcmp(argv[1], "pull") == 0)
-        return kiri_fleet_cli_pull(argc, argv);
-    if (strcmp(argv[1], "fleet") == 0)
-        return kiri_fleet_cli_fleet(argc, argv);
-#endif
-    struct options o;
-    if (parse_args(argc, argv, &o) != 0)
+    const struct command *c = NULL;
+    for (size_t i = 0; i < N_COMMANDS && !c; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            c = &commands[i];
+    if (!c) {
+        fprintf(stderr, "kiri: error: unknown command '%s' (see kiri --help)\n", argv[1]);
         return 2;
-    const char *cmd = argv[1];
-    if (strcmp(cmd, "run") == 0)
-        return cmd_run(&o);
-    if (strcmp(cmd, "tokenize") == 0)
-        return cmd_tokenize(&o);
-    if (strcmp(cmd, "info") == 0)
-        return cmd_info(&o);
-    if (strcmp(cmd, "quantize") == 0)
-        return cmd_quantize(&o);
-    if (strcmp(cmd, "bench") == 0)
-        return cmd_bench(&o);
-    fprintf(stderr, "kiri: error: unknown command '%s' (see kiri --help)\n", cmd);
-    return 2;
+    }
+    if (c->run_argv)
+        return c->run_argv(argc, argv);
+    if (!c->run) {
+        fprintf(stderr, "kiri: '%s' is not in this build: it was built without the TLS libraries "
+                        "(run scripts/build-deps.sh, then make)\n", c->name);
+        return 2;
+    }
+    if (kiri_options_help_requested(c->spec, argc - 2, argv + 2)) {
+        command_usage(c);
+        return 0;
+    }
+    struct options o;
+    options_default(&o);
+    const char *args[4];
+    int n_args = 0;
+    char err[512];
+    if (kiri_options_parse(c->spec, &o, argc - 2, argv + 2, NULL, args, &n_args, err, sizeof err) != 0) {
+        fprintf(stderr, "kiri: error: %s (see kiri %s --help)\n", err, c->name);
+        return 2;
+    }
+    return c->run(&o, args, n_args);
 }

@@ -100,7 +100,8 @@ apt_opts=()
 
 # The Debian mirror this machine's apt uses, read from one-line and deb822 source lists; the
 # security archive is taken from the same files, else from the same host. KIRI_DEBIAN_MIRROR and
-# KIRI_DEBIAN_SECURITY_MIRROR override them.
+# KIRI_DEBIAN_SECURITY_MIRROR override them. There is no built-in fallback: with neither, the
+# script stops and says so.
 system_mirrors() {
   local files=() f
   [ -f /etc/apt/sources.list ] && files+=(/etc/apt/sources.list)
@@ -126,7 +127,9 @@ setup_apt() {
       */debian) [ -n "$mirror" ] || mirror=$uri ;;
     esac
   done < <(system_mirrors)
-  mirror=${mirror:-http://deb.debian.org/debian}
+  [ -n "$mirror" ] || die "no Debian mirror: none of /etc/apt/sources.list, /etc/apt/sources.list.d/*.list \
+or *.sources names a URI ending in /debian. Set KIRI_DEBIAN_MIRROR to the mirror's URL (the folder \
+that holds dists/ and pool/)."
   security=${security:-${mirror%/debian}/debian-security}
   APT_MIRROR=$mirror APT_SECURITY=$security
   local keyring=/usr/share/keyrings/debian-archive-keyring.gpg

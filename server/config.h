@@ -17,8 +17,8 @@ struct kiri_server_config {
     int port;                   /* --port (default 8080) */
     int threads;                /* --threads / -t (default: cores) */
     char backend[32];           /* --backend (default auto) */
-    int gpu_layers;
-    char cpu_kernels[16];       /* --cpu-kernels (default auto) */             /* --gpu-layers: layers on a GPU backend, the rest on the CPU (default -1: all) */
+    int gpu_layers;             /* --gpu-layers: layers on a GPU backend, the rest on the CPU (default -1: all) */
+    char cpu_kernels[16];       /* --cpu-kernels (default auto) */
     int32_t ctx;                /* --ctx: tokens per sequence (default: the model's) */
     uint64_t kv_memory;         /* --kv-memory: KV pool bytes, accepts K/M/G suffixes (default: ctx * parallel) */
     char kv_type[8];            /* --kv-type f16|f32|q8_0 */
@@ -57,5 +57,7 @@ int kiri_server_config_load(struct kiri_server_config *cfg, int argc, char **arg
                             char *err, size_t err_cap);
 /* Writes the flag help text. */
 void kiri_server_config_usage(char *buf, size_t cap);
+/* Whether argv (as for kiri_server_config_load) asks for help: -h or --help where a flag may stand. */
+int kiri_server_config_help_requested(int argc, char **argv);
 
 #endif

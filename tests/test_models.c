@@ -6,6 +6,7 @@
  * (fleet manifests that drop a model). The model is the bundled stories260K. */
 #include "test.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -258,14 +259,14 @@ static void test_budget_evicts_the_idle_model(void)
 
 struct racer {
     struct kiri_models *r;
-    volatile int *stop;
+    atomic_int *stop;   /* atomic: set by the main thread while the racers read it */
     int ok, failed;
 };
 
 static void race(void *arg)
 {
     struct racer *rc = arg;
-    for (int i = 0; i < 400 && !*rc->stop; i++) {
+    for (int i = 0; i < 400 && !atomic_load(rc->stop); i++) {
         struct kiri_served_model *m = NULL;
         struct kiri_status_info info;
         if (kiri_models_acquire(rc->r, NULL, &m, &info) != KIRI_OK) {
@@ -286,7 +287,7 @@ static void test_swaps_race_with_requests(void)
     struct kiri_status_info info;
     CHECK_EQ_INT(kiri_models_add(r, "m", MODEL, SHA_A, &info), KIRI_OK);
     CHECK_EQ_INT(kiri_models_load(r, "m", &info), KIRI_OK);
-    volatile int stop = 0;
+    atomic_int stop = 0;
     struct racer rc[3];
     struct kiri_thread *t[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
@@ -301,7 +302,7 @@ static void test_swaps_race_with_requests(void)
         swaps += swapped;
         kiri_platform_sleep(0.02);
     }
-    stop = 1;
+    atomic_store(&stop, 1);
     int ok = 0, failed = 0;
     for (int i = 0; i < 3; i++) {
         if (t[i])
