@@ -68,7 +68,7 @@ int kiri_buf_puts(struct kiri_buf *b, const char *s) { return kiri_buf_append(b,
 
 int kiri_buf_putc(struct kiri_buf *b, char c) { return kiri_buf_append(b, &c, 1); }
 
-int kiri_buf_vprintf(struct kiri_buf *b, const char *fmt, va_list ap)
+static int buf_vprintf(struct kiri_buf *b, const char *fmt, va_list ap)
 {
     va_list copy;
     va_copy(copy, ap);
@@ -90,7 +90,7 @@ int kiri_buf_printf(struct kiri_buf *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    const int rc = kiri_buf_vprintf(b, fmt, ap);
+    const int rc = buf_vprintf(b, fmt, ap);
     va_end(ap);
     return rc;
 }

@@ -29,7 +29,6 @@ int kiri_buf_append(struct kiri_buf *b, const void *p, size_t n);
 int kiri_buf_puts(struct kiri_buf *b, const char *s);
 int kiri_buf_putc(struct kiri_buf *b, char c);
 int kiri_buf_printf(struct kiri_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int kiri_buf_vprintf(struct kiri_buf *b, const char *fmt, va_list ap);
 /* Removes the first n bytes (at most len), as a stream parser does with what it has used. */
 void kiri_buf_drop(struct kiri_buf *b, size_t n);
 /* Hands the bytes to the caller (free with kiri_mem_free; never NULL unless out of memory) and

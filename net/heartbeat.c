@@ -15,7 +15,8 @@
 
 static json_t *str(const char *s) { return json_string(s ? s : ""); }
 
-char *kiri_heartbeat_json(const struct kiri_heartbeat_status *s)
+/* The status as an owned NUL-terminated JSON string (kiri_mem_free); NULL when out of memory. */
+static char *heartbeat_json(const struct kiri_heartbeat_status *s)
 {
     json_t *models = json_array();
     const int n = s->n_models < 0 ? 0 : s->n_models > KIRI_HEARTBEAT_MAX_MODELS ? KIRI_HEARTBEAT_MAX_MODELS : s->n_models;
@@ -53,7 +54,7 @@ int kiri_heartbeat_send(struct kiri_https_client *c, const char *url, const stru
                         int *http_status, struct kiri_status_info *info)
 {
     *http_status = 0;
-    char *body = kiri_heartbeat_json(s);
+    char *body = heartbeat_json(s);
     if (!body)
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
     struct kiri_https_request req;

@@ -40,8 +40,6 @@ struct kiri_heartbeat_status {
     const struct kiri_heartbeat_model *models;   /* borrowed, n_models */
 };
 
-/* The status as an owned NUL-terminated JSON string (kiri_mem_free); NULL when out of memory. */
-char *kiri_heartbeat_json(const struct kiri_heartbeat_status *s);
 
 /* POSTs the status to url with the client (the fleet's CA and timeouts). KIRI_OK when the
  * collector answered 2xx; KIRI_E_IO otherwise (info says why: the network, TLS, or the status).

@@ -21,6 +21,7 @@
 
 #include "options.h"
 #include "platform.h"
+#include "utf8.h"
 
 /* ---------------------------------------------------------------------------------------------
  * The option table
@@ -200,12 +201,8 @@ static void default_alias(struct kiri_server_config *c)
 {
     const char *base = strrchr(c->model, '/');
     base = base && base[1] ? base + 1 : c->model;
-    size_t n = strlen(base);
-    if (n >= sizeof c->model_alias) {
-        n = sizeof c->model_alias - 1;
-        while (n > 0 && ((unsigned char)base[n] & 0xC0) == 0x80)
-            n--;   /* do not cut a UTF-8 character in two */
-    }
+    /* Cut to the field, never through a UTF-8 character. */
+    const size_t n = kiri_utf8_prefix(base, strlen(base), sizeof c->model_alias - 1);
     memcpy(c->model_alias, base, n);
     c->model_alias[n] = '\0';
 }

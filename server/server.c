@@ -1520,7 +1520,6 @@ fail:
     return rc;
 }
 
-int kiri_server_port(const struct kiri_server *s) { return s->port; }
 
 void kiri_server_stop(struct kiri_server *s, double grace_seconds)
 {

@@ -17,8 +17,6 @@ struct kiri_status_info;
 /* Starts listening and loads the model. The configuration is copied. */
 int kiri_server_start(const struct kiri_server_config *cfg, struct kiri_server **out,
                       struct kiri_status_info *info);
-/* The port actually bound (useful with --port 0). */
-int kiri_server_port(const struct kiri_server *s);
 /* Stops taking requests, lets running ones finish (at most grace_seconds), closes the listener
  * and frees everything. */
 void kiri_server_stop(struct kiri_server *s, double grace_seconds);

@@ -560,11 +560,6 @@ void kiri_upstream_count(struct kiri_upstream *u, enum kiri_upstream_counter c)
         atomic_fetch_add(&u->counts[c], 1);
 }
 
-uint64_t kiri_upstream_counter_value(struct kiri_upstream *u, enum kiri_upstream_counter c)
-{
-    return c < KIRI_UPSTREAM_N_COUNTERS ? atomic_load(&u->counts[c]) : 0;
-}
-
 void kiri_upstream_get_stats(struct kiri_upstream *u, struct kiri_upstream_stats *out)
 {
     memset(out, 0, sizeof *out);

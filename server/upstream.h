@@ -192,7 +192,6 @@ enum kiri_upstream_counter {
     KIRI_UPSTREAM_N_COUNTERS
 };
 void kiri_upstream_count(struct kiri_upstream *u, enum kiri_upstream_counter c);
-uint64_t kiri_upstream_counter_value(struct kiri_upstream *u, enum kiri_upstream_counter c);
 
 /* A snapshot of the routing counters, the breaker and the failed forwards by reason, which the
  * server renders on /metrics (kiri_metrics_render_upstream). */
