@@ -235,6 +235,7 @@ struct kiri_request {
 struct kiri_token_event {
     int32_t token;                /* the generated token, or -1 in a final event without one */
     int finish;                   /* -1 while running, else enum kiri_finish */
+    int status;                   /* with KIRI_FINISH_ERROR: why (KIRI_E_NOMEM, KIRI_E_BACKEND) */
     /* The text this event completes: whole UTF-8 characters, stop strings cut, text that may
      * begin a stop string held back until it cannot; a final event also carries what was held
      * (not after a stop string or an error). Valid during the callback only. */

@@ -38,6 +38,7 @@ struct seq {
     uint64_t chain_hash;            /* hash of block n_published - 1 */
     struct kiri_sampler *sampler;   /* owned while running */
     struct kiri_text_stream text;   /* owned: tokens to text, stop strings */
+    int status;                     /* what failed, for a KIRI_FINISH_ERROR */
     kiri_batcher_fn fn;
     void *user;
     _Atomic int cancel;
@@ -345,6 +346,7 @@ static void finish(struct kiri_batcher *b, struct seq *s, int reason, const stru
         ev.text_len = s->text.out.len;
     }
     ev.finish = reason;
+    ev.status = reason == KIRI_FINISH_ERROR ? (s->status < 0 ? s->status : KIRI_E_BACKEND) : KIRI_OK;
     s->fn(s->user, &ev);
     seq_free(b, s);
 }
@@ -404,6 +406,7 @@ static void admit(struct kiri_batcher *b)
         s->next = NULL;
         if (!s->held) {
             if (kiri_sampler_init(&s->req.sampling, b->model->hp.n_vocab, &s->sampler) != KIRI_OK) {
+                s->status = KIRI_E_NOMEM;
                 s->next = cancelled; /* out of memory: end it rather than stall the queue */
                 cancelled = s;
                 continue;
@@ -523,6 +526,8 @@ static int32_t plan(struct kiri_batcher *b, struct seq **planned, int32_t *take)
                     restart = 1;
                     break;
                 }
+                if (rc == KIRI_E_NOMEM)
+                    s->status = rc; /* its block table cannot grow: it ends (end_failed) */
                 if (rc != KIRI_OK)
                     continue; /* cannot fit even alone: waits for blocks to come back */
                 if (pass == 1)
@@ -587,7 +592,7 @@ static int sample(struct kiri_batcher *b, struct seq *s, const float *logits, do
     else if ((text_rc = kiri_text_stream_push(&s->text, ev->token)) == 1)
         reason = KIRI_FINISH_STOP;
     else if (text_rc < 0)
-        reason = KIRI_FINISH_ERROR;
+        reason = KIRI_FINISH_ERROR, s->status = text_rc;
     else if (s->req.max_tokens >= 0 && s->n_generated >= s->req.max_tokens)
         reason = KIRI_FINISH_LENGTH;
     else if (s->n_tokens > b->p.n_ctx)
@@ -599,19 +604,29 @@ static int sample(struct kiri_batcher *b, struct seq *s, const float *logits, do
     return reason;
 }
 
-/* One forward step over every running sequence. Returns 1 if it did work. */
-static int step(struct kiri_batcher *b)
+/* Ends the running sequences that were cancelled or failed outside a step (out of memory while
+ * planning). Returns the number ended. */
+static int end_sequences(struct kiri_batcher *b)
 {
-    /* Cancelled sequences end first, freeing their blocks for the others. */
+    int n = 0;
     for (int32_t i = 0; i < b->n_running;) {
         struct seq *s = b->running[i];
-        if (atomic_load(&s->cancel)) {
+        if (atomic_load(&s->cancel) || s->status < 0) {
             remove_running(b, i);
-            finish(b, s, KIRI_FINISH_CANCELLED, NULL);
+            finish(b, s, s->status < 0 ? KIRI_FINISH_ERROR : KIRI_FINISH_CANCELLED, NULL);
+            n++;
         } else {
             i++;
         }
     }
+    return n;
+}
+
+/* One forward step over every running sequence. Returns 1 if it did work. */
+static int step(struct kiri_batcher *b)
+{
+    /* Cancelled sequences end first, freeing their blocks for the others. */
+    end_sequences(b);
     if (b->n_running == 0)
         return 0;
 
@@ -619,7 +634,7 @@ static int step(struct kiri_batcher *b)
     int32_t take[1024];
     const int32_t n_planned = plan(b, planned, take);
     if (n_planned == 0)
-        return 0;
+        return end_sequences(b);
     int32_t n_tok = 0, n_out = 0, n_tab = 0;
     for (int32_t j = 0; j < n_planned; j++) {
         struct seq *s = planned[j];
@@ -651,6 +666,7 @@ static int step(struct kiri_batcher *b)
     }
     if (rc != KIRI_OK) {
         for (int32_t j = 0; j < n_planned; j++) {
+            planned[j]->status = rc;
             remove_seq(b, planned[j]);
             finish(b, planned[j], KIRI_FINISH_ERROR, NULL);
         }

@@ -29,7 +29,7 @@ struct kiri_context {
     uint64_t held_id;
     int32_t n_held;
     const float *logits;          /* of the held sequence's last token, from its last event */
-    int held_failed;              /* the held sequence ended with an error */
+    int held_status;              /* why the held sequence ended with an error (0: it did not) */
     _Atomic int cancel;
 };
 
@@ -277,7 +277,7 @@ static int on_held(void *user, const struct kiri_token_event *ev)
         c->logits = ev->logits;
     if (ev->finish >= 0) {
         c->n_held = 0;
-        c->held_failed = ev->finish == KIRI_FINISH_ERROR;
+        c->held_status = ev->finish == KIRI_FINISH_ERROR ? ev->status : KIRI_OK;
     }
     return 0;
 }
@@ -320,12 +320,15 @@ int kiri_context_eval(struct kiri_context *c, const int32_t *tokens, int32_t n, 
     if (rc < 0)
         return rc;
     c->n_held += n;
-    c->held_failed = 0;
+    c->held_status = KIRI_OK;
     kiri_batcher_run(c->batcher, &c->cancel);
     if (atomic_load(&c->cancel))
         return kiri_error_set(info, KIRI_E_CANCELLED, "cancelled");
-    if (!c->logits || c->n_held == 0)
-        return kiri_error_set(info, KIRI_E_BACKEND, "the backend failed while evaluating");
+    if (!c->logits || c->n_held == 0) {
+        const int status = c->held_status < 0 ? c->held_status : KIRI_E_BACKEND;
+        return kiri_error_set(info, status, status == KIRI_E_NOMEM ? "out of memory while evaluating"
+                                                                   : "the backend failed while evaluating");
+    }
     *logits = c->logits;
     return KIRI_OK;
 }
@@ -340,6 +343,7 @@ struct generation {
     void *user;
     int user_stopped;           /* on_token asked to stop */
     int finish;                 /* the final event's reason, -1 before it */
+    int status;                 /* the final event's status */
     int32_t n_generated;
     double t_first;             /* when the first token arrived */
 };
@@ -351,6 +355,7 @@ static int on_generated(void *user, const struct kiri_token_event *ev)
         g->t_first = kiri_platform_now();
     if (ev->finish >= 0) {
         g->finish = ev->finish;
+        g->status = ev->status;
         g->n_generated = ev->n_generated;
     }
     if (g->user_stopped || !g->on_token || ev->finish == KIRI_FINISH_CANCELLED || ev->finish == KIRI_FINISH_ERROR)
@@ -386,7 +391,7 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     r.sampling = gp->sampling;
     r.stop = gp->stop;
     r.n_stop = gp->n_stop;
-    struct generation g = {c->model, on_token, user, 0, -1, 0, 0};
+    struct generation g = {c->model, on_token, user, 0, -1, KIRI_OK, 0, 0};
     uint64_t id;
     const double t0 = kiri_platform_now();
     int rc = kiri_batcher_submit(c->batcher, &r, on_generated, &g, &id, info);
@@ -409,7 +414,8 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
         rc = kiri_error_set(info, KIRI_E_CANCELLED, "cancelled");
     } else if (g.finish == KIRI_FINISH_ERROR || g.finish < 0) {
         res.finish = KIRI_FINISH_LENGTH;
-        rc = kiri_error_set(info, KIRI_E_BACKEND, "the backend failed while generating");
+        rc = g.status == KIRI_E_NOMEM ? kiri_error_set(info, KIRI_E_NOMEM, "out of memory while generating")
+                                      : kiri_error_set(info, KIRI_E_BACKEND, "the backend failed while generating");
     }
     if (result)
         *result = res;
