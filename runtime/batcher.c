@@ -197,8 +197,10 @@ static int submit(struct kiri_batcher *b, const struct kiri_request *r, int held
                   uint64_t *id, struct kiri_status_info *info)
 {
     kiri_error_clear(info);
-    if (!r || !fn || !id || !r->tokens || r->n_tokens < 1 || r->n_stop < 0 || (r->n_stop && !r->stop))
+    if (!r || !fn || !id || !r->tokens || r->n_tokens < 1)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "a request needs a prompt of at least one token");
+    if (r->n_stop < 0 || (r->n_stop && !r->stop))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "the stop strings are missing");
     if (held ? r->n_tokens > b->p.n_ctx : r->n_tokens >= b->p.n_ctx)
         return kiri_error_set(info, KIRI_E_INVALID_ARG,
                               "the prompt has %d tokens; the context holds %d, leaving no room to generate",
@@ -696,13 +698,13 @@ static int step(struct kiri_batcher *b)
             deliver_logits(s, lg);
             continue;
         }
-        struct kiri_token_event ev;
-        int reason = s->req.max_tokens == 0 ? KIRI_FINISH_LENGTH : sample(b, s, lg, now, &ev);
-        if (reason == KIRI_FINISH_LENGTH && s->req.max_tokens == 0) {
+        if (s->req.max_tokens == 0) { /* the prompt only */
             remove_seq(b, s);
-            finish(b, s, reason, NULL);
+            finish(b, s, KIRI_FINISH_LENGTH, NULL);
             continue;
         }
+        struct kiri_token_event ev;
+        int reason = sample(b, s, lg, now, &ev);
         kiri_platform_mutex_lock(b->lock);
         b->stats.generated_tokens++;
         kiri_platform_mutex_unlock(b->lock);

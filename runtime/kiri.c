@@ -24,7 +24,6 @@
 struct kiri_context {
     struct kiri_model *model;     /* borrowed */
     struct kiri_batcher *batcher; /* owned: one sequence, no loop thread */
-    int32_t n_ctx;
     /* The sequence kiri_context_eval builds: held in the batcher while n_held > 0. */
     uint64_t held_id;
     int32_t n_held;
@@ -241,7 +240,6 @@ int kiri_context_init(struct kiri_model *m, const struct kiri_context_params *pa
     if (!c)
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
     c->model = m;
-    c->n_ctx = n_ctx;
     /* One sequence of n_ctx tokens, n_batch prompt tokens per step. Without prefix sharing a
      * context computes every position itself, as its callers (reference checks) expect. */
     struct kiri_batcher_params bp;
@@ -301,9 +299,10 @@ int kiri_context_eval(struct kiri_context *c, const int32_t *tokens, int32_t n, 
     kiri_error_clear(info);
     if (!c || !tokens || n < 1 || !logits)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "eval needs at least one token");
-    if ((int64_t)c->n_held + n > c->n_ctx)
+    const int32_t n_ctx = kiri_batcher_n_ctx(c->batcher);
+    if ((int64_t)c->n_held + n > n_ctx)
         return kiri_error_set(info, KIRI_E_CONTEXT_FULL, "%d tokens do not fit: %d of %d context positions used",
-                              n, c->n_held, c->n_ctx);
+                              n, c->n_held, n_ctx);
     if (atomic_load(&c->cancel))
         return kiri_error_set(info, KIRI_E_CANCELLED, "cancelled");
     int rc;
@@ -379,9 +378,9 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     for (int s = 0; s < gp->n_stop; s++)
         if (!gp->stop[s])
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "stop string %d is NULL", s);
-    if (n_prompt >= c->n_ctx)
+    if (n_prompt >= kiri_batcher_n_ctx(c->batcher))
         return kiri_error_set(info, KIRI_E_CONTEXT_FULL, "the prompt (%d tokens) does not fit the context (%d)",
-                              n_prompt, c->n_ctx);
+                              n_prompt, kiri_batcher_n_ctx(c->batcher));
     kiri_context_reset(c);
     struct kiri_request r;
     memset(&r, 0, sizeof r);

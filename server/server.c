@@ -293,14 +293,15 @@ static int on_event(void *user, const struct kiri_token_event *ev)
         ch->q = q;
         ch->q_cap = cap;
     }
-    if (kiri_buf_append(&ch->q_text, ev->text, ev->text_len) < 0 && ev->finish < 0) {
+    const int text_ok = kiri_buf_append(&ch->q_text, ev->text, ev->text_len) == KIRI_OK;
+    if (!text_ok && ev->finish < 0) {
         kiri_platform_mutex_unlock(g->lock);
-        return 1;
+        return 1; /* out of memory: end this choice */
     }
     struct event *e = &ch->q[ch->q_len++];
     e->token = ev->token;
     e->finish = ev->finish;
-    e->text_len = ch->q_text.failed ? 0 : ev->text_len;
+    e->text_len = text_ok ? ev->text_len : 0;
     e->logprob = ev->logprob;
     e->n_top = ev->n_top;
     memcpy(e->top_ids, ev->top_ids, sizeof e->top_ids);
@@ -675,6 +676,16 @@ static int acquire_for(struct kiri_server *s, struct mg_connection *c, char *bod
     return status;
 }
 
+/* Frees a request's choices and its event queue (every final event has arrived). */
+static void gen_free(struct gen *g)
+{
+    for (int i = 0; i < g->n; i++)
+        choice_free(g, &g->ch[i]);
+    kiri_platform_cond_free(g->cond);
+    kiri_platform_mutex_free(g->lock);
+    kiri_mem_free(g);
+}
+
 /* One generation request on the model sm it holds; r (parsed by acquire_for) is freed here. */
 static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct mg_connection *c, int kind,
                     const char *endpoint, struct kiri_api_request *parsed)
@@ -747,11 +758,7 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
             if (g->ch[i].submitted)
                 kiri_batcher_cancel(sm->batcher, g->ch[i].id);
         run_generation(s, g, &r, NULL, t0 + 60);
-        for (int i = 0; i < g->n; i++)
-            choice_free(g, &g->ch[i]);
-        kiri_platform_cond_free(g->cond);
-        kiri_platform_mutex_free(g->lock);
-        kiri_mem_free(g);
+        gen_free(g);
         kiri_api_request_free(&r);
         if (submit_rc == KIRI_E_BUSY)
             return fail(c, atomic_load(&s->draining) ? 503 : 429, "server_error", "", "overloaded", info.message,
@@ -827,11 +834,7 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
     kiri_metrics_e2e(s->metrics, kiri_platform_now() - t0);
     if (s->cfg.log_prompts && r.prompt)
         fprintf(stderr, "kiri: %s prompt: %.200s\n", endpoint, r.prompt);
-    for (int i = 0; i < g->n; i++)
-        choice_free(g, &g->ch[i]);
-    kiri_platform_cond_free(g->cond);
-    kiri_platform_mutex_free(g->lock);
-    kiri_mem_free(g);
+    gen_free(g);
     kiri_api_request_free(&r);
     return status;
 }
