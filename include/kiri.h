@@ -149,11 +149,32 @@ void kiri_context_free(struct kiri_context *ctx);
  * text comes with token -1. Return non-zero to stop. */
 typedef int (*kiri_token_fn)(void *user, int32_t token, const char *text, size_t len);
 
+/* ---- structured output: grammars ----
+ *
+ * A grammar in llama.cpp's GBNF format (the syntax its grammars/README.md describes: rules
+ * `name ::= ...`, literals, character classes, groups, alternation, `*` `+` `?` `{m,n}`, comments)
+ * constrains what a sequence may generate: at every step only tokens whose bytes continue a
+ * sentence of the grammar can be drawn (the mask is applied before every sampler setting, which
+ * then works over what is left), and an end-of-generation token only where the sentence may end.
+ * When the sentence is complete and the grammar allows nothing more, the sequence ends
+ * (KIRI_FINISH_STOP). Grammars are given as text and compiled at submit; a malformed one is
+ * KIRI_E_INVALID_ARG with field "grammar" and the line and column in the message. */
+
+/* Largest grammar text accepted, in bytes. */
+#define KIRI_GRAMMAR_MAX_SIZE ((size_t)1 << 20)
+
+/* Checks that gbnf[0..len) is a grammar kiri can use (its rule "root" defined, every rule it
+ * names defined, no rule that can only recurse forever on the left). KIRI_OK, or
+ * KIRI_E_INVALID_ARG with field "grammar" and a message naming the line, column and reason. */
+int kiri_grammar_check(const char *gbnf, size_t len, struct kiri_status_info *info);
+
 struct kiri_generate_params {
     int32_t max_tokens;         /* < 0: until EOS or the context is full */
     struct kiri_sampling sampling;
     const char *const *stop;    /* stop strings (not emitted), or NULL */
     int n_stop;
+    const char *grammar;        /* GBNF text constraining the output, or NULL */
+    size_t grammar_len;
 };
 
 /* Why generation ended (kiri_generate's result, the serving loop's final event). */
@@ -230,6 +251,19 @@ struct kiri_request {
     int priority;                 /* higher runs first and is preempted last */
     int top_logprobs;             /* 0..KIRI_MAX_TOP_LOGPROBS alternatives per token */
     int logprobs;                 /* report the chosen token's log-probability */
+    /* GBNF text constraining the output (copied and compiled at submit), or NULL. */
+    const char *grammar;
+    size_t grammar_len;
+    /* With triggers the grammar is lazy: generation is free until its text contains one of these
+     * strings; from the first byte of that trigger on, the text must follow the grammar (as tool
+     * calls do: free text, then a call whose arguments must parse). */
+    const char *const *grammar_triggers;
+    int n_grammar_triggers;
+    /* Added to the logits of these tokens before sampling (OpenAI's logit_bias, -100..100;
+     * -100 or less bans the token). Copied at submit. */
+    const int32_t *bias_tokens;
+    const float *bias_values;
+    int n_bias;
 };
 
 struct kiri_token_event {
