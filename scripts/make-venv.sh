@@ -12,8 +12,17 @@ VENV="${KIRI_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kiri/venv}"
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 GGUF_VERSION="0.19.0"
 
+# Pure-Python tools added after the venv was first built come in on their own, without rebuilding
+# llama-cpp-python: jsonschema (validates constrained output) and the OpenAI Agents SDK (a real
+# agent framework driving `kiri serve`).
+LIGHT_PKGS=("jsonschema>=4.17" "openai-agents>=0.2")
+light() {
+  "$VENV/bin/python" -c 'import jsonschema, agents' 2>/dev/null ||
+    "$VENV/bin/pip" install -q "${LIGHT_PKGS[@]}" >&2
+}
+
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import llama_cpp, gguf, numpy, pytest, openai, websocket, jinja2' 2>/dev/null; then
-  echo "$VENV"; exit 0
+  light; echo "$VENV"; exit 0
 fi
 
 mkdir -p "$(dirname "$VENV")"
@@ -37,4 +46,5 @@ echo "make-venv: building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION with $flags
 CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
   "$VENV/bin/pip" install -q --no-cache-dir "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >&2
 "$VENV/bin/python" -c 'import llama_cpp, gguf, numpy' >&2
+light
 echo "$VENV"
