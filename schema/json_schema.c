@@ -1244,6 +1244,7 @@ static int gen_object(struct compiler *c, json_t *s, int depth, struct kiri_buf 
         if (json_is_false(v)) {
             if (r) {
                 size_t m = path_push(c, "properties");
+                path_push(c, key);
                 rc = fail(c, KIRI_E_UNSUPPORTED, "required", "%.60s is required but its schema is false", key);
                 path_pop(c, m);
                 break;
@@ -1441,13 +1442,12 @@ static int gen_array(struct compiler *c, json_t *s, int depth, struct kiri_buf *
         rc = gen(c, json_array_get(prefix, (size_t)j), depth + 1, &e);
         path_pop(c, m2);
         path_pop(c, m);
-        const char *comma = j > 0 ? "\",\" " : "";
-        if (j < min)
-            kiri_buf_printf(&b, "%s%s%s %s %s", comma, j > 0 ? ws.data : "", e.data ? e.data : "", ws.data,
-                            seq.data ? seq.data : "");
-        else
-            kiri_buf_printf(&b, "( %s%s%s %s %s )?", comma, j > 0 ? ws.data : "", e.data ? e.data : "", ws.data,
-                            seq.data ? seq.data : "");
+        BUF(elem);
+        if (j > 0)
+            kiri_buf_printf(&elem, "\",\" %s ", ws.data);
+        kiri_buf_printf(&elem, "%s %s %s", e.data ? e.data : "", ws.data, seq.data ? seq.data : "");
+        kiri_buf_printf(&b, j < min ? "%s" : "( %s )?", elem.data ? elem.data : "");
+        kiri_buf_free(&elem);
         kiri_buf_clear(&seq);
         if (rc == 0)
             rc = rule_make(c, "tuple", &b, &seq);
