@@ -44,8 +44,8 @@ static const char *const prim_names[P_N] = {"ws",      "char", "string", "number
                                             "null",    "value", "object", "array", "keychar"};
 static const char *const prim_bodies[P_N] = {
     "( \" \" | \"\\n\" [ ]{0,8} )?",
-    "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] "
-    "[0-9a-fA-F]{2} ) )",
+    ("[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] "
+     "[0-9a-fA-F]{2} ) )"),
     "\"\\\"\" %char* \"\\\"\"",
     "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,15} )? ( [eE] [-+]? [0-9]{1,3} )?",
     "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )",
