@@ -13,7 +13,8 @@
  * exclusiveMinimum / exclusiveMaximum (draft 4's boolean forms too), multipleOf 1, and
  * minProperties / maxProperties / uniqueItems where the rest already implies them. Annotations
  * (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
- * writeOnly, ...) and unknown keywords are ignored, as validators ignore them.
+ * writeOnly, ...) and unknown keywords are ignored, as validators ignore them. Of duplicate keys
+ * in the JSON text the last wins, as everywhere kiri reads JSON.
  *
  * Where the schema leaves a choice, the grammar may take a narrower one that still validates:
  * bounded whitespace and digits, extra keys of [a-zA-Z0-9_-], integers for a bounded "number",

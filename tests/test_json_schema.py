@@ -201,7 +201,8 @@ def enum_of(n):
 REFUSED = [
     ('{"type": "string"', "E_INVALID_ARG", "json_schema", "not JSON"),
     ("", "E_INVALID_ARG", "json_schema", "not JSON"),
-    ('{"a": 1, "a": 2}', "E_INVALID_ARG", "json_schema", "duplicate"),
+    ('{"type": "string", "type": 2}', "E_INVALID_ARG", "#", "type"),  # duplicate keys: the last wins
+    ("\ufeff{}", "E_INVALID_ARG", "json_schema", "not JSON"),
     ("[]", "E_INVALID_ARG", "#", "schema"),
     ('{"type": "strng"}', "E_INVALID_ARG", "#", "type"),
     ('{"type": 3}', "E_INVALID_ARG", "#", "type"),
@@ -262,6 +263,7 @@ REFUSED = [
     ('{"anyOf": [false, false]}', "E_UNSUPPORTED", "#", "anyOf"),
     (deep(1000), "E_UNSUPPORTED", None, "deeper"),
     (deep(5000), "E_INVALID_ARG", "json_schema", "not JSON"),
+    (deep(10000), "E_INVALID_ARG", "json_schema", "not JSON"),
     (enum_of(100000), "E_UNSUPPORTED", "#", "enum"),
     (json.dumps({"type": "object", "properties": {"p%d" % i: {} for i in range(2000)}}), "E_UNSUPPORTED", "#",
      "properties"),
