@@ -9,6 +9,7 @@
 #include "buf.h"
 #include "chat_prompt.h"
 #include "chat_template.h"
+#include "error.h"
 #include "mem.h"
 #include "platform.h"
 
@@ -61,23 +62,26 @@ struct answer {
 enum { READ_MESSAGE, READ_EOF, READ_TOO_LONG };
 
 /* Reads one line without its end of line into line. Returns READ_EOF at the end of input with
- * nothing read. */
+ * nothing read, READ_TOO_LONG for a line past line's limit (read to its end, the start kept). */
 static int read_line(struct kiri_buf *line)
 {
     kiri_buf_clear(line);
+    line->failed = 0;
     char chunk[4096];
     int got = 0;
     while (fgets(chunk, sizeof chunk, stdin)) {
         got = 1;
         size_t n = strlen(chunk);
         const int end = n > 0 && chunk[n - 1] == '\n';
-        if (kiri_buf_append(line, chunk, n - (size_t)end) != 0)
-            return READ_TOO_LONG;
+        if (!line->failed)
+            kiri_buf_append(line, chunk, n - (size_t)end);
         if (end)
             break;
     }
     if (!got)
         return READ_EOF;
+    if (line->failed)
+        return READ_TOO_LONG;
     if (line->len && line->data[line->len - 1] == '\r')
         line->data[--line->len] = '\0';
     return READ_MESSAGE;
@@ -216,17 +220,20 @@ static void history_drop_last(struct chat *ch)
 
 static void history_clear(struct chat *ch) { history_drop(ch, ch->n_msgs - ch->n_fixed); }
 
-/* The conversation's prompt tokens (*ids, kiri_mem_free). */
-static int render(const struct chat *ch, int32_t **ids, int32_t *n, struct kiri_status_info *info)
+/* The prompt tokens (*ids, kiri_mem_free) of the conversation without the skip oldest messages
+ * after the fixed ones. */
+static int render(const struct chat *ch, int skip, int32_t **ids, int32_t *n, struct kiri_status_info *info)
 {
     struct kiri_chat_message *msgs = kiri_mem_array((size_t)ch->n_msgs, sizeof *msgs);
     if (!msgs)
-        return KIRI_E_NOMEM;
+        return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
+    int k = 0;
     for (int i = 0; i < ch->n_msgs; i++)
-        msgs[i] = (struct kiri_chat_message){ch->msgs[i].role, ch->msgs[i].content};
+        if (i < ch->n_fixed || i >= ch->n_fixed + skip)
+            msgs[k++] = (struct kiri_chat_message){ch->msgs[i].role, ch->msgs[i].content};
     char *text = NULL;
     size_t len = 0;
-    int rc = kiri_chat_prompt_render(ch->prompt, msgs, ch->n_msgs, 1, &text, &len, info);
+    int rc = kiri_chat_prompt_render(ch->prompt, msgs, k, 1, &text, &len, info);
     kiri_mem_free(msgs);
     if (rc == KIRI_OK)
         rc = kiri_chat_prompt_tokenize(ch->prompt, text, len, ids, n, info);
@@ -243,31 +250,25 @@ static int32_t answer_room(const struct chat *ch)
     return room > 0 ? room : 1;
 }
 
-/* Renders the conversation, which ends with the new user message, dropping the oldest turns
- * until it leaves an answer room in the context. Returns KIRI_OK with the tokens, or an error
- * already reported (the new message is then taken back). */
+/* Renders the conversation, which ends with the new user message, leaving out the oldest turns
+ * until it leaves an answer room in the context; they are forgotten only once it fits. Returns
+ * KIRI_OK with the tokens, or an error already reported (the new message is then taken back and
+ * the history kept). */
 static int fit_context(struct chat *ch, int32_t **ids, int32_t *n)
 {
     struct kiri_status_info info;
-    int dropped = 0, rc;
+    const int turns = ch->n_msgs - ch->n_fixed;
+    int skip = 0, rc;
     for (;;) {
         *ids = NULL;
-        rc = render(ch, ids, n, &info);
-        if (rc != KIRI_OK)
-            break;
-        const int turns = ch->n_msgs - ch->n_fixed;
-        if (*n + answer_room(ch) <= ch->n_ctx || turns <= 1)
+        rc = render(ch, skip, ids, n, &info);
+        if (rc != KIRI_OK || *n + answer_room(ch) <= ch->n_ctx || turns - skip <= 1)
             break;
         kiri_mem_free(*ids);
         /* A turn is the user's message and the answer to it. */
-        const int drop = turns >= 3 && strcmp(ch->msgs[ch->n_fixed + 1].role, "assistant") == 0 ? 2 : 1;
-        history_drop(ch, drop);
-        dropped += drop;
+        const int i = ch->n_fixed + skip;
+        skip += turns - skip >= 3 && strcmp(ch->msgs[i + 1].role, "assistant") == 0 ? 2 : 1;
     }
-    if (dropped)
-        fprintf(stderr, "kiri: the conversation is too long for the context (%d tokens): the oldest %d "
-                        "message%s %s forgotten\n", ch->n_ctx, dropped, dropped > 1 ? "s" : "",
-                dropped > 1 ? "are" : "is");
     if (rc == KIRI_OK && *n >= ch->n_ctx) {
         fprintf(stderr, "kiri: this message is too long: the prompt is %d tokens and the context holds %d; "
                         "it was not sent\n", *n, ch->n_ctx);
@@ -276,9 +277,16 @@ static int fit_context(struct chat *ch, int32_t **ids, int32_t *n)
     } else if (rc != KIRI_OK) {
         fprintf(stderr, "kiri: the chat template refused the conversation: %s\n", info.message);
     }
-    if (rc != KIRI_OK)
+    if (rc != KIRI_OK) {
         history_drop_last(ch);
-    return rc;
+        return rc;
+    }
+    if (skip) {
+        history_drop(ch, skip);
+        fprintf(stderr, "kiri: the conversation is too long for the context (%d tokens): the oldest %d "
+                        "message%s %s forgotten\n", ch->n_ctx, skip, skip > 1 ? "s" : "", skip > 1 ? "are" : "is");
+    }
+    return KIRI_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -267,6 +267,24 @@ def test_chat_with_piped_input(smollm2_instruct, ref):
     assert quiet.returncode == 0 and not SPEED.search(quiet.stderr) and quiet.stdout.strip()
 
 
+def test_chat_forgets_the_oldest_turns_when_the_context_fills(smollm2_instruct, ref):
+    questions = [PARIS_QUESTION, FOLLOW_UP, "And of Spain?", "And of Germany?"]
+    r = run("chat", "-m", str(smollm2_instruct), "--temp", "0", "-n", "20", "-c", "100",
+            input="".join(q + "\n" for q in questions))
+    assert r.returncode == 0, r.stderr
+    assert "too long for the context (100 tokens)" in r.stderr and "forgotten" in r.stderr
+    stats = [[int(float(x)) for x in m.groups()] for m in SPEED.finditer(r.stderr)]
+    answers = r.stdout.split("\n")[:len(questions)]
+    assert len(stats) == len(questions) and all(stats[i][3] <= 100 - 20 for i in range(len(questions)))
+    # The last prompt is the newest turns that fit, as jinja2 renders them.
+    history = []
+    for q, a in zip(questions, answers):
+        history += [user(q), {"role": "assistant", "content": a}]
+    history.pop()
+    kept = [len(ref.tokens(history[i:])) for i in range(0, len(history), 2)]
+    assert stats[-1][3] in kept[1:], (stats[-1], kept)
+
+
 def test_chat_help_names_every_flag():
     r = run("chat", "--help")
     assert r.returncode == 0
