@@ -49,6 +49,7 @@ struct options {
     struct kiri_sampling sampling;
     const char *stop[MAX_STOP];
     int n_stop;
+    const char *grammar_file;
 };
 
 static void options_default(struct options *o)
@@ -123,6 +124,9 @@ static const struct kiri_option sampling_opts[] = {
 #define SYSTEM_OPTION                                                                               \
     {.name = "system", .type = KIRI_OPTION_STRING_REF, O(system), .arg = "TEXT",                     \
      .help = "A system message before the conversation (with a chat template)."}
+#define GRAMMAR_OPTION                                                                              \
+    {.name = "grammar", .type = KIRI_OPTION_STRING_REF, O(grammar_file), .arg = "FILE",              \
+     .help = "Constrains the output to a GBNF grammar (llama.cpp's format) read from FILE."}
 #define JSON_SCHEMA_OPTION                                                                          \
     {.name = "json-schema", .type = KIRI_OPTION_STRING_REF, O(json_schema), .arg = "FILE",           \
      .help = "Constrains the output to JSON that validates against the JSON Schema in FILE."}
@@ -138,6 +142,7 @@ static const struct kiri_option run_opts[] = {
      .help = "Tokenizes the prompt as it is, without the chat template (what a model without one gets)."},
     {.name = "show-prompt", .type = KIRI_OPTION_FLAG, O(show_prompt),
      .help = "Prints the prompt text as the model would get it (after the template) and exits."},
+    GRAMMAR_OPTION,
 };
 
 static const struct kiri_option chat_opts[] = {
@@ -147,6 +152,7 @@ static const struct kiri_option chat_opts[] = {
              "context is full.", .def = "-1"},
     {.name = "no-stats", .type = KIRI_OPTION_FLAG, O(no_stats),
      .help = "Does not print the speed line (tokens, tok/s, time to the first token) after each answer."},
+    GRAMMAR_OPTION,
 };
 
 static const struct kiri_option bench_opts[] = {
@@ -266,6 +272,29 @@ static int print_text(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
+/* Reads a whole text file of at most max bytes into *out (NUL-terminated, free with free). */
+static int read_text_file(const char *path, size_t max, char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kiri: error: cannot open %s\n", path);
+        return 1;
+    }
+    char *buf = malloc(max + 2);
+    const size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    const int bad = !buf || ferror(f) || n > max;
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "kiri: error: cannot read %s%s\n", path, n > max ? " (too large)" : "");
+        free(buf);
+        return 1;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
 /* The prompt through the model's chat template: a user message (after the system one), ready
  * for the answer. Tokens in *ids (kiri_mem_free); with --show-prompt the text is printed instead
  * and *ids stays NULL. */
@@ -320,6 +349,25 @@ static int run_prompt(struct kiri_model *m, const struct options *o, int32_t **i
     return tokenize_alloc(m, o->prompt, -1, ids, n);
 }
 
+/* The grammar of --grammar FILE, checked (*gbnf NULL when there is none; free with free). */
+static int load_grammar(const struct options *o, char **gbnf, size_t *len)
+{
+    *gbnf = NULL;
+    *len = 0;
+    if (!o->grammar_file)
+        return 0;
+    struct kiri_status_info info;
+    if (read_text_file(o->grammar_file, KIRI_GRAMMAR_MAX_SIZE, gbnf, len) != 0)
+        return 1;
+    if (kiri_grammar_check(*gbnf, *len, &info) != KIRI_OK) {
+        fprintf(stderr, "kiri: error: %s: %s\n", o->grammar_file, info.message);
+        free(*gbnf);
+        *gbnf = NULL;
+        return 1;
+    }
+    return 0;
+}
+
 static int cmd_run(const struct options *o, const char **args, int n_args)
 {
     (void)args;
@@ -331,10 +379,15 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
     struct kiri_model *m = NULL;
     struct kiri_context *c = NULL;
     int32_t *ids = NULL;
+    char *grammar = NULL;
+    size_t grammar_len = 0;
+    if (load_grammar(o, &grammar, &grammar_len) != 0)
+        return 1;
     int n = 0, rc = open_model(o, o->show_prompt, &m);
     if (rc == 0)
         rc = run_prompt(m, o, &ids, &n);
     if (rc == 0 && o->show_prompt) {
+        free(grammar);
         kiri_model_close(m);
         return 0;
     }
@@ -351,6 +404,8 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         gp.sampling = o->sampling;
         gp.stop = o->stop;
         gp.n_stop = o->n_stop;
+        gp.grammar = grammar;
+        gp.grammar_len = grammar_len;
         struct kiri_generate_result res;
         struct kiri_status_info info;
         if (kiri_generate(c, ids, n, &gp, print_text, NULL, &res, &info) != KIRI_OK) {
@@ -365,6 +420,7 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         }
     }
     kiri_mem_free(ids);
+    free(grammar);
     kiri_context_free(c);
     kiri_model_close(m);
     return rc;
@@ -375,9 +431,15 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
     (void)args;
     (void)n_args;
     struct kiri_model *m = NULL;
+    char *grammar = NULL;
+    size_t grammar_len = 0;
+    if (load_grammar(o, &grammar, &grammar_len) != 0)
+        return 1;
     int rc = open_model(o, 0, &m);
-    if (rc != 0)
+    if (rc != 0) {
+        free(grammar);
         return rc;
+    }
     struct kiri_chat_cli_params p;
     memset(&p, 0, sizeof p);
     p.system = o->system;
@@ -389,7 +451,10 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
     p.n_batch = o->n_batch;
     p.kv_type = kv_type_code(o);
     p.show_stats = !o->no_stats;
+    p.grammar = grammar;
+    p.grammar_len = grammar_len;
     rc = kiri_chat_cli_run(m, o->model, &p);
+    free(grammar);
     kiri_model_close(m);
     return rc;
 }
