@@ -11,6 +11,7 @@
 #include "chat.h"
 #include "chat_prompt.h"
 #include "chat_template.h"
+#include "error.h"
 #include "kiri.h"
 #include "mem.h"
 #include "options.h"
@@ -19,6 +20,9 @@
 #include "config.h"
 #include "fleet_cli.h"
 #include "server.h"
+#endif
+#ifdef KIRI_WITH_SCHEMA
+#include "json_schema.h"
 #endif
 
 #define MAX_STOP 16
@@ -143,6 +147,7 @@ static const struct kiri_option run_opts[] = {
     {.name = "show-prompt", .type = KIRI_OPTION_FLAG, O(show_prompt),
      .help = "Prints the prompt text as the model would get it (after the template) and exits."},
     GRAMMAR_OPTION,
+    JSON_SCHEMA_OPTION,
 };
 
 static const struct kiri_option chat_opts[] = {
@@ -153,6 +158,7 @@ static const struct kiri_option chat_opts[] = {
     {.name = "no-stats", .type = KIRI_OPTION_FLAG, O(no_stats),
      .help = "Does not print the speed line (tokens, tok/s, time to the first token) after each answer."},
     GRAMMAR_OPTION,
+    JSON_SCHEMA_OPTION,
 };
 
 static const struct kiri_option bench_opts[] = {
@@ -272,7 +278,7 @@ static int print_text(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
-/* Reads a whole text file of at most max bytes into *out (NUL-terminated, free with free). */
+/* Reads a whole text file of at most max bytes into *out (NUL-terminated, kiri_mem_free). */
 static int read_text_file(const char *path, size_t max, char **out, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -280,13 +286,13 @@ static int read_text_file(const char *path, size_t max, char **out, size_t *len)
         fprintf(stderr, "kiri: error: cannot open %s\n", path);
         return 1;
     }
-    char *buf = malloc(max + 2);
+    char *buf = kiri_mem_alloc(max + 2);
     const size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
     const int bad = !buf || ferror(f) || n > max;
     fclose(f);
     if (bad) {
         fprintf(stderr, "kiri: error: cannot read %s%s\n", path, n > max ? " (too large)" : "");
-        free(buf);
+        kiri_mem_free(buf);
         return 1;
     }
     buf[n] = 0;
@@ -349,20 +355,47 @@ static int run_prompt(struct kiri_model *m, const struct options *o, int32_t **i
     return tokenize_alloc(m, o->prompt, -1, ids, n);
 }
 
-/* The grammar of --grammar FILE, checked (*gbnf NULL when there is none; free with free). */
+/* The grammar of --grammar FILE, or the one --json-schema FILE compiles to, checked (*gbnf
+ * NULL when there is neither; kiri_mem_free). Returns the exit status for an error. */
 static int load_grammar(const struct options *o, char **gbnf, size_t *len)
 {
     *gbnf = NULL;
     *len = 0;
-    if (!o->grammar_file)
+    if (o->grammar_file && o->json_schema) {
+        fprintf(stderr, "kiri: error: --grammar and --json-schema exclude each other\n");
+        return 2;
+    }
+    const char *path = o->grammar_file ? o->grammar_file : o->json_schema;
+    if (!path)
         return 0;
-    struct kiri_status_info info;
-    if (read_text_file(o->grammar_file, KIRI_GRAMMAR_MAX_SIZE, gbnf, len) != 0)
+    char *text = NULL;
+    size_t text_len = 0;
+    if (read_text_file(path, KIRI_GRAMMAR_MAX_SIZE, &text, &text_len) != 0)
         return 1;
-    if (kiri_grammar_check(*gbnf, *len, &info) != KIRI_OK) {
-        fprintf(stderr, "kiri: error: %s: %s\n", o->grammar_file, info.message);
-        free(*gbnf);
+    struct kiri_status_info info;
+    memset(&info, 0, sizeof info);
+    int rc = KIRI_OK;
+    if (o->json_schema) {
+#ifdef KIRI_WITH_SCHEMA
+        rc = kiri_json_schema_to_gbnf(text, text_len, NULL, NULL, gbnf, len, &info);
+#else
+        rc = kiri_error_set(&info, KIRI_E_UNSUPPORTED, "this build has no JSON Schema compiler (it needs Jansson)");
+#endif
+        kiri_mem_free(text);
+    } else {
+        *gbnf = text;
+        *len = text_len;
+    }
+    if (rc == KIRI_OK)
+        rc = kiri_grammar_check(*gbnf, *len, &info);
+    if (rc != KIRI_OK) {
+        if (info.field[0] && strcmp(info.field, "grammar") != 0 && strcmp(info.field, "json_schema") != 0)
+            fprintf(stderr, "kiri: error: %s: %s (at %s)\n", path, info.message, info.field);
+        else
+            fprintf(stderr, "kiri: error: %s: %s\n", path, info.message);
+        kiri_mem_free(*gbnf);
         *gbnf = NULL;
+        *len = 0;
         return 1;
     }
     return 0;
@@ -381,13 +414,14 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
     int32_t *ids = NULL;
     char *grammar = NULL;
     size_t grammar_len = 0;
-    if (load_grammar(o, &grammar, &grammar_len) != 0)
-        return 1;
-    int n = 0, rc = open_model(o, o->show_prompt, &m);
+    int n = 0, rc = load_grammar(o, &grammar, &grammar_len);
+    if (rc != 0)
+        return rc;
+    rc = open_model(o, o->show_prompt, &m);
     if (rc == 0)
         rc = run_prompt(m, o, &ids, &n);
     if (rc == 0 && o->show_prompt) {
-        free(grammar);
+        kiri_mem_free(grammar);
         kiri_model_close(m);
         return 0;
     }
@@ -420,7 +454,7 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         }
     }
     kiri_mem_free(ids);
-    free(grammar);
+    kiri_mem_free(grammar);
     kiri_context_free(c);
     kiri_model_close(m);
     return rc;
@@ -433,11 +467,12 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
     struct kiri_model *m = NULL;
     char *grammar = NULL;
     size_t grammar_len = 0;
-    if (load_grammar(o, &grammar, &grammar_len) != 0)
-        return 1;
-    int rc = open_model(o, 0, &m);
+    int rc = load_grammar(o, &grammar, &grammar_len);
+    if (rc != 0)
+        return rc;
+    rc = open_model(o, 0, &m);
     if (rc != 0) {
-        free(grammar);
+        kiri_mem_free(grammar);
         return rc;
     }
     struct kiri_chat_cli_params p;
@@ -454,7 +489,7 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
     p.grammar = grammar;
     p.grammar_len = grammar_len;
     rc = kiri_chat_cli_run(m, o->model, &p);
-    free(grammar);
+    kiri_mem_free(grammar);
     kiri_model_close(m);
     return rc;
 }

@@ -6,6 +6,7 @@ file with gguf-py, its token ids are llama.cpp's (llama-cpp-python) tokenization
 the answers are compared with llama.cpp's greedy decoding of the same tokens. `kiri chat` is driven
 through a pseudo-terminal (pty), as a person at a terminal would use it, and through a pipe.
 """
+import json
 import os
 import pty
 import re
@@ -16,6 +17,7 @@ import time
 
 import gguf
 import jinja2.sandbox
+import jsonschema
 from jinja2.ext import loopcontrols
 import llama_cpp
 import pytest
@@ -285,11 +287,54 @@ def test_chat_forgets_the_oldest_turns_when_the_context_fills(smollm2_instruct, 
     assert stats[-1][3] in kept[1:], (stats[-1], kept)
 
 
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 30},
+                   "country": {"type": "string", "maxLength": 30},
+                   "population": {"type": "integer"}},
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
+
+
+def json_values(text):
+    """Every JSON value in text, one after the other (answers are separated by newlines)."""
+    decoder, values, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i == len(text):
+            return values
+        value, i = decoder.raw_decode(text, i)
+        values.append(value)
+
+
+def test_json_schema_constrains_run_and_chat(smollm2_instruct, tmp_path):
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps(CITY_SCHEMA))
+    for temp, seed in (("0", "0"), ("0.8", "7")):
+        r = run("run", "-m", str(smollm2_instruct), "-p", "Name the capital of France, as JSON.",
+                "--json-schema", str(schema), "--temp", temp, "--seed", seed, "-n", "120")
+        assert r.returncode == 0, r.stderr
+        jsonschema.validate(json.loads(r.stdout), CITY_SCHEMA)
+    r = run("chat", "-m", str(smollm2_instruct), "--json-schema", str(schema), "--temp", "0", "-n", "120",
+            input="%s\n%s\n" % (PARIS_QUESTION, FOLLOW_UP))
+    assert r.returncode == 0, r.stderr
+    answers = json_values(r.stdout)
+    assert len(answers) == 2
+    for a in answers:
+        jsonschema.validate(a, CITY_SCHEMA)
+    # What the compiler cannot honour is refused, naming the keyword.
+    schema.write_text('{"type": "object", "patternProperties": {"a": {}}}')
+    r = run("run", "-m", str(smollm2_instruct), "-p", "x", "--json-schema", str(schema))
+    assert r.returncode == 1 and "patternProperties" in r.stderr
+
+
 def test_chat_help_names_every_flag():
     r = run("chat", "--help")
     assert r.returncode == 0
-    for flag in ("--system", "--n-predict", "--no-stats", "--temp", "--ctx-size"):
+    for flag in ("--system", "--n-predict", "--no-stats", "--temp", "--ctx-size", "--grammar", "--json-schema"):
         assert flag in r.stdout
     r = run("run", "--help")
-    for flag in ("--system", "--raw", "--show-prompt"):
+    for flag in ("--system", "--raw", "--show-prompt", "--grammar", "--json-schema"):
         assert flag in r.stdout
