@@ -161,6 +161,11 @@ static const struct kiri_option chat_opts[] = {
     JSON_SCHEMA_OPTION,
 };
 
+static const struct kiri_option grammar_opts[] = {
+    GRAMMAR_OPTION,
+    JSON_SCHEMA_OPTION,
+};
+
 static const struct kiri_option bench_opts[] = {
     {.name = "prompt", .short_name = 'p', .type = KIRI_OPTION_INT, O(n_prompt_bench), .lo = 1, .hi = 1 << 20,
      .arg = "N", .help = "Prompt tokens to process.", .def = "512"},
@@ -186,6 +191,7 @@ static const struct kiri_option_group chat_groups[] = {
 static const struct kiri_option_group bench_groups[] = {
     GROUP(NULL, bench_opts), GROUP("model options", model_opts), GROUP("context options", context_opts)};
 static const struct kiri_option_group info_groups[] = {GROUP(NULL, model_opts)};
+static const struct kiri_option_group grammar_groups[] = {GROUP(NULL, grammar_opts)};
 static const struct kiri_option_group tokenize_groups[] = {GROUP(NULL, tokenize_opts)};
 
 #define SPEC(groups, max_positional) {groups, sizeof groups / sizeof groups[0], NULL, NULL, max_positional}
@@ -193,6 +199,7 @@ static const struct kiri_option_spec run_spec = SPEC(run_groups, 0);
 static const struct kiri_option_spec chat_spec = SPEC(chat_groups, 0);
 static const struct kiri_option_spec bench_spec = SPEC(bench_groups, 0);
 static const struct kiri_option_spec info_spec = SPEC(info_groups, 0);
+static const struct kiri_option_spec grammar_spec = SPEC(grammar_groups, 0);
 static const struct kiri_option_spec tokenize_spec = SPEC(tokenize_groups, 1);
 static const struct kiri_option_spec quantize_spec = {NULL, 0, NULL, NULL, 3};
 
@@ -494,6 +501,29 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
     return rc;
 }
 
+/* Checks a grammar, or prints the GBNF a JSON Schema compiles to (what --json-schema enforces,
+ * for reading, editing, or handing to another tool). */
+static int cmd_grammar(const struct options *o, const char **args, int n_args)
+{
+    (void)args;
+    (void)n_args;
+    if (!o->grammar_file && !o->json_schema) {
+        fprintf(stderr, "kiri: error: give --grammar FILE or --json-schema FILE\n");
+        return 2;
+    }
+    char *gbnf = NULL;
+    size_t len = 0;
+    int rc = load_grammar(o, &gbnf, &len);
+    if (rc != 0)
+        return rc;
+    if (o->json_schema)
+        fwrite(gbnf, 1, len, stdout);
+    else
+        fprintf(stderr, "kiri: %s: a valid grammar\n", o->grammar_file);
+    kiri_mem_free(gbnf);
+    return 0;
+}
+
 static int cmd_tokenize(const struct options *o, const char **args, int n_args)
 {
     if (n_args != 1) {
@@ -694,6 +724,8 @@ static const struct command commands[] = {
      "In the conversation: /clear forgets it, /exit (or Ctrl-D) leaves, /help lists the commands.\n"
      "A line ending in \\ continues on the next; text between lines of \"\"\" is one message.\n"
      "Ctrl-C stops an answer. Input may be piped: each line (or block) is one message.\n"},
+    {"grammar", "--grammar FILE | --json-schema FILE", "check a GBNF grammar, compile a JSON Schema", &grammar_spec,
+     cmd_grammar, NULL, NULL},
     {"tokenize", "-m MODEL [--no-bos] TEXT", "print token ids", &tokenize_spec, cmd_tokenize, NULL, NULL},
     {"info", "[-m MODEL] [options]", "describe the machine and the model", &info_spec, cmd_info, NULL, NULL},
     {"quantize", "IN.gguf OUT.gguf TYPE", "convert weights", &quantize_spec, cmd_quantize, NULL,
