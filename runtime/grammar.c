@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "hex.h"
 #include "kiri.h"
 #include "mem.h"
 #include "tokenizer.h"
@@ -214,17 +215,6 @@ static void skip_space(struct parser *P, int newlines)
     }
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* One character of a literal or class, escapes decoded. */
 static uint32_t parse_char(struct parser *P)
 {
@@ -266,7 +256,7 @@ static uint32_t parse_char(struct parser *P)
     }
     uint32_t cp = 0;
     for (int k = 0; k < digits; k++) {
-        const int h = P->i < P->n ? hexval(P->s[P->i]) : -1;
+        const int h = P->i < P->n ? kiri_hex_digit(P->s[P->i]) : -1;
         if (h < 0) {
             perr(P, at, "'\\%c' needs %d hex digits", e, digits);
             return 0;
