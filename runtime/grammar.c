@@ -1648,7 +1648,8 @@ static size_t state_key(struct kiri_grammar_state *st, int32_t n_vocab)
         st->key = p;
         st->key_cap = need * 2;
     }
-    qsort(st->order, st->cur.n, sizeof *st->order, order_cmp);
+    if (st->cur.n > 1)
+        qsort(st->order, st->cur.n, sizeof *st->order, order_cmp);
     uint8_t *w = st->key;
     memcpy(w, st->g->fp, 16), w += 16;
     memcpy(w, &n_vocab, 4), w += 4;
@@ -1681,7 +1682,7 @@ static uint32_t memo_state(struct kiri_grammar_state *st, struct set *s)
     uint32_t i = (uint32_t)h & (MEMO_TABLE - 1);
     for (uint32_t x; (x = st->ms_table[i]) != NONE; i = (i + 1) & (MEMO_TABLE - 1))
         if (st->ms_n[x] == s->n && st->ms_acc[x] == s->acc &&
-            memcmp(st->ms_pool + st->ms_off[x], s->v, (size_t)s->n * sizeof *s->v) == 0)
+            (s->n == 0 || memcmp(st->ms_pool + st->ms_off[x], s->v, (size_t)s->n * sizeof *s->v) == 0))
             return x;
     if (st->ms_count >= MEMO_MAX)
         return NONE;
@@ -1714,7 +1715,8 @@ static uint32_t memo_state(struct kiri_grammar_state *st, struct set *s)
     st->ms_off[x] = st->ms_pool_n;
     st->ms_n[x] = s->n;
     st->ms_acc[x] = (uint8_t)s->acc;
-    memcpy(st->ms_pool + st->ms_pool_n, s->v, (size_t)s->n * sizeof *s->v);
+    if (s->n)
+        memcpy(st->ms_pool + st->ms_pool_n, s->v, (size_t)s->n * sizeof *s->v);
     st->ms_pool_n += s->n;
     for (int c = 0; c < 256; c++)
         st->ms_trans[(size_t)x * 256 + (size_t)c] = MEMO_UNKNOWN;
@@ -1731,6 +1733,11 @@ static int compute_mask_memo(struct kiri_grammar_state *st, const struct kiri_gr
 {
     if (!st->ms_table && !(st->ms_table = kiri_mem_array(MEMO_TABLE, sizeof *st->ms_table)))
         return KIRI_E_NOMEM;
+    if (!st->ms_pool) {
+        if (!(st->ms_pool = kiri_mem_array(64, sizeof *st->ms_pool)))
+            return KIRI_E_NOMEM;
+        st->ms_pool_cap = 64;
+    }
     memset(st->ms_table, 0xFF, MEMO_TABLE * sizeof *st->ms_table);
     st->ms_count = st->ms_pool_n = 0;
     const uint32_t base = st->n_nodes;
