@@ -252,8 +252,8 @@ static void check_masks(const char *vocab_file, const char *gbnf, const char *wa
             CHECK_EQ_INT(kiri_grammar_state_feed(st, walk + i, 1), KIRI_OK);
         steps++;
         /* The brute force is slow: check a spread of positions, not every one. */
-        if (i + 7 < n)
-            for (int k = 0; k < 6; k++, i++)
+        if (i + 10 < n)
+            for (int k = 0; k < 9; k++, i++)
                 CHECK_EQ_INT(kiri_grammar_state_feed(st, walk + i + 1, 1), KIRI_OK);
     }
     CHECK(kiri_grammar_state_can_end(st));
