@@ -275,6 +275,17 @@ static void test_masks_qwen2(void)
                 "{\"name\": \"Zo\xC3\xAB \\\"q\\\"\", \"n\": [1, -2.5e3], \"ok\": true}");
 }
 
+/* Palindromes remember every byte on the stack, so a walk over the vocabulary meets more stack sets
+ * than its memo holds and the mask is computed by the direct walk. */
+static void test_masks_many_sets(void)
+{
+    static char pal[4096];
+    size_t n = (size_t)snprintf(pal, sizeof pal, "root ::= [a-z]?");
+    for (char c = 'a'; c <= 'z'; c++)
+        n += (size_t)snprintf(pal + n, sizeof pal - n, " | \"%c\" root \"%c\"", c, c);
+    check_masks("tokenizer-vectors/ggml-vocab-qwen2.gguf", pal, "aa");
+}
+
 static void test_masks_spm(void)
 {
     check_masks("tokenizer-vectors/ggml-vocab-llama-spm.gguf", "root ::= [a-z ]+ \"\xE6\x97\xA5\" [0-9]{2}",
@@ -321,4 +332,4 @@ static void test_cache_repeats(void)
     kiri_model_close(m);
 }
 
-TEST_MAIN(test_accepts, test_errors, test_caps, test_masks_qwen2, test_masks_spm, test_cache_repeats)
+TEST_MAIN(test_accepts, test_errors, test_caps, test_masks_qwen2, test_masks_many_sets, test_masks_spm, test_cache_repeats)
