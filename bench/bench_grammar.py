@@ -149,7 +149,7 @@ def main():
     grammar = os.path.join(tempfile.gettempdir(), "kiri-bench-order.gbnf")
     compile_schema(a, grammar)
     tier = subprocess.run([a.kiri, "info"], capture_output=True, text=True).stdout
-    m = re.search(r"cpu kernels?:\s*(\S+)", tier)
+    m = re.search(r"cpu: picked \((\S+)\)", tier)
     bw = membw(a)
     print(f"CPU: {cpu_name()} ({platform.machine()}), {a.threads} threads, kiri kernels: "
           f"{m.group(1) if m else '?'}; read bandwidth {bw.get(a.threads, (0, 0))[0]:.1f} GB/s",
