@@ -813,7 +813,7 @@ static int parse_structured(struct parser *p, json_t *body, struct kiri_api_requ
     if (n_set > 1)
         return bad(p, set[1], "conflicting_parameters", "%s and %s both constrain the output; send one of them",
                    set[0], set[1]);
-    if (rf)
+    if (rf && !rf_text)
         return parse_format(p, rf, "response_format", 0, r);
     if (g)
         return parse_grammar(p, g, r);
