@@ -787,7 +787,7 @@ static int parse_grammar(struct parser *p, json_t *g, struct kiri_api_request *r
     if (rc == KIRI_E_NOMEM)
         return oom(p);
     if (rc != KIRI_OK)
-        return bad(p, "grammar", "invalid_grammar", "grammar: %s",
+        return bad(p, "grammar", "invalid_grammar", "%s%s", strncmp(info.message, "grammar", 7) ? "grammar: " : "",
                    info.message[0] ? info.message : "not a grammar kiri can use");
     if ((rc = copy_string(p, g, &r->grammar)))
         return rc;
