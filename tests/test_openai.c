@@ -250,13 +250,13 @@ static const struct bad_case bad_cases[] = {
      "json_schema/properties/x", "unsupported_schema"},
     {"H27", C, CMPL(",\"json_schema\":\"{}\""), 0, "json_schema", NULL},
     /* grammars */
-    {"H28", C, CMPL(",\"grammar\":5"), 0, "grammar", NULL},
-    {"H28", C, CMPL(",\"grammar\":\"\""), 0, "grammar", NULL},
-    {"H28", C, CMPL(",\"grammar\":\"start ::= \\\"x\\\"\""), 0, "grammar", "invalid_grammar"},
+    {"H27", C, CMPL(",\"grammar\":5"), 0, "grammar", NULL},
+    {"H27", C, CMPL(",\"grammar\":\"\""), 0, "grammar", NULL},
+    {"H27", C, CMPL(",\"grammar\":\"start ::= \\\"x\\\"\""), 0, "grammar", "invalid_grammar"},
     /* one constraint per request */
-    {"H28", H, CHAT(",\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"x\\\"\""), 0,
+    {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"x\\\"\""), 0,
      "grammar", "conflicting_parameters"},
-    {"H28", C, CMPL(",\"grammar\":\"root ::= \\\"x\\\"\",\"json_schema\":{}"), 0, "json_schema",
+    {"H27", C, CMPL(",\"grammar\":\"root ::= \\\"x\\\"\",\"json_schema\":{}"), 0, "json_schema",
      "conflicting_parameters"},
     {"H27", H, CHAT(",\"response_format\":{\"type\":\"xml\"}"), 0, "response_format", NULL},
     {"H27", H, CHAT(",\"response_format\":\"json\""), 0, "response_format", NULL},
