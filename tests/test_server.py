@@ -5,9 +5,8 @@ sockets and http.client.
 Covered: the OpenAI client (chat, completions, streaming, usage, errors); continuous batching
 gives each request exactly the tokens it gets alone while the batch holds several sequences;
 prefix-cache reuse lowers the time to first token; malformed and hostile HTTP requests
-(H01-H12, H16, H17, H19, H23, H24, H27, H28, H30, and H13/H14 at the HTTP layer; /v1/responses bodies too),
-each followed by a good request
-that must still be answered; /health, /v1/models, /tokenize and /detokenize against `kiri
+(H01-H12, H16, H17, H19, H23, H24, H27, H28, H30, and H13/H14 at the HTTP layer; /v1/responses
+bodies too), each followed by a good request that must still be answered; /health, /v1/models, /tokenize and /detokenize against `kiri
 tokenize`, SIGTERM draining, configuration through KIRI_* variables and --config, and API keys.
 TLS is in test_server_tls.py, the chat page in a browser in test_server_page.py.
 
