@@ -927,12 +927,17 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         run_generation(s, g, &r, NULL, t0 + 60);
         gen_free(g);
         prompts_free(prompts, n_prompts);
+        const int r_format = r.format;
         kiri_api_request_free(&r);
         if (submit_rc == KIRI_E_BUSY)
             return fail(c, atomic_load(&s->draining) ? 503 : 429, "server_error", "", "overloaded", info.message,
                         "Retry-After: 1\r\n");
-        /* The engine refused the grammar (or another part of the request) at submit. */
-        return fail(c, 400, "invalid_request_error", info.field[0] ? info.field : "", "", info.message, "");
+        /* The engine refused the grammar (or another part of the request) at submit: name the
+         * field the grammar came from. */
+        const char *param = info.field;
+        if (strcmp(param, "grammar") == 0 && r_format != KIRI_API_FORMAT_GRAMMAR)
+            param = kind == KIRI_API_RESPONSES ? "text.format" : "response_format";
+        return fail(c, 400, "invalid_request_error", param, "", info.message, "");
     }
 
     struct stream st;
