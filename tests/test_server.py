@@ -367,15 +367,19 @@ BAD_BODIES = [
      400, "response_format.json_schema.schema/properties/x", "unsupported_schema"),
     ("H27", "huge enum", CHAT, json.dumps({"messages": USER, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": ["v%d" % i for i in range(100000)]}}}}).encode(),
-     400, None, None),
+     400, "response_format.json_schema.schema", "unsupported_schema"),
     ("H27", "$ref cycle", CHAT, json.dumps({"messages": USER, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {
             "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}}}}).encode(),
-     400, None, None),
+     400, "response_format.json_schema.schema", "unsupported_schema"),
     ("H27", "minimum above maximum", CHAT, json.dumps({"messages": USER, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}).encode(),
-     400, None, None),
-    ("H27", "empty enum", COMPL, json.dumps({"prompt": "a", "json_schema": {"enum": []}}).encode(), 400, None, None),
+     400, "response_format.json_schema.schema", "unsupported_schema"),
+    ("H27", "empty enum", COMPL, json.dumps({"prompt": "a", "json_schema": {"enum": []}}).encode(), 400, "json_schema", "unsupported_schema"),
+    ("H27", "schema no value satisfies", CHAT, json.dumps({"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "required": ["a"], "additionalProperties": False}}}}).encode(),
+     400, "response_format.json_schema.schema", "unsupported_schema"),
     ("H27", "json_schema not an object", COMPL, b'{"prompt":"a","json_schema":"{}"}', 400, "json_schema", None),
     ("H27", "malformed grammar", COMPL, json.dumps({"prompt": "a", "grammar": "root ::= ("}).encode(), 400, "grammar", "invalid_grammar"),
     ("H27", "grammar without root", COMPL, json.dumps({"prompt": "a", "grammar": 'start ::= "x"'}).encode(), 400, "grammar", "invalid_grammar"),
