@@ -201,11 +201,12 @@ int kiri_api_load(const char *body, size_t len, struct json_t **root, struct kir
 /* kiri_api_parse on an already loaded object (kind KIRI_API_COMPLETIONS or KIRI_API_CHAT). */
 int kiri_api_parse_value(struct json_t *body, int kind, const struct kiri_api_limits *lim,
                          struct kiri_api_request *out, struct kiri_api_error *err);
-/* Reads an output format into r (format, grammar, format_name): {"type": "text" | "json_object"
- * | "json_schema", ...} where a json_schema's name, schema and strict sit in a "json_schema"
- * object (response_format) or, when flat, beside type (the Responses API's text.format). param
- * names the object in errors ("response_format", "text.format"). A format already set in r is a
- * conflict (400). */
+/* Reads an output format into r (format, grammar, format_name), which must hold none yet:
+ * {"type": "text" | "json_object" | "json_schema", ...} where a json_schema's name, schema and
+ * strict sit in a "json_schema" object (response_format) or, when flat, beside type (the
+ * Responses API's text.format). param names the object in errors ("response_format",
+ * "text.format"); a schema the compiler cannot honour is named by param, the path to the schema
+ * and its JSON pointer. KIRI_OK, or KIRI_E_INVALID_ARG / KIRI_E_NOMEM with err filled. */
 int kiri_api_parse_format(struct json_t *format, const char *param, int flat, struct kiri_api_request *r,
                           struct kiri_api_error *err);
 /* A JSON string of s[0..n), each invalid UTF-8 byte replaced by U+FFFD (new reference, NULL when

@@ -93,7 +93,8 @@ static int item_content(json_t *item, size_t i, json_t **out, struct kiri_api_er
         int rc = 0;
         if (!json_is_string(type))
             rc = refuse(err, param, "", "%s must be a string", param);
-        else if (strcmp(json_string_value(type), "input_text") != 0 && strcmp(json_string_value(type), "output_text") != 0)
+        else if (strcmp(json_string_value(type), "input_text") != 0 &&
+                 strcmp(json_string_value(type), "output_text") != 0)
             rc = refuse(err, param, "unsupported_value", "unsupported content part type '%.32s' (input_text or "
                         "output_text)", json_string_value(type));
         json_t *text = rc ? NULL : json_object_get(part, "text");

@@ -1328,7 +1328,9 @@ static int handle_metrics(struct kiri_server *s, struct mg_connection *c)
  * Routing
  * ------------------------------------------------------------------------------------------- */
 
-enum route { R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH, R_METRICS, R_PAGE, R_NONE };
+enum route {
+    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH, R_METRICS, R_PAGE, R_NONE
+};
 
 static const struct {
     const char *path;

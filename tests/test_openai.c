@@ -28,6 +28,8 @@ static const struct kiri_api_limits lim = {4096, 32000, 16};
 #define CHAT(extra) CHAT_OPEN extra "}"
 #define CMPL(extra) "{\"model\":\"m\",\"prompt\":\"hi\"" extra "}"
 #define MSG1(m) "{\"messages\":[" m "]}"
+/* A response's id, created time and model, with a fingerprint. */
+#define ENV(id, created, model) (&(const struct kiri_api_envelope){id, created, model, "fp_x"})
 
 /* ---------------------------------------------------------------------------------------------
  * Refused bodies
@@ -232,7 +234,9 @@ static const struct bad_case bad_cases[] = {
      "response_format.json_schema", NULL},
     {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}"), 0,
      "response_format.json_schema.schema", NULL},
-    {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":\"{}\"}}"),
+    {"H27", H,
+     CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+          "\"schema\":\"{}\"}}"),
      0, "response_format.json_schema.schema", NULL},
     {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a b\",\"schema\":{}}}"),
      0, "response_format.json_schema.name", NULL},
@@ -739,7 +743,7 @@ static void test_chat_response(void)
     ch[1].text_len = 3;
     ch[1].finish_reason = "length";
     struct kiri_api_usage u = {12, 7, 8};
-    json_t *j = reparse(kiri_api_response_json(KIRI_API_CHAT, &(struct kiri_api_envelope){"chatcmpl-abc", 1700000000, "tiny", "fp_x"}, ch, 2, &u));
+    json_t *j = reparse(kiri_api_response_json(KIRI_API_CHAT, ENV("chatcmpl-abc", 1700000000, "tiny"), ch, 2, &u));
     CHECK_STR(jget_str(j, "id"), "chatcmpl-abc");
     CHECK_STR(jget_str(j, "object"), "chat.completion");
     CHECK_EQ_INT(json_integer_value(json_object_get(j, "created")), 1700000000);
@@ -763,7 +767,7 @@ static void test_chat_response(void)
                                      "cached_tokens")),
                  8);
     json_decref(j);
-    CHECK(kiri_api_response_json(KIRI_API_TOKENIZE, &(struct kiri_api_envelope){"x", 0, "m", "fp_x"}, ch, 1, NULL) == NULL);
+    CHECK(kiri_api_response_json(KIRI_API_TOKENIZE, ENV("x", 0, "m"), ch, 1, NULL) == NULL);
 }
 
 /* Token texts and values shared by the logprob tests: token 1 is half of a UTF-8 character. */
@@ -795,7 +799,7 @@ static void test_chat_logprobs(void)
     struct kiri_api_choice c;
     fill_lp(&c);
     top_values[3] = -1.0f / 0.0f;
-    char *s = kiri_api_response_json(KIRI_API_CHAT, &(struct kiri_api_envelope){"chatcmpl-1", 1, "m", "fp_x"}, &c, 1, NULL);
+    char *s = kiri_api_response_json(KIRI_API_CHAT, ENV("chatcmpl-1", 1, "m"), &c, 1, NULL);
     CHECK(s && strstr(s, "\"logprob\":-0.1,") != NULL);    /* the shortest form of -0.1f */
     json_t *j = reparse(s);
     json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
@@ -831,7 +835,7 @@ static void test_legacy_logprobs(void)
     struct kiri_api_choice c;
     fill_lp(&c);
     struct kiri_api_usage u = {3, 2, 0};
-    json_t *j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, &(struct kiri_api_envelope){"cmpl-9", 5, "m", "fp_x"}, &c, 1, &u));
+    json_t *j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, ENV("cmpl-9", 5, "m"), &c, 1, &u));
     CHECK_STR(jget_str(j, "object"), "text_completion");
     CHECK_STR(jget_str(j, "id"), "cmpl-9");
     json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
@@ -862,7 +866,7 @@ static void test_legacy_logprobs(void)
 
     /* logprobs=0: the chosen tokens only; top_logprobs is null. */
     c.n_top = 0;
-    j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, &(struct kiri_api_envelope){"cmpl-9", 5, "m", "fp_x"}, &c, 1, NULL));
+    j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, ENV("cmpl-9", 5, "m"), &c, 1, NULL));
     lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
     CHECK(json_is_null(json_object_get(lp, "top_logprobs")));
     CHECK_EQ_INT(json_array_size(json_object_get(lp, "tokens")), 2);
@@ -875,7 +879,7 @@ static void test_chunks(void)
     memset(&c, 0, sizeof c);
     /* First chunk: delta has the role. */
     c.text = "";
-    json_t *j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, &(struct kiri_api_envelope){"chatcmpl-s", 7, "m", "fp_x"}, &c, 1, 1, NULL));
+    json_t *j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-s", 7, "m"), &c, 1, 1, NULL));
     CHECK_STR(jget_str(j, "object"), "chat.completion.chunk");
     CHECK_STR(jget_str(j, "id"), "chatcmpl-s");
     CHECK_EQ_INT(json_integer_value(json_object_get(j, "created")), 7);
@@ -890,7 +894,7 @@ static void test_chunks(void)
     /* A middle chunk: content only. */
     c.text = "wor";
     c.text_len = 3;
-    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, &(struct kiri_api_envelope){"chatcmpl-s", 7, "m", "fp_x"}, &c, 1, 0, NULL));
+    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-s", 7, "m"), &c, 1, 0, NULL));
     delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
     CHECK(json_object_get(delta, "role") == NULL);
     CHECK_STR(jget_str(delta, "content"), "wor");
@@ -898,14 +902,14 @@ static void test_chunks(void)
     /* The last chunk of a choice: empty delta and the finish reason. */
     c.text_len = 0;
     c.finish_reason = "stop";
-    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, &(struct kiri_api_envelope){"chatcmpl-s", 7, "m", "fp_x"}, &c, 1, 0, NULL));
+    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-s", 7, "m"), &c, 1, 0, NULL));
     c0 = json_array_get(json_object_get(j, "choices"), 0);
     CHECK_EQ_INT(json_object_size(json_object_get(c0, "delta")), 0);
     CHECK_STR(jget_str(c0, "finish_reason"), "stop");
     json_decref(j);
     /* The usage chunk: choices is an empty array. */
     struct kiri_api_usage u = {4, 5, 2};
-    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, &(struct kiri_api_envelope){"chatcmpl-s", 7, "m", "fp_x"}, NULL, 0, 0, &u));
+    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-s", 7, "m"), NULL, 0, 0, &u));
     CHECK(json_is_array(json_object_get(j, "choices")));
     CHECK_EQ_INT(json_array_size(json_object_get(j, "choices")), 0);
     CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"), "total_tokens")),
@@ -916,7 +920,7 @@ static void test_chunks(void)
     c.text_len = 3;
     c.finish_reason = NULL;
     c.index = 3;
-    j = reparse(kiri_api_chunk_json(KIRI_API_COMPLETIONS, &(struct kiri_api_envelope){"cmpl-s", 7, "m", "fp_x"}, &c, 1, 1, NULL));
+    j = reparse(kiri_api_chunk_json(KIRI_API_COMPLETIONS, ENV("cmpl-s", 7, "m"), &c, 1, 1, NULL));
     CHECK_STR(jget_str(j, "object"), "text_completion");
     c0 = json_array_get(json_object_get(j, "choices"), 0);
     CHECK_STR(jget_str(c0, "text"), "abc");
@@ -996,7 +1000,8 @@ static void test_alloc_failures_parse(void)
     CHECK(done);
     CHECK(failures > 10);
     /* A completions body with a list of prompts and a logit bias, too. */
-    const char *b2 = "{\"prompt\":[[1,2,3,4],\"ab\"],\"stop\":\"x\",\"model\":\"m\",\"logit_bias\":{\"5\":-100,\"6\":3}}";
+    const char *b2 = "{\"prompt\":[[1,2,3,4],\"ab\"],\"stop\":\"x\",\"model\":\"m\","
+                     "\"logit_bias\":{\"5\":-100,\"6\":3}}";
     done = 0;
     for (long n = 0; n < 1000 && !done; n++) {
         struct kiri_api_request r;
@@ -1047,7 +1052,7 @@ static char *build_chat_lp(void)
     fill_lp(&c[1]);
     c[1].index = 1;
     struct kiri_api_usage u = {1, 2, 3};
-    return kiri_api_response_json(KIRI_API_CHAT, &(struct kiri_api_envelope){"chatcmpl-x", 9, "m", "fp_x"}, c, 2, &u);
+    return kiri_api_response_json(KIRI_API_CHAT, ENV("chatcmpl-x", 9, "m"), c, 2, &u);
 }
 
 static char *build_legacy_lp(void)
@@ -1055,7 +1060,7 @@ static char *build_legacy_lp(void)
     struct kiri_api_choice c;
     fill_lp(&c);
     struct kiri_api_usage u = {1, 2, 3};
-    return kiri_api_response_json(KIRI_API_COMPLETIONS, &(struct kiri_api_envelope){"cmpl-x", 9, "m", "fp_x"}, &c, 1, &u);
+    return kiri_api_response_json(KIRI_API_COMPLETIONS, ENV("cmpl-x", 9, "m"), &c, 1, &u);
 }
 
 static char *build_chunk(void)
@@ -1063,7 +1068,7 @@ static char *build_chunk(void)
     struct kiri_api_choice c;
     fill_lp(&c);
     c.finish_reason = NULL;
-    return kiri_api_chunk_json(KIRI_API_CHAT, &(struct kiri_api_envelope){"chatcmpl-x", 9, "m", "fp_x"}, &c, 1, 1, NULL);
+    return kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-x", 9, "m"), &c, 1, 1, NULL);
 }
 
 static char *build_error(void)
@@ -1116,8 +1121,9 @@ static void test_structured(void)
         CHECK(0);
     }
     if (parse_ok(KIRI_API_CHAT,
-                 CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"pet-1\",\"strict\":false,"
-                      "\"schema\":{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"]}}}"),
+                 CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"pet-1\","
+                      "\"strict\":false,\"schema\":{\"type\":\"object\",\"properties\":{\"n\":"
+                      "{\"type\":\"integer\"}},\"required\":[\"n\"]}}}"),
                  &r) == KIRI_OK) {
         CHECK_EQ_INT(r.format, KIRI_API_FORMAT_JSON_SCHEMA);
         CHECK(r.grammar != NULL);
@@ -1133,7 +1139,8 @@ static void test_structured(void)
     } else {
         CHECK(0);
     }
-    if (parse_ok(KIRI_API_COMPLETIONS, CMPL(",\"json_schema\":{\"type\":\"string\"},\"response_format\":{\"type\":\"text\"}"),
+    if (parse_ok(KIRI_API_COMPLETIONS,
+                 CMPL(",\"json_schema\":{\"type\":\"string\"},\"response_format\":{\"type\":\"text\"}"),
                  &r) == KIRI_OK) {
         CHECK_EQ_INT(r.format, KIRI_API_FORMAT_JSON_SCHEMA);
         kiri_api_request_free(&r);
@@ -1306,10 +1313,12 @@ static const struct responses_bad responses_bad_cases[] = {
     {"{\"input\":\"a\",\"text\":5}", "text", NULL},
     {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format", NULL},
     {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"x\"}}}", "text.format.schema", NULL},
-    {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\",\"schema\":{\"properties\":{\"x\":{\"not\":{}}}}}}}",
+    {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\","
+     "\"schema\":{\"properties\":{\"x\":{\"not\":{}}}}}}}",
      "text.format.schema/properties/x", "unsupported_schema"},
     {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{}}]}", "tools", NULL},
-    {"{\"input\":\"a\",\"x\":" "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[}", "x", NULL},
+    {"{\"input\":\"a\",\"x\":"
+     "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[}", "x", NULL},
     {"[\"input\"]", "", NULL},
     {"{\"input\":\"a\",\"max_output_tokens\":-0}", "max_output_tokens", NULL},
 };
@@ -1341,8 +1350,9 @@ static void test_responses_bad(void)
 static void test_responses_json(void)
 {
     struct kiri_api_request r;
-    if (responses_ok("{\"input\":\"Hi\",\"instructions\":\"Be kind\",\"max_output_tokens\":8,\"temperature\":0.7}", &r) !=
-        KIRI_OK) {
+    if (responses_ok("{\"input\":\"Hi\",\"instructions\":\"Be kind\",\"max_output_tokens\":8,"
+                     "\"temperature\":0.7}",
+                     &r) != KIRI_OK) {
         CHECK(0);
         return;
     }
@@ -1403,7 +1413,8 @@ static void test_responses_json(void)
     CHECK_EQ_INT(json_integer_value(json_object_get(usage, "input_tokens")), 11);
     CHECK_EQ_INT(json_integer_value(json_object_get(usage, "output_tokens")), 2);
     CHECK_EQ_INT(json_integer_value(json_object_get(usage, "total_tokens")), 13);
-    CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(usage, "input_tokens_details"), "cached_tokens")), 3);
+    json_t *details = json_object_get(usage, "input_tokens_details");
+    CHECK_EQ_INT(json_integer_value(json_object_get(details, "cached_tokens")), 3);
     json_decref(j);
 
     j = reparse(kiri_responses_event_json(KIRI_RESPONSES_EV_TEXT_DONE, 9, &st, NULL, 0, &type));
