@@ -666,8 +666,11 @@ static int schema_text_grammar(struct parser *p, const char *text, size_t len, c
     memset(&info, 0, sizeof info);
     char *gbnf = NULL;
     size_t gbnf_len = 0;
+    /* The compiler reads the text with Jansson, whose allocation failures look like syntax errors
+     * (see jansson_alloc_failed). */
+    jansson_alloc_failed = 0;
     const int rc = kiri_json_schema_to_gbnf(text, len, NULL, NULL, &gbnf, &gbnf_len, &info);
-    if (rc == KIRI_E_NOMEM)
+    if (rc == KIRI_E_NOMEM || (rc != KIRI_OK && jansson_alloc_failed))
         return oom(p);
     if (rc != KIRI_OK) {
         /* The compiler names a JSON pointer ("/properties/x", perhaps as "#/properties/x"). */
