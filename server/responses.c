@@ -50,7 +50,11 @@ static json_t *field(json_t *obj, const char *name)
 static int add_message(json_t *messages, const char *role, json_t *content, struct kiri_api_error *err)
 {
     json_t *m = json_object();
-    if (!m || json_object_set_new(m, "content", content)) {
+    if (!m) {
+        json_decref(content);
+        return oom(err);
+    }
+    if (json_object_set_new(m, "content", content)) {
         json_decref(m);
         return oom(err);
     }
@@ -103,9 +107,10 @@ static int item_content(json_t *item, size_t i, json_t **out, struct kiri_api_er
             rc = refuse(err, param, "", "%s must be a string", param);
         }
         json_t *p = rc ? NULL : json_object();
-        if (!rc && (!p || json_object_set_new(p, "type", json_string("text")) ||
-                    json_object_set(p, "text", text) || json_array_append_new(parts, p))) {
+        if (!rc && (!p || json_object_set_new(p, "type", json_string("text")) || json_object_set(p, "text", text))) {
             json_decref(p);
+            rc = oom(err);
+        } else if (!rc && json_array_append_new(parts, p)) { /* which consumed p */
             rc = oom(err);
         }
         if (rc) {
@@ -352,20 +357,22 @@ static json_t *message_item(const struct kiri_responses_state *st, int with_text
     return m;
 }
 
+/* A new object set as o[key]; returns it (borrowed from o) or NULL when out of memory. */
+static json_t *add_object(json_t *o, const char *key)
+{
+    json_t *a = json_object();
+    return json_object_set_new(o, key, a) ? NULL : a;
+}
+
 static json_t *usage_json(const struct kiri_api_usage *u)
 {
-    json_t *o = json_object(), *in = json_object(), *out = json_object();
-    if (!o || !in || !out || json_object_set_new(in, "cached_tokens", json_integer(u->cached_tokens)) ||
-        json_object_set_new(out, "reasoning_tokens", json_integer(0))) {
-        json_decref(o);
-        json_decref(in);
-        json_decref(out);
-        return NULL;
-    }
-    if (json_object_set_new(o, "input_tokens", json_integer(u->prompt_tokens)) ||
-        json_object_set_new(o, "input_tokens_details", in) ||
+    json_t *o = json_object(), *in, *out;
+    if (!o || json_object_set_new(o, "input_tokens", json_integer(u->prompt_tokens)) ||
+        !(in = add_object(o, "input_tokens_details")) ||
+        json_object_set_new(in, "cached_tokens", json_integer(u->cached_tokens)) ||
         json_object_set_new(o, "output_tokens", json_integer(u->completion_tokens)) ||
-        json_object_set_new(o, "output_tokens_details", out) ||
+        !(out = add_object(o, "output_tokens_details")) ||
+        json_object_set_new(out, "reasoning_tokens", json_integer(0)) ||
         json_object_set_new(o, "total_tokens", json_integer((json_int_t)u->prompt_tokens + u->completion_tokens))) {
         json_decref(o);
         return NULL;
@@ -393,6 +400,18 @@ static json_t *text_json(const struct kiri_api_request *r)
     return t;
 }
 
+static json_t *error_json(int status)
+{
+    if (status != KIRI_RESPONSES_FAILED)
+        return json_null();
+    return json_pack("{s:s,s:s}", "code", "server_error", "message", "the model failed while generating");
+}
+
+static json_t *incomplete_json(int status)
+{
+    return status == KIRI_RESPONSES_INCOMPLETE ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null();
+}
+
 static json_t *response_object(const struct kiri_responses_state *st)
 {
     const struct kiri_api_request *r = st->r;
@@ -400,16 +419,11 @@ static json_t *response_object(const struct kiri_responses_state *st)
     json_t *o = json_object(), *output;
     if (!o)
         return NULL;
-    json_t *error = json_null(), *incomplete = json_null();
-    if (st->status == KIRI_RESPONSES_FAILED) {
-        error = json_pack("{s:s,s:s}", "code", "server_error", "message", "the model failed while generating");
-    } else if (st->status == KIRI_RESPONSES_INCOMPLETE) {
-        incomplete = json_pack("{s:s}", "reason", "max_output_tokens");
-    }
     if (json_object_set_new(o, "id", jstr(st->id)) || json_object_set_new(o, "object", json_string("response")) ||
         json_object_set_new(o, "created_at", json_integer(st->created)) ||
         json_object_set_new(o, "status", json_string(status_name(st->status))) ||
-        json_object_set_new(o, "error", error) || json_object_set_new(o, "incomplete_details", incomplete) ||
+        json_object_set_new(o, "error", error_json(st->status)) ||
+        json_object_set_new(o, "incomplete_details", incomplete_json(st->status)) ||
         json_object_set_new(o, "instructions", jstr(r ? r->instructions : NULL)) ||
         json_object_set_new(o, "max_output_tokens",
                             r && r->max_tokens > 0 ? json_integer(r->max_tokens) : json_null()) ||

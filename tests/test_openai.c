@@ -1456,15 +1456,20 @@ static void test_responses_alloc_failures(void)
             st.status = KIRI_RESPONSES_COMPLETED;
             st.text = "t";
             st.text_len = 1;
-            int built = 0;
-            for (long k = 0; k < 2000 && !built; k++) {
-                kiri_mem_fail_after(k);
-                char *s = kiri_responses_event_json(KIRI_RESPONSES_EV_FINISHED, 1, &st, NULL, 0, NULL);
-                kiri_mem_fail_after(-1);
-                built = s != NULL;
-                kiri_mem_free(s);
-            }
-            CHECK(built);
+            st.has_usage = 1;
+            for (int status = KIRI_RESPONSES_IN_PROGRESS; status <= KIRI_RESPONSES_FAILED; status++)
+                for (int ev = KIRI_RESPONSES_EV_CREATED; ev <= KIRI_RESPONSES_EV_FINISHED; ev++) {
+                    st.status = status;
+                    int built = 0;
+                    for (long k = 0; k < 2000 && !built; k++) {
+                        kiri_mem_fail_after(k);
+                        char *s = kiri_responses_event_json(ev, 1, &st, "d", 1, NULL);
+                        kiri_mem_fail_after(-1);
+                        built = s != NULL;
+                        kiri_mem_free(s);
+                    }
+                    CHECK(built);
+                }
             kiri_api_request_free(&r);
             done = 1;
         } else {
