@@ -10,6 +10,14 @@ low-level API (the C functions, no high-level Llama object), printing one JSON l
   ttft MODEL -t T --prompt TEXT [-c 2048]
       What `kiri run -n 1 --temp 0` does: load, tokenize (with BOS), evaluate the prompt, pick the
       greedy token, print its text, exit. The parent times the whole process.
+  gen MODEL -t T --prompt TEXT -n N --temp X --seed S [--grammar FILE]
+      What `kiri run -p TEXT -n N --temp X --seed S [--grammar FILE]` does, for bench_grammar.py:
+      evaluate the prompt, then up to N steps of sample-and-decode with top-k 40, top-p 0.95,
+      min-p 0.05 and the temperature (greedy at 0), stopping at an end-of-generation token. With
+      a grammar it samples the way llama.cpp's own tools do (common_sampler): draw without the
+      grammar, check the drawn token against it, and only when it is rejected apply the grammar
+      to the whole vocabulary and draw again. Prints the decode-loop seconds, the tokens and the
+      text.
   noop
       Imports llama_cpp and exits: the interpreter's share of ttft, which the parent subtracts.
 
@@ -137,9 +145,90 @@ def cmd_ttft(a):
     L.llama_model_free(model)
 
 
+def free_chain(a):
+    """The sampler chain without the grammar: kiri run's default filters, then the draw."""
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    if a.temp <= 0:
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        return chain
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(40))
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(0.95, 1))
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(0.05, 1))
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(a.temp))
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(a.seed))
+    return chain
+
+
+def cmd_gen(a):
+    model, ctx, _ = load(a.model, a.threads, a.ctx, a.verbose)
+    vocab = L.llama_model_get_vocab(model)
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    text = a.prompt.encode()
+    ids = (L.llama_token * (len(text) + 8))()
+    n = L.llama_tokenize(vocab, text, len(text), ids, len(ids), True, False)
+    if n <= 0:
+        raise SystemExit("tokenize failed")
+    chain = free_chain(a)
+    grammar = None
+    if a.grammar:
+        with open(a.grammar, "rb") as f:
+            grammar = L.llama_sampler_init_grammar(vocab, f.read(), b"root")
+        if not grammar:
+            raise SystemExit(f"llama.cpp refuses the grammar {a.grammar}")
+    import numpy as np  # only here: the other modes keep the interpreter's RSS small
+    one = (L.llama_token_data * 1)()
+    one_arr = L.llama_token_data_array(one, 1, -1, False)
+    full = np.zeros(n_vocab, dtype=np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
+    all_ids = np.arange(n_vocab, dtype=np.int32)
+    full_arr = L.llama_token_data_array(full.ctypes.data_as(ctypes.POINTER(L.llama_token_data)),
+                                        n_vocab, -1, False)
+    if L.llama_decode(ctx, L.llama_batch_get_one(ids, n)) != 0:
+        raise SystemExit("prefill failed")
+    out = []
+    rejected = 0
+    tok = (L.llama_token * 1)()
+    t0 = time.perf_counter()
+    for _ in range(a.n_gen):
+        t = L.llama_sampler_sample(chain, ctx, -1)
+        if grammar is not None:
+            one[0].id, one[0].logit, one[0].p = t, 0.0, 0.0
+            one_arr.size, one_arr.selected, one_arr.sorted = 1, -1, False
+            L.llama_sampler_apply(grammar, ctypes.byref(one_arr))
+            if one[0].logit == float("-inf"):
+                rejected += 1
+                full["id"] = all_ids
+                full["logit"] = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+                full["p"] = 0.0
+                full_arr.size, full_arr.selected, full_arr.sorted = n_vocab, -1, False
+                L.llama_sampler_apply(grammar, ctypes.byref(full_arr))
+                L.llama_sampler_apply(chain, ctypes.byref(full_arr))
+                t = int(full["id"][full_arr.selected])
+            L.llama_sampler_accept(grammar, t)
+        if L.llama_vocab_is_eog(vocab, t):
+            break
+        out.append(t)
+        tok[0] = t
+        if L.llama_decode(ctx, L.llama_batch_get_one(tok, 1)) != 0:
+            raise SystemExit("decode failed")
+    seconds = time.perf_counter() - t0
+    buf = ctypes.create_string_buffer(512)
+    pieces = []
+    for t in out:
+        k = L.llama_token_to_piece(vocab, t, buf, len(buf), 0, False)
+        pieces.append(buf.raw[:max(k, 0)])
+    print(json.dumps({"n_prompt": n, "n_generated": len(out), "decode_seconds": seconds,
+                      "rejected": rejected, "text": b"".join(pieces).decode(errors="replace")}),
+          flush=True)
+    L.llama_sampler_free(chain)
+    if grammar is not None:
+        L.llama_sampler_free(grammar)
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+
+
 def main():
-    ap = argparse.ArgumentParser(description="llama.cpp side of bench_cpu.py")
-    ap.add_argument("mode", choices=["bench", "ttft", "noop"])
+    ap = argparse.ArgumentParser(description="llama.cpp side of bench_cpu.py and bench_grammar.py")
+    ap.add_argument("mode", choices=["bench", "ttft", "gen", "noop"])
     ap.add_argument("model", nargs="?")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
@@ -147,6 +236,9 @@ def main():
     ap.add_argument("-r", "--reps", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("--prompt", default="Once upon a time")
+    ap.add_argument("--temp", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grammar")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
     if a.mode == "noop":
@@ -155,7 +247,7 @@ def main():
         ap.error("MODEL is required")
     if a.mode == "bench" and not 1 <= a.n_prompt <= 512:
         ap.error("n_prompt must be 1..512 (one batch)")
-    (cmd_bench if a.mode == "bench" else cmd_ttft)(a)
+    {"bench": cmd_bench, "ttft": cmd_ttft, "gen": cmd_gen}[a.mode](a)
     return 0
 
 

@@ -9,6 +9,10 @@ benchmark uses random weights at the shapes of two real models instead of downlo
               output.weight. Tokenizer: the SentencePiece vocabulary of
               shared/tokenizer-vectors/ggml-vocab-llama-spm.gguf (32000 tokens, the real one), its
               tokenizer.* keys copied.
+  qwen05      Qwen2.5-0.5B's widths as a llama model (no projection biases): n_embd 896, 24
+              layers, 14 heads, 2 KV heads, n_ff 4864, tied embeddings, with the real Qwen2
+              vocabulary of shared/tokenizer-vectors/ggml-vocab-qwen2.gguf (151669 tokens): the
+              large-vocabulary case of the grammar benchmark (bench_grammar.py).
   smollm      SmolLM-135M: llama, n_embd 576, 30 layers, 9 heads, 3 KV heads (head_dim 64),
               n_ff 1536, ctx 2048, rope base 10000, rms eps 1e-5, tied embeddings (no
               output.weight). Tokenizer: the gpt2 vocabulary of
@@ -72,6 +76,8 @@ SHAPES = [
           1e-5, False, 1101, ("Q4_0", "Q4_K_M", "Q8_0")),
     Shape("smollm", "ggml-vocab-gpt-2.gguf", 50257, 576, 30, 9, 3, 1536, 2048, 10000.0,
           1e-5, True, 135, ("Q4_0", "Q8_0")),
+    Shape("qwen05", "ggml-vocab-qwen2.gguf", 151669, 896, 24, 14, 2, 4864, 4096, 1000000.0,
+          1e-6, True, 500, ("Q4_0",)),
 ]
 
 STD = 0.02
