@@ -24,7 +24,8 @@ _clients = []
 
 
 def client(srv):
-    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    # A sanitizer build of the server decodes many times slower than a release one.
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
     _clients.append(c)
     return c
 
