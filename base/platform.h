@@ -104,4 +104,7 @@ int kiri_platform_list_dir(const char *dir, int (*fn)(void *user, const char *na
 /* Sleeps for seconds (<= 0: returns at once). */
 void kiri_platform_sleep(double seconds);
 
+/* Is file descriptor fd (0 stdin, 1 stdout, 2 stderr) a terminal? */
+int kiri_platform_is_terminal(int fd);
+
 #endif

@@ -553,8 +553,4 @@ void kiri_platform_sleep(double seconds)
     }
 }
 
-
-
-
-
-
+int kiri_platform_is_terminal(int fd) { return isatty(fd) == 1; }

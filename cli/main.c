@@ -1,4 +1,4 @@
-/* The kiri command line: run, tokenize, info, quantize, bench, and in a build with the server
+/* The kiri command line: run, chat, tokenize, info, quantize, bench, and in a build with the server
  * serve, pull and fleet. Each command's flags and its --help text come from one option table
  * (base/options.h). The engine commands use only the public API (kiri.h), as any program
  * embedding libkiri would. Errors go to stderr, one line, exit status 1; usage errors (a bad
@@ -8,13 +8,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
+#include "chat_prompt.h"
+#include "chat_template.h"
+#include "error.h"
 #include "kiri.h"
+#include "mem.h"
 #include "options.h"
+#include "platform.h"
 #ifdef KIRI_WITH_SERVER
 #include "config.h"
 #include "fleet_cli.h"
-#include "platform.h"
 #include "server.h"
+#endif
+#ifdef KIRI_WITH_SCHEMA
+#include "json_schema.h"
 #endif
 
 #define MAX_STOP 16
@@ -23,9 +31,15 @@
 struct options {
     const char *model;          /* borrowed from argv, like every string here */
     const char *prompt;
+    const char *system;
+    const char *json_schema;
     const char *backend;
     const char *cpu_kernels;
     int n_predict;
+    int n_predict_chat;
+    int raw;
+    int show_prompt;
+    int no_stats;
     int n_threads;
     int gpu_layers;
     int n_ctx;
@@ -46,6 +60,7 @@ static void options_default(struct options *o)
 {
     memset(o, 0, sizeof *o);
     o->n_predict = 256;
+    o->n_predict_chat = -1;
     o->n_prompt_bench = 512;
     o->n_gen_bench = 128;
     o->repetitions = 3;
@@ -110,13 +125,45 @@ static const struct kiri_option sampling_opts[] = {
      .arg = "TEXT", .help = "Ends generation at TEXT (repeatable, up to 16 times)."},
 };
 
+#define SYSTEM_OPTION                                                                               \
+    {.name = "system", .type = KIRI_OPTION_STRING_REF, O(system), .arg = "TEXT",                     \
+     .help = "A system message before the conversation (with a chat template)."}
+#define GRAMMAR_OPTION                                                                              \
+    {.name = "grammar", .type = KIRI_OPTION_STRING_REF, O(grammar_file), .arg = "FILE",              \
+     .help = "Constrains the output to a GBNF grammar (llama.cpp's format) read from FILE."}
+#define JSON_SCHEMA_OPTION                                                                          \
+    {.name = "json-schema", .type = KIRI_OPTION_STRING_REF, O(json_schema), .arg = "FILE",           \
+     .help = "Constrains the output to JSON that validates against the JSON Schema in FILE."}
+
 static const struct kiri_option run_opts[] = {
     {.name = "prompt", .short_name = 'p', .type = KIRI_OPTION_STRING_REF, O(prompt), .arg = "TEXT",
-     .help = "The prompt (required)."},
+     .help = "The prompt (required). With a model whose file has a chat template it is sent as a user "
+             "message through that template, ready for the answer; see --raw."},
     {.name = "n-predict", .short_name = 'n', .type = KIRI_OPTION_INT, O(n_predict), .lo = -1, .hi = 1 << 24,
      .arg = "N", .help = "Tokens to generate; -1 generates until the end-of-sequence token.", .def = "256"},
-    {.name = "grammar", .type = KIRI_OPTION_STRING_REF, O(grammar_file), .arg = "FILE",
-     .help = "Constrains the output to a GBNF grammar (llama.cpp's format) read from FILE."},
+    SYSTEM_OPTION,
+    {.name = "raw", .type = KIRI_OPTION_FLAG, O(raw),
+     .help = "Tokenizes the prompt as it is, without the chat template (what a model without one gets)."},
+    {.name = "show-prompt", .type = KIRI_OPTION_FLAG, O(show_prompt),
+     .help = "Prints the prompt text as the model would get it (after the template) and exits."},
+    GRAMMAR_OPTION,
+    JSON_SCHEMA_OPTION,
+};
+
+static const struct kiri_option chat_opts[] = {
+    SYSTEM_OPTION,
+    {.name = "n-predict", .short_name = 'n', .type = KIRI_OPTION_INT, O(n_predict_chat), .lo = -1, .hi = 1 << 24,
+     .arg = "N", .help = "Most tokens per answer; -1 lets an answer run until the model ends its turn or the "
+             "context is full.", .def = "-1"},
+    {.name = "no-stats", .type = KIRI_OPTION_FLAG, O(no_stats),
+     .help = "Does not print the speed line (tokens, tok/s, time to the first token) after each answer."},
+    GRAMMAR_OPTION,
+    JSON_SCHEMA_OPTION,
+};
+
+static const struct kiri_option grammar_opts[] = {
+    GRAMMAR_OPTION,
+    JSON_SCHEMA_OPTION,
 };
 
 static const struct kiri_option bench_opts[] = {
@@ -138,15 +185,21 @@ static const struct kiri_option tokenize_opts[] = {
 static const struct kiri_option_group run_groups[] = {
     GROUP(NULL, run_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
     GROUP("sampling options", sampling_opts)};
+static const struct kiri_option_group chat_groups[] = {
+    GROUP(NULL, chat_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
+    GROUP("sampling options", sampling_opts)};
 static const struct kiri_option_group bench_groups[] = {
     GROUP(NULL, bench_opts), GROUP("model options", model_opts), GROUP("context options", context_opts)};
 static const struct kiri_option_group info_groups[] = {GROUP(NULL, model_opts)};
+static const struct kiri_option_group grammar_groups[] = {GROUP(NULL, grammar_opts)};
 static const struct kiri_option_group tokenize_groups[] = {GROUP(NULL, tokenize_opts)};
 
 #define SPEC(groups, max_positional) {groups, sizeof groups / sizeof groups[0], NULL, NULL, max_positional}
 static const struct kiri_option_spec run_spec = SPEC(run_groups, 0);
+static const struct kiri_option_spec chat_spec = SPEC(chat_groups, 0);
 static const struct kiri_option_spec bench_spec = SPEC(bench_groups, 0);
 static const struct kiri_option_spec info_spec = SPEC(info_groups, 0);
+static const struct kiri_option_spec grammar_spec = SPEC(grammar_groups, 0);
 static const struct kiri_option_spec tokenize_spec = SPEC(tokenize_groups, 1);
 static const struct kiri_option_spec quantize_spec = {NULL, 0, NULL, NULL, 3};
 
@@ -182,7 +235,7 @@ static int open_model(const struct options *o, int vocab_only, struct kiri_model
     return 0;
 }
 
-/* Tokenizes text into a heap array (*ids, owned by the caller). */
+/* Tokenizes text into a heap array (*ids, owned by the caller: kiri_mem_free). */
 static int tokenize_alloc(struct kiri_model *m, const char *text, int add_bos, int32_t **ids, int *n)
 {
     const size_t len = strlen(text);
@@ -191,13 +244,18 @@ static int tokenize_alloc(struct kiri_model *m, const char *text, int add_bos, i
         fprintf(stderr, "kiri: error: cannot tokenize the text (%s)\n", kiri_status_name(need));
         return 1;
     }
-    *ids = malloc(((size_t)need + 1) * sizeof **ids);
+    *ids = kiri_mem_array((size_t)need + 1, sizeof **ids);
     if (!*ids) {
         fprintf(stderr, "kiri: error: out of memory\n");
         return 1;
     }
     *n = kiri_tokenize(m, text, len, add_bos, 0, *ids, need);
     return 0;
+}
+
+static int kv_type_code(const struct options *o)
+{
+    return strcmp(o->kv_type, "f32") == 0 ? 0 : strcmp(o->kv_type, "q8_0") == 0 ? 8 : 1;
 }
 
 static int make_context(struct kiri_model *m, const struct options *o, struct kiri_context **c)
@@ -207,7 +265,7 @@ static int make_context(struct kiri_model *m, const struct options *o, struct ki
     cp.n_ctx = o->n_ctx;
     if (o->n_batch)
         cp.n_batch = o->n_batch;
-    cp.kv_type = strcmp(o->kv_type, "f32") == 0 ? 0 : strcmp(o->kv_type, "q8_0") == 0 ? 8 : 1;
+    cp.kv_type = kv_type_code(o);
     struct kiri_status_info info;
     if (kiri_context_init(m, &cp, c, &info) != KIRI_OK)
         return fail("context", &info);
@@ -227,7 +285,7 @@ static int print_text(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
-/* Reads a whole text file of at most max bytes into *out (NUL-terminated, free with free). */
+/* Reads a whole text file of at most max bytes into *out (NUL-terminated, kiri_mem_free). */
 static int read_text_file(const char *path, size_t max, char **out, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -235,18 +293,118 @@ static int read_text_file(const char *path, size_t max, char **out, size_t *len)
         fprintf(stderr, "kiri: error: cannot open %s\n", path);
         return 1;
     }
-    char *buf = malloc(max + 2);
+    char *buf = kiri_mem_alloc(max + 2);
     const size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
     const int bad = !buf || ferror(f) || n > max;
     fclose(f);
     if (bad) {
         fprintf(stderr, "kiri: error: cannot read %s%s\n", path, n > max ? " (too large)" : "");
-        free(buf);
+        kiri_mem_free(buf);
         return 1;
     }
     buf[n] = 0;
     *out = buf;
     *len = n;
+    return 0;
+}
+
+/* The prompt through the model's chat template: a user message (after the system one), ready
+ * for the answer. Tokens in *ids (kiri_mem_free); with --show-prompt the text is printed instead
+ * and *ids stays NULL. */
+static int templated_prompt(struct kiri_model *m, const struct options *o, int32_t **ids, int *n)
+{
+    struct kiri_chat_prompt *cp = NULL;
+    struct kiri_status_info info;
+    if (kiri_chat_prompt_init(m, &cp, &info) != KIRI_OK)
+        return fail("chat template", &info);
+    if (kiri_chat_prompt_fallback(cp))
+        fprintf(stderr, "kiri: %s; using ChatML (--raw sends the prompt as it is)\n", kiri_chat_prompt_fallback(cp));
+    struct kiri_chat_message msgs[2];
+    int n_msgs = 0;
+    if (o->system)
+        msgs[n_msgs++] = (struct kiri_chat_message){"system", o->system};
+    msgs[n_msgs++] = (struct kiri_chat_message){"user", o->prompt};
+    char *text = NULL;
+    size_t len = 0;
+    int rc = kiri_chat_prompt_render(cp, msgs, n_msgs, 1, &text, &len, &info);
+    if (rc != KIRI_OK) {
+        rc = fail("chat template", &info);
+    } else if (o->show_prompt) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    } else {
+        int32_t count = 0;
+        if (kiri_chat_prompt_tokenize(cp, text, len, ids, &count, &info) != KIRI_OK)
+            rc = fail("prompt", &info);
+        *n = count;
+    }
+    kiri_mem_free(text);
+    kiri_chat_prompt_free(cp);
+    return rc;
+}
+
+/* The prompt's tokens: through the chat template when the file has one (unless --raw), else the
+ * text as it is. */
+static int run_prompt(struct kiri_model *m, const struct options *o, int32_t **ids, int *n)
+{
+    const char *t = NULL;
+    size_t t_len = 0;
+    if (!o->raw && kiri_model_meta_str(m, "tokenizer.chat_template", &t, &t_len) == KIRI_OK && t_len > 0)
+        return templated_prompt(m, o, ids, n);
+    if (o->system)
+        fprintf(stderr, "kiri: --system is ignored: %s\n",
+                o->raw ? "--raw sends the prompt as it is" : "the model file has no chat template");
+    if (o->show_prompt) {
+        fputs(o->prompt, stdout);
+        fflush(stdout);
+        return 0;
+    }
+    return tokenize_alloc(m, o->prompt, -1, ids, n);
+}
+
+/* The grammar of --grammar FILE, or the one --json-schema FILE compiles to, checked (*gbnf
+ * NULL when there is neither; kiri_mem_free). Returns the exit status for an error. */
+static int load_grammar(const struct options *o, char **gbnf, size_t *len)
+{
+    *gbnf = NULL;
+    *len = 0;
+    if (o->grammar_file && o->json_schema) {
+        fprintf(stderr, "kiri: error: --grammar and --json-schema exclude each other\n");
+        return 2;
+    }
+    const char *path = o->grammar_file ? o->grammar_file : o->json_schema;
+    if (!path)
+        return 0;
+    char *text = NULL;
+    size_t text_len = 0;
+    if (read_text_file(path, KIRI_GRAMMAR_MAX_SIZE, &text, &text_len) != 0)
+        return 1;
+    struct kiri_status_info info;
+    memset(&info, 0, sizeof info);
+    int rc = KIRI_OK;
+    if (o->json_schema) {
+#ifdef KIRI_WITH_SCHEMA
+        rc = kiri_json_schema_to_gbnf(text, text_len, NULL, NULL, gbnf, len, &info);
+#else
+        rc = kiri_error_set(&info, KIRI_E_UNSUPPORTED, "this build has no JSON Schema compiler (it needs Jansson)");
+#endif
+        kiri_mem_free(text);
+    } else {
+        *gbnf = text;
+        *len = text_len;
+    }
+    if (rc == KIRI_OK)
+        rc = kiri_grammar_check(*gbnf, *len, &info);
+    if (rc != KIRI_OK) {
+        if (info.field[0] && strcmp(info.field, "grammar") != 0 && strcmp(info.field, "json_schema") != 0)
+            fprintf(stderr, "kiri: error: %s: %s (at %s)\n", path, info.message, info.field);
+        else
+            fprintf(stderr, "kiri: error: %s: %s\n", path, info.message);
+        kiri_mem_free(*gbnf);
+        *gbnf = NULL;
+        *len = 0;
+        return 1;
+    }
     return 0;
 }
 
@@ -263,19 +421,17 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
     int32_t *ids = NULL;
     char *grammar = NULL;
     size_t grammar_len = 0;
-    if (o->grammar_file) {
-        struct kiri_status_info info;
-        if (read_text_file(o->grammar_file, KIRI_GRAMMAR_MAX_SIZE, &grammar, &grammar_len) != 0)
-            return 1;
-        if (kiri_grammar_check(grammar, grammar_len, &info) != KIRI_OK) {
-            fprintf(stderr, "kiri: error: %s: %s\n", o->grammar_file, info.message);
-            free(grammar);
-            return 1;
-        }
-    }
-    int n = 0, rc = open_model(o, 0, &m);
+    int n = 0, rc = load_grammar(o, &grammar, &grammar_len);
+    if (rc != 0)
+        return rc;
+    rc = open_model(o, o->show_prompt, &m);
     if (rc == 0)
-        rc = tokenize_alloc(m, o->prompt, -1, &ids, &n);
+        rc = run_prompt(m, o, &ids, &n);
+    if (rc == 0 && o->show_prompt) {
+        kiri_mem_free(grammar);
+        kiri_model_close(m);
+        return 0;
+    }
     if (rc == 0 && n == 0) {
         fprintf(stderr, "kiri: error: the prompt is empty and the model adds no BOS token\n");
         rc = 1;
@@ -304,11 +460,68 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
                     res.decode_seconds > 0 ? res.n_generated / res.decode_seconds : 0.0);
         }
     }
-    free(ids);
-    free(grammar);
+    kiri_mem_free(ids);
+    kiri_mem_free(grammar);
     kiri_context_free(c);
     kiri_model_close(m);
     return rc;
+}
+
+static int cmd_chat(const struct options *o, const char **args, int n_args)
+{
+    (void)args;
+    (void)n_args;
+    struct kiri_model *m = NULL;
+    char *grammar = NULL;
+    size_t grammar_len = 0;
+    int rc = load_grammar(o, &grammar, &grammar_len);
+    if (rc != 0)
+        return rc;
+    rc = open_model(o, 0, &m);
+    if (rc != 0) {
+        kiri_mem_free(grammar);
+        return rc;
+    }
+    struct kiri_chat_cli_params p;
+    memset(&p, 0, sizeof p);
+    p.system = o->system;
+    p.sampling = o->sampling;
+    p.stop = o->stop;
+    p.n_stop = o->n_stop;
+    p.max_tokens = o->n_predict_chat;
+    p.n_ctx = o->n_ctx;
+    p.n_batch = o->n_batch;
+    p.kv_type = kv_type_code(o);
+    p.show_stats = !o->no_stats;
+    p.grammar = grammar;
+    p.grammar_len = grammar_len;
+    rc = kiri_chat_cli_run(m, o->model, &p);
+    kiri_mem_free(grammar);
+    kiri_model_close(m);
+    return rc;
+}
+
+/* Checks a grammar, or prints the GBNF a JSON Schema compiles to (what --json-schema enforces,
+ * for reading, editing, or handing to another tool). */
+static int cmd_grammar(const struct options *o, const char **args, int n_args)
+{
+    (void)args;
+    (void)n_args;
+    if (!o->grammar_file && !o->json_schema) {
+        fprintf(stderr, "kiri: error: give --grammar FILE or --json-schema FILE\n");
+        return 2;
+    }
+    char *gbnf = NULL;
+    size_t len = 0;
+    int rc = load_grammar(o, &gbnf, &len);
+    if (rc != 0)
+        return rc;
+    if (o->json_schema)
+        fwrite(gbnf, 1, len, stdout);
+    else
+        fprintf(stderr, "kiri: %s: a valid grammar\n", o->grammar_file);
+    kiri_mem_free(gbnf);
+    return 0;
 }
 
 static int cmd_tokenize(const struct options *o, const char **args, int n_args)
@@ -327,7 +540,7 @@ static int cmd_tokenize(const struct options *o, const char **args, int n_args)
             printf(i ? " %d" : "%d", ids[i]);
         printf("\n");
     }
-    free(ids);
+    kiri_mem_free(ids);
     kiri_model_close(m);
     return rc;
 }
@@ -507,6 +720,12 @@ struct command {
 
 static const struct command commands[] = {
     {"run", "-m MODEL -p PROMPT [options]", "generate text", &run_spec, cmd_run, NULL, NULL},
+    {"chat", "-m MODEL [options]", "talk with the model", &chat_spec, cmd_chat, NULL,
+     "In the conversation: /clear forgets it, /exit (or Ctrl-D) leaves, /help lists the commands.\n"
+     "A line ending in \\ continues on the next; text between lines of \"\"\" is one message.\n"
+     "Ctrl-C stops an answer. Input may be piped: each line (or block) is one message.\n"},
+    {"grammar", "--grammar FILE | --json-schema FILE", "check a GBNF grammar, compile a JSON Schema", &grammar_spec,
+     cmd_grammar, NULL, NULL},
     {"tokenize", "-m MODEL [--no-bos] TEXT", "print token ids", &tokenize_spec, cmd_tokenize, NULL, NULL},
     {"info", "[-m MODEL] [options]", "describe the machine and the model", &info_spec, cmd_info, NULL, NULL},
     {"quantize", "IN.gguf OUT.gguf TYPE", "convert weights", &quantize_spec, cmd_quantize, NULL,

@@ -1624,7 +1624,7 @@ int kiri_json_schema_to_gbnf(const char *schema, size_t len, const char *root_na
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "json_schema", -1,
                              "rule names and prefixes are 1 to 32 of [a-zA-Z0-9-]");
     json_error_t jerr;
-    json_t *root = json_loadb(schema, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(schema, len, JSON_DECODE_ANY, &jerr);
     if (!root)
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "json_schema", jerr.position,
                              "not JSON: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);

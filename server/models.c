@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "chat_template.h"
+#include "chat_prompt.h"
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
@@ -70,7 +70,7 @@ static void slot_free(struct kiri_served_model *m)
         kiri_batcher_stop(m->batcher, 1);
         kiri_batcher_free(m->batcher);
     }
-    kiri_chat_template_free(m->tmpl);
+    kiri_chat_prompt_free(m->chat);
     kiri_model_close(m->model);
     kiri_mem_free(m);
 }
@@ -137,15 +137,6 @@ static int warm_up(struct kiri_served_model *m, struct kiri_status_info *info)
     return rc;
 }
 
-static void token_text(const struct kiri_model *model, int32_t id, char *out, size_t cap)
-{
-    int n;
-    if (id >= 0 && (n = kiri_token_to_piece(model, id, 1, out, cap - 1)) > 0 && (size_t)n < cap)
-        out[n] = '\0';
-    else
-        out[0] = '\0';
-}
-
 static int slot_load(const struct kiri_models *r, const char *id, const char *path, const char *sha,
                      struct kiri_served_model **out, struct kiri_status_info *info)
 {
@@ -177,20 +168,10 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
         goto fail;
     m->n_ctx = kiri_batcher_n_ctx(m->batcher);
     /* The chat template from the file, or ChatML when it has none or it does not parse. */
-    const char *src = kiri_chat_template_chatml(), *t = NULL;
-    size_t len = strlen(src), t_len = 0;
-    if (kiri_model_meta_str(m->model, "tokenizer.chat_template", &t, &t_len) == KIRI_OK && t_len) {
-        src = t;
-        len = t_len;
-    }
-    if (kiri_chat_template_init(src, len, &m->tmpl, info) != KIRI_OK) {
-        logf_(r, "model %s: the chat template is not usable (%s); using ChatML", id, info->message);
-        src = kiri_chat_template_chatml();
-        if ((rc = kiri_chat_template_init(src, strlen(src), &m->tmpl, info)) != KIRI_OK)
-            goto fail;
-    }
-    token_text(m->model, kiri_model_bos(m->model), m->bos_text, sizeof m->bos_text);
-    token_text(m->model, kiri_model_eos(m->model), m->eos_text, sizeof m->eos_text);
+    if ((rc = kiri_chat_prompt_init(m->model, &m->chat, info)) != KIRI_OK)
+        goto fail;
+    if (kiri_chat_prompt_fallback(m->chat))
+        logf_(r, "model %s: %s; using ChatML", id, kiri_chat_prompt_fallback(m->chat));
     if ((rc = kiri_batcher_start(m->batcher)) != KIRI_OK) {
         rc = kiri_error_set(info, rc, "cannot start the batching thread");
         goto fail;

@@ -23,7 +23,7 @@
 struct kiri_model;
 struct kiri_batcher;
 struct kiri_batcher_stats;
-struct kiri_chat_template;
+struct kiri_chat_prompt;
 struct kiri_models;
 struct kiri_status_info;
 
@@ -36,8 +36,7 @@ struct kiri_served_model {
     char sha256_hex[65];                 /* of the file, "" when unknown */
     struct kiri_model *model;            /* owned */
     struct kiri_batcher *batcher;        /* owned, started */
-    struct kiri_chat_template *tmpl;     /* owned */
-    char bos_text[64], eos_text[64];
+    struct kiri_chat_prompt *chat;       /* owned: its template, BOS/EOS texts */
     int32_t n_ctx;                       /* tokens per sequence */
     char backend[32];                    /* "cpu", or "cuda+cpu" when layers are split */
     uint64_t cost;                       /* bytes: the file's size plus the KV pool's */

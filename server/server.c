@@ -16,6 +16,7 @@
 #include "auth.h"
 #include "buf.h"
 #include "chat_page.h"
+#include "chat_prompt.h"
 #include "chat_template.h"
 #include "config.h"
 #include "error.h"
@@ -542,8 +543,6 @@ static int completion_prompt(const struct kiri_served_model *sm, struct mg_conne
 static int chat_prompt(const struct kiri_served_model *sm, struct mg_connection *c, const struct kiri_api_request *r,
                        struct prompt *p)
 {
-    const struct kiri_model *m = sm->model;
-    const int add_bos = kiri_model_add_bos(m);
     struct kiri_chat_message *msgs = kiri_mem_calloc((size_t)r->n_messages, sizeof *msgs);
     if (!msgs)
         return fail(c, 500, "server_error", "", "", "out of memory", "");
@@ -554,15 +553,12 @@ static int chat_prompt(const struct kiri_served_model *sm, struct mg_connection 
     char *text = NULL;
     size_t text_len = 0;
     struct kiri_status_info info;
-    const int rc = kiri_chat_template_render(sm->tmpl, msgs, r->n_messages, sm->bos_text, sm->eos_text, 1, NULL,
-                                             &text, &text_len, &info);
+    const int rc = kiri_chat_prompt_render(sm->chat, msgs, r->n_messages, 1, &text, &text_len, &info);
     kiri_mem_free(msgs);
     if (rc != KIRI_OK)
         return fail(c, 400, "invalid_request_error", r->kind == KIRI_API_RESPONSES ? "input" : "messages",
                     "chat_template_error", info.message, "");
-    /* Templates usually write the BOS text themselves. */
-    const int bos = add_bos && !(sm->bos_text[0] && strncmp(text, sm->bos_text, strlen(sm->bos_text)) == 0);
-    const int trc = tokenize_alloc(m, text, bos, 1, &p->ids, &p->n);
+    const int trc = kiri_chat_prompt_tokenize(sm->chat, text, text_len, &p->ids, &p->n, &info);
     kiri_mem_free(text);
     if (trc != KIRI_OK)
         return fail(c, 500, "server_error", "", "", "tokenization failed", "");
