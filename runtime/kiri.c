@@ -196,7 +196,7 @@ int64_t kiri_detokenize(const struct kiri_model *m, const int32_t *tokens, int32
                             : kiri_detok_flush(&ds, piece, sizeof piece);
         if (k < 0)
             return k;
-        if (len + (uint64_t)k <= cap)
+        if (k > 0 && len + (uint64_t)k <= cap) /* buf may be NULL when cap is 0 */
             memcpy(buf + len, piece, (size_t)k);
         len += (uint64_t)k;
     }

@@ -62,7 +62,7 @@
 /* The endpoint label's values: the server's routes, and "other" for everything else (any name
  * not in this list is counted as "other", so a caller cannot grow the label set). */
 static const char *const endpoints[] = {
-    "/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize",
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize",
     "/health", "/metrics", "other",
 };
 #define N_ENDPOINTS (sizeof endpoints / sizeof endpoints[0])

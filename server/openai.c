@@ -16,12 +16,21 @@
  *   - max_tokens / max_completion_tokens: an integer in [1, limit]; max_completion_tokens wins
  *     when both are set. Absent means "until EOS or the context ends" (not OpenAI's 16 for legacy
  *     completions). Larger than the limit is a 400 naming the field, never a silent clamp.
- *   - prompt: a string, an array of token ids, or an array holding exactly one of those (as
- *     LangChain sends it); two or more prompts are refused ("one prompt per request").
- *   - logit_bias is validated (ids, range, at most 1024 entries) and then refused when not empty,
- *     because the sampler has no logit bias; tools, functions, tool_calls, echo, best_of > 1,
- *     suffix and response_format other than "text" are refused the same way (code
- *     "unsupported_parameter" or "unsupported_value").
+ *   - prompt: a string, an array of token ids, an array of strings or an array of token-id
+ *     arrays (a list of prompts, at most KIRI_API_MAX_PROMPTS, and at most KIRI_API_MAX_CHOICES
+ *     choices with n); an empty prompt array or token-id array is refused.
+ *   - logit_bias: token-id string keys (digits) below n_vocab, numbers in [-100, 100], at most
+ *     KIRI_API_MAX_LOGIT_BIAS entries.
+ *   - Structured output: response_format {"type":"text"}, {"type":"json_object"} (any JSON
+ *     object; llama-server's "schema" beside the type narrows it to that schema) or
+ *     {"type":"json_schema","json_schema":{"name","schema","strict"}}, and llama-server's
+ *     "grammar" (GBNF text, checked here) and "json_schema" (a schema object). The schema is
+ *     compiled to GBNF (schema/json_schema.h); what the compiler cannot honour is a 400 whose
+ *     param is the field and the JSON pointer inside it (response_format.json_schema.schema/
+ *     properties/x), never a looser grammar. strict false constrains exactly as true does. Two
+ *     constraints in one request are a 400 (code "conflicting_parameters").
+ *   - tools, functions, tool_calls, best_of > 1 and suffix are refused (code
+ *     "unsupported_parameter"); echo is read for completions.
  *   - The "developer" role is read as "system". Text content parts are joined with nothing
  *     between them; any other part type is refused.
  *   - Extensions: top_k, min_p, repetition_penalty (also spelled repeat_penalty), repeat_last_n,
@@ -49,11 +58,11 @@
 #include <string.h>
 
 #include "buf.h"
+#include "json_schema.h"
 #include "mem.h"
 #include "utf8.h"
 
 #define KIRI_API_MAX_DEPTH 64
-#define MAX_LOGIT_BIAS 1024
 #define MAX_LEGACY_LOGPROBS 5
 #define MAX_TOP_LOGPROBS 20
 #define MAX_LAST_N (1 << 20)          /* KIRI_SAMPLER_MAX_LAST_N */
@@ -389,11 +398,16 @@ static int read_token_ids(struct parser *p, json_t *arr, const char *param, int3
  * Request parts
  * ------------------------------------------------------------------------------------------- */
 
-static int is_token_array(json_t *v)
+/* One prompt: a string, or a non-empty array of token ids. */
+static int read_one_prompt(struct parser *p, json_t *v, const char *param, struct kiri_api_prompt *out)
 {
-    if (!json_is_array(v) || json_array_size(v) == 0)
-        return 0;
-    return json_is_integer(json_array_get(v, 0));
+    if (json_is_string(v))
+        return copy_string(p, v, &out->text);
+    if (!json_is_array(v))
+        return bad(p, param, "", "%s must be a string or an array of token ids", param);
+    if (json_array_size(v) == 0)
+        return bad(p, param, "", "%s must not be an empty array", param);
+    return read_token_ids(p, v, param, &out->tokens, &out->n_tokens);
 }
 
 static int parse_prompt(struct parser *p, json_t *body, struct kiri_api_request *r)
@@ -401,23 +415,30 @@ static int parse_prompt(struct parser *p, json_t *body, struct kiri_api_request 
     json_t *v = field(body, "prompt");
     if (!v)
         return bad(p, "prompt", "", "prompt is required");
-    /* One prompt wrapped in an array, as some clients send it, is that prompt. */
-    if (json_is_array(v) && json_array_size(v) == 1 &&
-        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
-        v = json_array_get(v, 0);
-    if (json_is_string(v))
-        return copy_string(p, v, &r->prompt);
-    if (!json_is_array(v))
-        return bad(p, "prompt", "", "prompt must be a string or an array of token ids");
-    if (json_array_size(v) == 0)
+    if (!json_is_string(v) && !json_is_array(v))
+        return bad(p, "prompt", "", "prompt must be a string, an array of strings, an array of token ids or "
+                   "an array of token-id arrays");
+    if (json_is_array(v) && json_array_size(v) == 0)
         return bad(p, "prompt", "", "prompt must not be an empty array");
-    if (!is_token_array(v)) {
-        json_t *first = json_array_get(v, 0);
-        if (json_is_string(first) || json_is_array(first))
-            return bad(p, "prompt", "", "one prompt per request: send each prompt separately");
-        return bad(p, "prompt", "", "prompt must be a string or an array of token ids");
+    /* An array of strings or of arrays is a list of prompts; anything else is one prompt. */
+    json_t *first = json_is_array(v) ? json_array_get(v, 0) : NULL;
+    const int list = first && (json_is_string(first) || json_is_array(first));
+    const size_t n = list ? json_array_size(v) : 1;
+    if (n > KIRI_API_MAX_PROMPTS)
+        return bad(p, "prompt", "", "prompt holds %zu prompts; at most %d are accepted", n, KIRI_API_MAX_PROMPTS);
+    r->prompts = kiri_mem_calloc(n, sizeof *r->prompts);
+    if (!r->prompts)
+        return oom(p);
+    r->n_prompts = (int)n;     /* zeroed entries: a failure below frees what was read */
+    for (size_t i = 0; i < n; i++) {
+        char param[32] = "prompt";
+        if (list)
+            snprintf(param, sizeof param, "prompt[%zu]", i);
+        int rc = read_one_prompt(p, list ? json_array_get(v, i) : v, param, &r->prompts[i]);
+        if (rc)
+            return rc;
     }
-    return read_token_ids(p, v, "prompt", &r->prompt_tokens, &r->n_prompt_tokens);
+    return 0;
 }
 
 static const char *canonical_role(const char *role)
@@ -577,17 +598,24 @@ static int parse_stop(struct parser *p, json_t *body, struct kiri_api_request *r
     return 0;
 }
 
-/* Token-id string keys below n_vocab, biases in [-100, 100]; refused when not empty. */
-static int parse_logit_bias(struct parser *p, json_t *body)
+/* Token-id string keys below n_vocab, biases in [-100, 100], into r->bias_*. */
+static int parse_logit_bias(struct parser *p, json_t *body, struct kiri_api_request *r)
 {
     json_t *v = field(body, "logit_bias");
     if (!v)
         return 0;
     if (!json_is_object(v))
         return bad(p, "logit_bias", "", "logit_bias must be an object of token ids to biases");
-    if (json_object_size(v) > MAX_LOGIT_BIAS)
-        return bad(p, "logit_bias", "", "logit_bias has %zu entries; at most %d are accepted",
-                   json_object_size(v), MAX_LOGIT_BIAS);
+    const size_t n = json_object_size(v);
+    if (n > KIRI_API_MAX_LOGIT_BIAS)
+        return bad(p, "logit_bias", "", "logit_bias has %zu entries; at most %d are accepted", n,
+                   KIRI_API_MAX_LOGIT_BIAS);
+    if (n == 0)
+        return 0;
+    r->bias_tokens = kiri_mem_array(n, sizeof *r->bias_tokens);
+    r->bias_values = kiri_mem_array(n, sizeof *r->bias_values);
+    if (!r->bias_tokens || !r->bias_values)
+        return oom(p);
     const char *key;
     json_t *bias;
     json_object_foreach(v, key, bias) {
@@ -605,10 +633,195 @@ static int parse_logit_bias(struct parser *p, json_t *body)
                        key, (long)p->lim->n_vocab);
         if (!json_is_number(bias) || !(json_number_value(bias) >= -100.0) ||
             !(json_number_value(bias) <= 100.0))
-            return bad(p, "logit_bias", "", "logit_bias values must be numbers in [-100, 100]");
+            return bad(p, "logit_bias", "", "logit_bias[\"%.16s\"] must be a number in [-100, 100]", key);
+        r->bias_tokens[r->n_bias] = (int32_t)id;
+        r->bias_values[r->n_bias] = (float)json_number_value(bias);
+        r->n_bias++;
     }
-    if (json_object_size(v) > 0)
-        return unsupported(p, "logit_bias", "logit_bias");
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Structured output: response_format, grammar, json_schema
+ * ------------------------------------------------------------------------------------------- */
+
+/* a followed by b into out[cap] (cut at cap - 1 bytes): a param and the path inside it. */
+static void join(char *out, size_t cap, const char *a, const char *b)
+{
+    const size_t na = strnlen(a, cap - 1);
+    memcpy(out, a, na);
+    const size_t nb = strnlen(b, cap - 1 - na);
+    memcpy(out + na, b, nb);
+    out[na + nb] = '\0';
+}
+
+/* What "any JSON object" is, as a schema. */
+static const char json_object_schema[] = "{\"type\":\"object\"}";
+
+/* Compiles schema text into r->grammar; errors name param and the pointer inside it. */
+static int schema_text_grammar(struct parser *p, const char *text, size_t len, const char *param, int format,
+                               struct kiri_api_request *r)
+{
+    struct kiri_status_info info;
+    memset(&info, 0, sizeof info);
+    char *gbnf = NULL;
+    size_t gbnf_len = 0;
+    /* The compiler reads the text with Jansson, whose allocation failures look like syntax errors
+     * (see jansson_alloc_failed). */
+    jansson_alloc_failed = 0;
+    const int rc = kiri_json_schema_to_gbnf(text, len, NULL, NULL, &gbnf, &gbnf_len, &info);
+    if (rc == KIRI_E_NOMEM || (rc != KIRI_OK && jansson_alloc_failed))
+        return oom(p);
+    if (rc != KIRI_OK) {
+        /* The compiler names a JSON pointer ("/properties/x", perhaps as "#/properties/x"). */
+        const char *ptr = info.field[0] == '#' ? info.field + 1 : info.field;
+        char where[sizeof p->err->param];
+        join(where, sizeof where, param, ptr[0] == '/' ? ptr : "");
+        return bad(p, where, rc == KIRI_E_UNSUPPORTED ? "unsupported_schema" : "invalid_schema", "%s: %s", where,
+                   info.message[0] ? info.message : "the schema cannot be used");
+    }
+    r->grammar = gbnf;
+    r->grammar_len = gbnf_len;
+    r->format = format;
+    return 0;
+}
+
+static int schema_grammar(struct parser *p, json_t *schema, const char *param, int format,
+                          struct kiri_api_request *r)
+{
+    if (!json_is_object(schema))
+        return bad(p, param, "", "%s must be a JSON Schema object", param);
+    char *text = json_dumps(schema, JSON_COMPACT);
+    if (!text)
+        return oom(p);
+    const int rc = schema_text_grammar(p, text, strlen(text), param, format, r);
+    kiri_mem_free(text);
+    return rc;
+}
+
+/* A json_schema format's name, strict and description beside its schema (in holder). */
+static int check_schema_fields(struct parser *p, json_t *holder, const char *param)
+{
+    char where[sizeof p->err->param];
+    json_t *name = field(holder, "name");
+    join(where, sizeof where, param, ".name");
+    if (name) {
+        if (!json_is_string(name))
+            return bad(p, where, "", "%s must be a string", where);
+        const char *s = json_string_value(name);
+        const size_t n = json_string_length(name);
+        int ok = n >= 1 && n <= 64;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+                 s[i] == '_' || s[i] == '-';
+        if (!ok)
+            return bad(p, where, "", "%s must be 1 to 64 letters, digits, '_' or '-'", where);
+    }
+    json_t *strict = field(holder, "strict");
+    join(where, sizeof where, param, ".strict");
+    if (strict && !json_is_boolean(strict))
+        return bad(p, where, "", "%s must be true or false", where);
+    json_t *desc = field(holder, "description");
+    join(where, sizeof where, param, ".description");
+    if (desc && !json_is_string(desc))
+        return bad(p, where, "", "%s must be a string", where);
+    return 0;
+}
+
+static int parse_format(struct parser *p, json_t *fmt, const char *param, int flat, struct kiri_api_request *r)
+{
+    json_t *type = json_is_object(fmt) ? json_object_get(fmt, "type") : NULL;
+    if (!json_is_string(type))
+        return bad(p, param, "", "%s must be an object with a string \"type\"", param);
+    const char *t = json_string_value(type);
+    char where[sizeof p->err->param];
+    if (strcmp(t, "text") == 0)
+        return 0;
+    if (strcmp(t, "json_object") == 0) {
+        json_t *schema = field(fmt, "schema");
+        join(where, sizeof where, param, ".schema");
+        if (schema)
+            return schema_grammar(p, schema, where, KIRI_API_FORMAT_JSON_OBJECT, r);
+        return schema_text_grammar(p, json_object_schema, sizeof json_object_schema - 1, param,
+                                   KIRI_API_FORMAT_JSON_OBJECT, r);
+    }
+    if (strcmp(t, "json_schema") != 0)
+        return bad(p, param, "", "unknown %s type '%.32s' (text, json_object or json_schema)", param, t);
+    json_t *holder = fmt;
+    char base[sizeof p->err->param];
+    join(base, sizeof base, param, "");
+    if (!flat) {
+        join(base, sizeof base, param, ".json_schema");
+        holder = field(fmt, "json_schema");
+        if (!holder)
+            return bad(p, base, "", "%s is required for type \"json_schema\"", base);
+        if (!json_is_object(holder))
+            return bad(p, base, "", "%s must be an object", base);
+    }
+    int rc = check_schema_fields(p, holder, base);
+    if (rc)
+        return rc;
+    json_t *schema = field(holder, "schema");
+    join(where, sizeof where, base, ".schema");
+    if (!schema)
+        return bad(p, where, "", "%s is required", where);
+    if ((rc = schema_grammar(p, schema, where, KIRI_API_FORMAT_JSON_SCHEMA, r)))
+        return rc;
+    json_t *name = field(holder, "name");
+    if (name && !(r->format_name = kiri_mem_strndup(json_string_value(name), json_string_length(name))))
+        return oom(p);
+    return 0;
+}
+
+/* The GBNF extension: text kiri_grammar_check accepts. */
+static int parse_grammar(struct parser *p, json_t *g, struct kiri_api_request *r)
+{
+    if (!json_is_string(g))
+        return bad(p, "grammar", "", "grammar must be a string of GBNF text");
+    const size_t n = json_string_length(g);
+    if (n == 0)
+        return bad(p, "grammar", "", "grammar must not be empty");
+    if (n > KIRI_GRAMMAR_MAX_SIZE)
+        return bad(p, "grammar", "", "grammar has %zu bytes; at most %zu are accepted", n,
+                   (size_t)KIRI_GRAMMAR_MAX_SIZE);
+    struct kiri_status_info info;
+    memset(&info, 0, sizeof info);
+    int rc = kiri_grammar_check(json_string_value(g), n, &info);
+    if (rc == KIRI_E_NOMEM)
+        return oom(p);
+    if (rc != KIRI_OK)
+        return bad(p, "grammar", "invalid_grammar", "%s%s", strncmp(info.message, "grammar", 7) ? "grammar: " : "",
+                   info.message[0] ? info.message : "not a grammar kiri can use");
+    if ((rc = copy_string(p, g, &r->grammar)))
+        return rc;
+    r->grammar_len = n;
+    r->format = KIRI_API_FORMAT_GRAMMAR;
+    return 0;
+}
+
+/* response_format, grammar and json_schema: at most one of them constrains the output. */
+static int parse_structured(struct parser *p, json_t *body, struct kiri_api_request *r)
+{
+    json_t *rf = field(body, "response_format"), *g = field(body, "grammar"), *js = field(body, "json_schema");
+    json_t *rf_type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+    const int rf_text = json_is_string(rf_type) && strcmp(json_string_value(rf_type), "text") == 0;
+    const char *set[3];
+    int n_set = 0;
+    if (rf && !rf_text)
+        set[n_set++] = "response_format";
+    if (g)
+        set[n_set++] = "grammar";
+    if (js)
+        set[n_set++] = "json_schema";
+    if (n_set > 1)
+        return bad(p, set[1], "conflicting_parameters", "%s and %s both constrain the output; send one of them",
+                   set[0], set[1]);
+    if (rf && !rf_text)
+        return parse_format(p, rf, "response_format", 0, r);
+    if (g)
+        return parse_grammar(p, g, r);
+    if (js)
+        return schema_grammar(p, js, "json_schema", KIRI_API_FORMAT_JSON_SCHEMA, r);
     return 0;
 }
 
@@ -620,25 +833,7 @@ static int parse_unsupported(struct parser *p, json_t *body, int kind)
         if (v && (!json_is_array(v) || json_array_size(v) > 0))
             return unsupported(p, lists[i], lists[i]);
     }
-    json_t *rf = field(body, "response_format");
-    if (rf) {
-        json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(type))
-            return bad(p, "response_format", "",
-                       "response_format must be an object with a string \"type\"");
-        const char *t = json_string_value(type);
-        if (strcmp(t, "json_object") == 0 || strcmp(t, "json_schema") == 0)
-            return bad(p, "response_format", "unsupported_value",
-                       "response_format type '%s' is not supported (only \"text\")", t);
-        if (strcmp(t, "text") != 0)
-            return bad(p, "response_format", "", "unknown response_format type '%.32s'", t);
-    }
     if (kind == KIRI_API_COMPLETIONS) {
-        json_t *echo = field(body, "echo");
-        if (echo && !json_is_boolean(echo))
-            return bad(p, "echo", "", "echo must be true or false");
-        if (json_is_true(echo))
-            return unsupported(p, "echo", "echo");
         int64_t best_of = 1;
         int rc = read_int(p, body, "best_of", 1, 20, &best_of, NULL);
         if (rc)
@@ -714,8 +909,15 @@ static int parse_generation(struct parser *p, json_t *body, struct kiri_api_requ
     if (present)
         r->priority = (int)x;
     if ((rc = parse_stop(p, body, r)) || (rc = read_bool(p, body, "stream", &r->stream)) ||
-        (rc = parse_logit_bias(p, body)))
+        (rc = parse_logit_bias(p, body, r)) || (rc = parse_structured(p, body, r)))
         return rc;
+    if (r->kind == KIRI_API_COMPLETIONS) {
+        if ((rc = read_bool(p, body, "echo", &r->echo)))
+            return rc;
+        if ((int64_t)r->n_prompts * r->n > KIRI_API_MAX_CHOICES)
+            return bad(p, "n", "", "n = %d for %d prompts asks for %d choices; at most %d are accepted", r->n,
+                       r->n_prompts, r->n_prompts * r->n, KIRI_API_MAX_CHOICES);
+    }
 
     json_t *so = field(body, "stream_options");
     if (so) {
@@ -803,17 +1005,15 @@ static int value_error(const char *text)
            strncmp(text, "unexpected newline", 18) == 0;
 }
 
-int kiri_api_parse(const char *body, size_t len, int kind, const struct kiri_api_limits *lim,
-                   struct kiri_api_request *out, struct kiri_api_error *err)
+int kiri_api_load(const char *body, size_t len, json_t **root, struct kiri_api_error *err)
 {
     struct kiri_api_error scratch;
-    struct parser p = {lim, err ? err : &scratch};
-    if (out)
-        memset(out, 0, sizeof *out);
-    if (!out || !lim || (!body && len)) {
-        kiri_api_error_set(p.err, 500, "server_error", "", "", "kiri_api_parse: bad arguments");
+    struct parser p = {NULL, err ? err : &scratch};
+    if (!root || (!body && len)) {
+        kiri_api_error_set(p.err, 500, "server_error", "", "", "kiri_api_load: bad arguments");
         return KIRI_E_INVALID_ARG;
     }
+    *root = NULL;
     use_kiri_allocator();
 
     char param[64];
@@ -829,12 +1029,12 @@ int kiri_api_parse(const char *body, size_t len, int kind, const struct kiri_api
 
     json_error_t je;
     jansson_alloc_failed = 0;
-    json_t *root = json_loadb(body ? body : "", len, 0, &je);
+    json_t *v = json_loadb(body ? body : "", len, 0, &je);
     if (jansson_alloc_failed) {
-        json_decref(root);
+        json_decref(v);
         return oom(&p);
     }
-    if (!root) {
+    if (!v) {
         enum json_error_code code = json_error_code(&je);
         param[0] = '\0';
         /* An error inside one value (a bad number, string or literal, or the body ending
@@ -849,11 +1049,29 @@ int kiri_api_parse(const char *body, size_t len, int kind, const struct kiri_api
         return bad(&p, param, "", "invalid JSON: %s (line %d, column %d)", je.text, je.line,
                    je.column);
     }
+    if (!json_is_object(v)) {
+        json_decref(v);
+        return bad(&p, "", "", "the request body must be a JSON object");
+    }
+    *root = v;
+    return KIRI_OK;
+}
+
+int kiri_api_parse_value(json_t *body, int kind, const struct kiri_api_limits *lim,
+                         struct kiri_api_request *out, struct kiri_api_error *err)
+{
+    struct kiri_api_error scratch;
+    struct parser p = {lim, err ? err : &scratch};
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!out || !lim || !json_is_object(body)) {
+        kiri_api_error_set(p.err, 500, "server_error", "", "", "kiri_api_parse_value: bad arguments");
+        return KIRI_E_INVALID_ARG;
+    }
+    use_kiri_allocator();
     struct kiri_api_request r;
     request_defaults(&r, kind);
-    int rc = json_is_object(root) ? parse_object(&p, root, &r)
-                                  : bad(&p, "", "", "the request body must be a JSON object");
-    json_decref(root);
+    int rc = parse_object(&p, body, &r);
     if (rc) {
         kiri_api_request_free(&r);
         return rc;
@@ -862,19 +1080,50 @@ int kiri_api_parse(const char *body, size_t len, int kind, const struct kiri_api
     return KIRI_OK;
 }
 
+int kiri_api_parse(const char *body, size_t len, int kind, const struct kiri_api_limits *lim,
+                   struct kiri_api_request *out, struct kiri_api_error *err)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!out || !lim) {
+        kiri_api_error_set(err, 500, "server_error", "", "", "kiri_api_parse: bad arguments");
+        return KIRI_E_INVALID_ARG;
+    }
+    json_t *root;
+    int rc = kiri_api_load(body, len, &root, err);
+    if (rc)
+        return rc;
+    rc = kiri_api_parse_value(root, kind, lim, out, err);
+    json_decref(root);
+    return rc;
+}
+
+int kiri_api_parse_format(json_t *format, const char *param, int flat, struct kiri_api_request *r,
+                          struct kiri_api_error *err)
+{
+    struct kiri_api_error scratch;
+    struct parser p = {NULL, err ? err : &scratch};
+    use_kiri_allocator();
+    return parse_format(&p, format, param, flat, r);
+}
+
 /* The checks the limits govern, as kiri_api_parse makes them (read_token_ids, parse_messages,
- * parse_max_tokens; a non-empty logit_bias is refused under any limits). */
+ * parse_max_tokens, parse_logit_bias). */
 int kiri_api_within_limits(const struct kiri_api_request *r, const struct kiri_api_limits *lim)
 {
     const int64_t cap = lim->max_tokens_cap > 0 ? lim->max_tokens_cap : INT32_MAX;
     const int max_messages = lim->max_messages > 0 ? lim->max_messages : DEFAULT_MAX_MESSAGES;
     if (r->max_tokens_asked > cap || r->n_messages > max_messages)
         return 0;
-    for (int32_t i = 0; i < r->n_prompt_tokens; i++)
-        if (r->prompt_tokens[i] >= lim->n_vocab)
-            return 0;
+    for (int i = 0; i < r->n_prompts; i++)
+        for (int32_t k = 0; k < r->prompts[i].n_tokens; k++)
+            if (r->prompts[i].tokens[k] >= lim->n_vocab)
+                return 0;
     for (int32_t i = 0; i < r->n_tokens; i++)
         if (r->tokens[i] >= lim->n_vocab)
+            return 0;
+    for (int i = 0; i < r->n_bias; i++)
+        if (r->bias_tokens[i] >= lim->n_vocab)
             return 0;
     return 1;
 }
@@ -884,8 +1133,11 @@ void kiri_api_request_free(struct kiri_api_request *r)
     if (!r)
         return;
     kiri_mem_free(r->model);
-    kiri_mem_free(r->prompt);
-    kiri_mem_free(r->prompt_tokens);
+    for (int i = 0; i < r->n_prompts; i++) {
+        kiri_mem_free(r->prompts[i].text);
+        kiri_mem_free(r->prompts[i].tokens);
+    }
+    kiri_mem_free(r->prompts);
     for (int i = 0; i < r->n_messages; i++) {
         kiri_mem_free(r->messages[i].role);
         kiri_mem_free(r->messages[i].content);
@@ -895,6 +1147,11 @@ void kiri_api_request_free(struct kiri_api_request *r)
     kiri_mem_free(r->tokens);
     for (int i = 0; i < r->n_stop; i++)
         kiri_mem_free(r->stop[i]);
+    kiri_mem_free(r->grammar);
+    kiri_mem_free(r->format_name);
+    kiri_mem_free(r->bias_tokens);
+    kiri_mem_free(r->bias_values);
+    kiri_mem_free(r->instructions);
     memset(r, 0, sizeof *r);
 }
 
@@ -1051,13 +1308,19 @@ static json_t *logprobs_json(int kind, const struct kiri_api_choice *c)
         goto fail;
     size_t offset = 0;
     for (int t = 0; t < c->n_logprobs; t++) {
+        const int unscored = t < c->n_unscored;
         if (json_array_append_new(tokens, jtext(c->lp_tokens[t], c->lp_token_lens[t])) ||
-            json_array_append_new(values, jlogprob(c->lp_values[t])) ||
+            json_array_append_new(values, unscored ? json_null() : jlogprob(c->lp_values[t])) ||
             json_array_append_new(offsets, json_integer((json_int_t)offset)))
             goto fail;
         offset += c->lp_token_lens[t];
         if (c->n_top <= 0)
             continue;
+        if (unscored) {
+            if (json_array_append_new(tops, json_null()))
+                goto fail;
+            continue;
+        }
         json_t *alts = json_object();
         if (json_array_append_new(tops, alts))
             goto fail;
@@ -1113,27 +1376,28 @@ fail:
     return NULL;
 }
 
-static json_t *envelope(const char *object, const char *id, int64_t created, const char *model)
+static json_t *envelope(const char *object, const struct kiri_api_envelope *env)
 {
     json_t *o = json_object();
-    if (!o || json_object_set_new(o, "id", jtext(id, id ? strlen(id) : 0)) ||
+    if (!o || json_object_set_new(o, "id", jstr_or_null(env->id ? env->id : "")) ||
         json_object_set_new(o, "object", json_string_nocheck(object)) ||
-        json_object_set_new(o, "created", json_integer(created)) ||
-        json_object_set_new(o, "model", jtext(model, model ? strlen(model) : 0))) {
+        json_object_set_new(o, "created", json_integer(env->created)) ||
+        json_object_set_new(o, "model", jstr_or_null(env->model ? env->model : "")) ||
+        json_object_set_new(o, "system_fingerprint", jstr_or_null(env->fingerprint))) {
         json_decref(o);
         return NULL;
     }
     return o;
 }
 
-static json_t *build(int kind, const char *object, const char *id, int64_t created,
-                     const char *model, const struct kiri_api_choice *choices, int n_choices,
+static json_t *build(int kind, const char *object, const struct kiri_api_envelope *env,
+                     const struct kiri_api_choice *choices, int n_choices,
                      int stream, int first_chunk, const struct kiri_api_usage *usage)
 {
     if ((kind != KIRI_API_COMPLETIONS && kind != KIRI_API_CHAT) || n_choices < 0 ||
-        (n_choices > 0 && !choices))
+        (n_choices > 0 && !choices) || !env)
         return NULL;
-    json_t *o = envelope(object, id, created, model);
+    json_t *o = envelope(object, env);
     json_t *arr = o ? add_array(o, "choices") : NULL;
     if (!arr) {
         json_decref(o);
@@ -1151,23 +1415,50 @@ static json_t *build(int kind, const char *object, const char *id, int64_t creat
     return o;
 }
 
-char *kiri_api_response_json(int kind, const char *id, int64_t created, const char *model,
+char *kiri_api_response_json(int kind, const struct kiri_api_envelope *env,
                              const struct kiri_api_choice *choices, int n_choices,
                              const struct kiri_api_usage *usage)
 {
     use_kiri_allocator();
     const char *object = kind == KIRI_API_CHAT ? "chat.completion" : "text_completion";
-    return dump(build(kind, object, id, created, model, choices, n_choices, 0, 0, usage));
+    return dump(build(kind, object, env, choices, n_choices, 0, 0, usage));
 }
 
-char *kiri_api_chunk_json(int kind, const char *id, int64_t created, const char *model,
+char *kiri_api_chunk_json(int kind, const struct kiri_api_envelope *env,
                           const struct kiri_api_choice *choices, int n_choices, int first_chunk,
                           const struct kiri_api_usage *usage)
 {
     use_kiri_allocator();
     const char *object = kind == KIRI_API_CHAT ? "chat.completion.chunk" : "text_completion";
-    return dump(build(kind, object, id, created, model, choices, n_choices, 1, first_chunk,
-                      usage));
+    return dump(build(kind, object, env, choices, n_choices, 1, first_chunk, usage));
+}
+
+/* FNV-1a over the parts, each followed by a NUL so ("ab", "c") and ("a", "bc") differ. */
+void kiri_api_fingerprint(const char *backend, const char *model_id, const char *model_sha256,
+                          char out[20])
+{
+    const char *parts[] = {KIRI_VERSION_STRING, backend, model_id, model_sha256};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        const char *s = parts[i] ? parts[i] : "";
+        for (size_t k = 0; k <= strlen(s); k++) {
+            h ^= (unsigned char)s[k];
+            h *= 0x100000001b3ull;
+        }
+    }
+    snprintf(out, 20, "fp_%016llx", (unsigned long long)h);
+}
+
+json_t *kiri_api_json_text(const char *s, size_t n)
+{
+    use_kiri_allocator();
+    return jtext(s, n);
+}
+
+char *kiri_api_json_dump(json_t *root)
+{
+    use_kiri_allocator();
+    return dump(root);
 }
 
 /* A string field of the error record (at most cap bytes, perhaps cut mid-character), or null

@@ -27,6 +27,7 @@
 #include "models.h"
 #include "openai.h"
 #include "platform.h"
+#include "responses.h"
 #include "upstream.h"
 
 /* Bytes of one token's text: far above any vocabulary's longest token. */
@@ -112,7 +113,9 @@ static int send_body(struct mg_connection *c, int status, const char *type, cons
     /* Every answer of a generation endpoint says where it was served; the upstream's say so in extra. */
     const struct mg_request_info *ri = mg_get_request_info(c);
     const char *uri = ri->local_uri_raw ? ri->local_uri_raw : ri->local_uri;
-    const int local = uri && (strcmp(uri, "/v1/completions") == 0 || strcmp(uri, "/v1/chat/completions") == 0) &&
+    const int local = uri &&
+                      (strcmp(uri, "/v1/completions") == 0 || strcmp(uri, "/v1/chat/completions") == 0 ||
+                       strcmp(uri, "/v1/responses") == 0) &&
                       !strstr(extra, "X-Kiri-Served-By:");
     mg_printf(c,
               "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nCache-Control: no-store\r\n%s%s%s\r\n",
@@ -242,11 +245,12 @@ struct event {
     double ttft;
 };
 
-/* One choice (n of them per request). Fields above `done` are shared with the loop thread under
+/* One choice (n of them per prompt). Fields above `done` are shared with the loop thread under
  * gen->lock; the rest belong to the HTTP thread. */
 struct choice {
     struct gen *gen;
     uint64_t id;
+    int prompt;               /* index of its prompt (completions with a list of prompts) */
     int submitted;
     struct event *q;          /* owned ring of pending events */
     int q_len, q_cap;
@@ -254,12 +258,13 @@ struct choice {
     int finished;             /* final event queued */
     /* HTTP thread only */
     int done;                 /* final event processed */
+    int started;              /* streaming: its first chunk is out (chat: the one with the role) */
     int finish;               /* enum kiri_finish */
     struct kiri_buf text;     /* owned: all delivered text (non-streaming) */
     int32_t n_prompt, n_cached, n_generated;
     double ttft, last_token_time;
-    /* log-probabilities (non-streaming), owned */
-    int n_lp, lp_cap;
+    /* log-probabilities (non-streaming), owned; the first n_unscored are echoed prompt tokens */
+    int n_lp, lp_cap, n_unscored;
     char **lp_tok;
     size_t *lp_len;
     float *lp_val;
@@ -273,8 +278,8 @@ struct gen {
     struct kiri_served_model *m;         /* borrowed: the request holds it (acquired) */
     struct kiri_mutex *lock;
     struct kiri_cond *cond;
-    struct choice ch[KIRI_API_MAX_N];
-    int n;
+    struct choice ch[KIRI_API_MAX_CHOICES];
+    int n;                               /* choices: prompts times the request's n */
     int n_top;
 };
 
@@ -405,10 +410,9 @@ static const char *finish_reason(int finish)
 struct stream {
     struct mg_connection *c;
     int kind;
-    char id[48];
-    int64_t created;
-    const char *model;
-    int started;
+    struct kiri_api_envelope env;         /* strings borrowed from generate's frame */
+    struct kiri_responses_state *resp;    /* /v1/responses: its events instead of chunks; borrowed */
+    int64_t seq;                          /* the next event's sequence_number */
     int broken;              /* the client went away */
     int raw;                 /* HTTP/1.0: no chunked encoding; the end of the stream closes the connection */
 };
@@ -432,17 +436,35 @@ static void stream_send(struct stream *st, char *json)
     kiri_mem_free(json);
 }
 
+/* One event of the Responses API's stream: "event: type" and its data. */
+static void stream_event(struct stream *st, int event, const char *delta, size_t len)
+{
+    const char *type = "error";
+    char *json = kiri_responses_event_json(event, st->seq++, st->resp, delta, len, &type);
+    if (json) {
+        stream_write(st, "event: ", 7);
+        stream_write(st, type, strlen(type));
+        stream_write(st, "\n", 1);
+    }
+    stream_send(st, json);
+}
+
 static void stream_text(struct stream *st, struct gen *g, struct choice *ch, const char *text, size_t len,
                         const char *finish)
 {
+    if (st->resp) {
+        if (len)
+            stream_event(st, KIRI_RESPONSES_EV_TEXT_DELTA, text, len);
+        return;
+    }
     struct kiri_api_choice c;
     memset(&c, 0, sizeof c);
     c.index = (int)(ch - g->ch);
     c.text = text;
     c.text_len = len;
     c.finish_reason = finish;
-    stream_send(st, kiri_api_chunk_json(st->kind, st->id, st->created, st->model, &c, 1, !st->started, NULL));
-    st->started = 1;
+    stream_send(st, kiri_api_chunk_json(st->kind, &st->env, &c, 1, !ch->started, NULL));
+    ch->started = 1;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -463,25 +485,64 @@ static int tokenize_alloc(const struct kiri_model *m, const char *text, int add_
     return KIRI_OK;
 }
 
-/* The prompt's token ids for a parsed request, or an error response already sent (returns status). */
-static int build_prompt(const struct kiri_served_model *sm, struct mg_connection *c,
-                        const struct kiri_api_request *r, int32_t **ids, int32_t *n)
+/* One prompt's token ids, and what echo writes before each of its choices. */
+struct prompt {
+    int32_t *ids;             /* owned */
+    int32_t n;
+    int32_t n_added;          /* leading tokens kiri put in (a BOS), not part of what is echoed */
+    char *echo;               /* owned: the prompt's text, with echo only */
+    size_t echo_len;
+};
+
+static void prompts_free(struct prompt *p, int n)
+{
+    for (int i = 0; i < n; i++) {
+        kiri_mem_free(p[i].ids);
+        kiri_mem_free(p[i].echo);
+    }
+}
+
+/* Prompt i of /v1/completions: its ids, and its text for echo (the text as sent, or the ids'). */
+static int completion_prompt(const struct kiri_served_model *sm, struct mg_connection *c,
+                             const struct kiri_api_request *r, int i, struct prompt *p)
 {
     const struct kiri_model *m = sm->model;
-    const int add_bos = kiri_model_add_bos(m);
-    if (r->kind == KIRI_API_COMPLETIONS) {
-        if (r->prompt_tokens) {
-            *ids = kiri_mem_array((size_t)r->n_prompt_tokens + 1, sizeof **ids);
-            if (!*ids)
-                return fail(c, 500, "server_error", "", "", "out of memory", "");
-            memcpy(*ids, r->prompt_tokens, (size_t)r->n_prompt_tokens * sizeof **ids);
-            *n = r->n_prompt_tokens;
-            return 0;
-        }
-        if (tokenize_alloc(m, r->prompt ? r->prompt : "", add_bos, 1, ids, n) != KIRI_OK)
+    const struct kiri_api_prompt *in = &r->prompts[i];
+    if (in->tokens) {
+        p->ids = kiri_mem_array((size_t)in->n_tokens + 1, sizeof *p->ids);
+        if (!p->ids)
+            return fail(c, 500, "server_error", "", "", "out of memory", "");
+        memcpy(p->ids, in->tokens, (size_t)in->n_tokens * sizeof *p->ids);
+        p->n = in->n_tokens;
+    } else {
+        const int add_bos = kiri_model_add_bos(m);
+        if (tokenize_alloc(m, in->text ? in->text : "", add_bos, 1, &p->ids, &p->n) != KIRI_OK)
             return fail(c, 500, "server_error", "", "", "tokenization failed", "");
-        return 0;
+        p->n_added = add_bos && p->n > 0 && p->ids[0] == kiri_model_bos(m);
     }
+    if (!r->echo)
+        return 0;
+    if (in->text) {
+        p->echo_len = strlen(in->text);
+        p->echo = kiri_mem_strndup(in->text, p->echo_len);
+    } else {
+        const int64_t need = kiri_detokenize(m, p->ids, p->n, NULL, 0);
+        p->echo = need >= 0 ? kiri_mem_alloc((size_t)need + 1) : NULL;
+        if (p->echo && kiri_detokenize(m, p->ids, p->n, p->echo, (size_t)need) == need) {
+            p->echo[need] = '\0';
+            p->echo_len = (size_t)need;
+        } else {
+            kiri_mem_free(p->echo);
+            p->echo = NULL;
+        }
+    }
+    return p->echo ? 0 : fail(c, 500, "server_error", "", "", "out of memory", "");
+}
+
+/* The prompt of a chat or responses request: its messages through the model's chat template. */
+static int chat_prompt(const struct kiri_served_model *sm, struct mg_connection *c, const struct kiri_api_request *r,
+                       struct prompt *p)
+{
     struct kiri_chat_message *msgs = kiri_mem_calloc((size_t)r->n_messages, sizeof *msgs);
     if (!msgs)
         return fail(c, 500, "server_error", "", "", "out of memory", "");
@@ -495,11 +556,44 @@ static int build_prompt(const struct kiri_served_model *sm, struct mg_connection
     const int rc = kiri_chat_prompt_render(sm->chat, msgs, r->n_messages, 1, &text, &text_len, &info);
     kiri_mem_free(msgs);
     if (rc != KIRI_OK)
-        return fail(c, 400, "invalid_request_error", "messages", "chat_template_error", info.message, "");
-    const int trc = kiri_chat_prompt_tokenize(sm->chat, text, text_len, ids, n, &info);
+        return fail(c, 400, "invalid_request_error", r->kind == KIRI_API_RESPONSES ? "input" : "messages",
+                    "chat_template_error", info.message, "");
+    const int trc = kiri_chat_prompt_tokenize(sm->chat, text, text_len, &p->ids, &p->n, &info);
     kiri_mem_free(text);
     if (trc != KIRI_OK)
         return fail(c, 500, "server_error", "", "", "tokenization failed", "");
+    return 0;
+}
+
+/* The prompts of a parsed request, each checked against the context; or an error response
+ * already sent (returns its status, with nothing left to free). */
+static int build_prompts(const struct kiri_server *s, const struct kiri_served_model *sm, struct mg_connection *c,
+                         const struct kiri_api_request *r, struct prompt *out, int *n_out)
+{
+    const int n = r->kind == KIRI_API_COMPLETIONS ? r->n_prompts : 1;
+    const int32_t max_prompt = s->cfg.max_prompt_tokens > 0 ? s->cfg.max_prompt_tokens : sm->n_ctx - 1;
+    for (int i = 0; i < n; i++) {
+        struct prompt *p = &out[i];
+        memset(p, 0, sizeof *p);
+        int status = r->kind == KIRI_API_COMPLETIONS ? completion_prompt(sm, c, r, i, p) : chat_prompt(sm, c, r, p);
+        if (!status && (p->n < 1 || p->n > max_prompt || p->n >= sm->n_ctx ||
+                        (r->max_tokens > 0 && (int64_t)p->n + r->max_tokens > sm->n_ctx))) {
+            char msg[200], param[32];
+            snprintf(msg, sizeof msg,
+                     "this model's context holds %d tokens; the prompt has %d and %d more were requested",
+                     sm->n_ctx, p->n, r->max_tokens > 0 ? r->max_tokens : 0);
+            snprintf(param, sizeof param, "%s",
+                     r->kind == KIRI_API_CHAT ? "messages" : r->kind == KIRI_API_RESPONSES ? "input" : "prompt");
+            if (r->kind == KIRI_API_COMPLETIONS && n > 1)
+                snprintf(param, sizeof param, "prompt[%d]", i);
+            status = fail(c, 400, "invalid_request_error", param, "context_length_exceeded", msg, "");
+        }
+        if (status) {
+            prompts_free(out, i + 1); /* prompt i may hold part of what it needed */
+            return status;
+        }
+    }
+    *n_out = n;
     return 0;
 }
 
@@ -518,7 +612,7 @@ static void deliver(struct stream *st, struct gen *g, struct choice *ch, const c
         return;
     if (st)
         stream_text(st, g, ch, text, len, NULL);
-    else
+    if (!st || st->resp) /* the Responses stream ends with the whole text */
         kiri_buf_append(&ch->text, text, len);
 }
 
@@ -640,6 +734,15 @@ static int model_error(struct kiri_server *s, struct mg_connection *c, const cha
     return fail(c, 503, "server_error", "model", "model_unavailable", msg, "Retry-After: 5\r\n");
 }
 
+/* kiri_api_parse, or for /v1/responses its reader. */
+static int parse_body(const char *body, size_t len, int kind, const struct kiri_api_limits *lim,
+                      struct kiri_api_request *r, struct kiri_api_error *err)
+{
+    if (kind == KIRI_API_RESPONSES)
+        return kiri_responses_parse(body, len, lim, r, err);
+    return kiri_api_parse(body, len, kind, lim, r, err);
+}
+
 /* Holds the model a request names (NULL or absent: the default) for the request's whole life, so
  * a hot-swap or an unload never frees it under the request, and parses the body (owned,
  * freed here) into *r. It is parsed first with limits any model accepts, to read the name; a
@@ -651,7 +754,7 @@ static int acquire_for(struct kiri_server *s, struct mg_connection *c, char *bod
 {
     const struct kiri_api_limits loose = {0, INT32_MAX, 1024};
     struct kiri_api_error err;
-    if (kiri_api_parse(body, body_len, kind, &loose, r, &err) != KIRI_OK) {
+    if (parse_body(body, body_len, kind, &loose, r, &err) != KIRI_OK) {
         kiri_mem_free(body);
         return send_error(c, &err, "");
     }
@@ -662,7 +765,7 @@ static int acquire_for(struct kiri_server *s, struct mg_connection *c, char *bod
         const struct kiri_api_limits lim = {(*out)->n_ctx, kiri_model_n_vocab((*out)->model), 1024};
         if (!kiri_api_within_limits(r, &lim)) {
             kiri_api_request_free(r);
-            if (kiri_api_parse(body, body_len, kind, &lim, r, &err) != KIRI_OK)
+            if (parse_body(body, body_len, kind, &lim, r, &err) != KIRI_OK)
                 status = send_error(c, &err, "");
         }
         if (status)
@@ -684,29 +787,84 @@ static void gen_free(struct gen *g)
     kiri_mem_free(g);
 }
 
+/* Echo: the prompt's text first in each of its choices, and with logprobs its tokens, whose
+ * log-probabilities the batching loop does not compute (written as null). */
+static void echo_prompts(struct gen *g, const struct kiri_api_request *r, const struct prompt *prompts,
+                         struct stream *st)
+{
+    if (!r->echo)
+        return;
+    for (int i = 0; i < g->n; i++) {
+        struct choice *ch = &g->ch[i];
+        const struct prompt *p = &prompts[ch->prompt];
+        if (st) {
+            if (p->echo_len)
+                stream_text(st, g, ch, p->echo, p->echo_len, NULL);
+            continue;
+        }
+        kiri_buf_append(&ch->text, p->echo, p->echo_len);
+        if (!r->logprobs)
+            continue;
+        for (int32_t k = p->n_added; k < p->n; k++) {
+            struct event e;
+            memset(&e, 0, sizeof e);
+            e.token = p->ids[k];
+            if (record_logprobs(g, ch, &e) != 0)
+                break;
+        }
+        ch->n_unscored = ch->n_lp;
+    }
+}
+
+/* The Responses API's status for how its one choice ended. */
+static int responses_status(int finish)
+{
+    if (finish == KIRI_FINISH_EOS || finish == KIRI_FINISH_STOP)
+        return KIRI_RESPONSES_COMPLETED;
+    return finish == KIRI_FINISH_ERROR ? KIRI_RESPONSES_FAILED : KIRI_RESPONSES_INCOMPLETE;
+}
+
+/* The non-streamed answer of a chat or completions request. */
+static int send_choices(struct mg_connection *c, struct gen *g, const struct kiri_api_request *r, int kind,
+                        const struct kiri_api_envelope *env, const struct kiri_api_usage *usage)
+{
+    struct kiri_api_choice *cs = kiri_mem_calloc((size_t)g->n, sizeof *cs);
+    if (!cs)
+        return fail(c, 500, "server_error", "", "", "out of memory", "");
+    for (int i = 0; i < g->n; i++) {
+        struct choice *ch = &g->ch[i];
+        cs[i].index = i; /* OpenAI's numbering: prompt index * n + j */
+        cs[i].text = ch->text.data ? ch->text.data : "";
+        cs[i].text_len = ch->text.len;
+        cs[i].finish_reason = finish_reason(ch->finish);
+        if (r->logprobs) {
+            cs[i].n_logprobs = ch->n_lp;
+            cs[i].n_unscored = ch->n_unscored;
+            cs[i].lp_tokens = (const char *const *)ch->lp_tok;
+            cs[i].lp_token_lens = ch->lp_len;
+            cs[i].lp_values = ch->lp_val;
+            cs[i].n_top = g->n_top;
+            cs[i].top_tokens = (const char *const *)ch->top_tok;
+            cs[i].top_token_lens = ch->top_len;
+            cs[i].top_values = ch->top_val;
+        }
+    }
+    const int status = send_json(c, 200, kiri_api_response_json(kind, env, cs, g->n, usage), "");
+    kiri_mem_free(cs);
+    return status;
+}
+
 /* One generation request on the model sm it holds; r (parsed by acquire_for) is freed here. */
 static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct mg_connection *c, int kind,
                     const char *endpoint, struct kiri_api_request *parsed)
 {
     struct kiri_api_request r = *parsed; /* owned from here */
-    int status;
-    int32_t *ids = NULL, n_ids = 0;
-    status = build_prompt(sm, c, &r, &ids, &n_ids);
+    struct prompt prompts[KIRI_API_MAX_PROMPTS];
+    int n_prompts = 0;
+    int status = build_prompts(s, sm, c, &r, prompts, &n_prompts);
     if (status) {
         kiri_api_request_free(&r);
         return status;
-    }
-    const int32_t max_prompt = s->cfg.max_prompt_tokens > 0 ? s->cfg.max_prompt_tokens : sm->n_ctx - 1;
-    if (n_ids < 1 || n_ids > max_prompt || n_ids >= sm->n_ctx ||
-        (r.max_tokens > 0 && (int64_t)n_ids + r.max_tokens > sm->n_ctx)) {
-        char msg[200];
-        snprintf(msg, sizeof msg,
-                 "this model's context holds %d tokens; the prompt has %d and %d more were requested", sm->n_ctx,
-                 n_ids, r.max_tokens > 0 ? r.max_tokens : 0);
-        kiri_mem_free(ids);
-        kiri_api_request_free(&r);
-        return fail(c, 400, "invalid_request_error", n_ids < 1 ? "prompt" : "messages", "context_length_exceeded",
-                    msg, "");
     }
 
     struct gen *g = kiri_mem_calloc(1, sizeof *g);
@@ -715,13 +873,13 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
             kiri_platform_mutex_free(g->lock);
             kiri_mem_free(g);
         }
-        kiri_mem_free(ids);
+        prompts_free(prompts, n_prompts);
         kiri_api_request_free(&r);
         return fail(c, 500, "server_error", "", "", "out of memory", "");
     }
     g->s = s;
     g->m = sm;
-    g->n = r.n;
+    g->n = n_prompts * r.n; /* at most KIRI_API_MAX_CHOICES (kiri_api_parse) */
     g->n_top = r.top_logprobs;
     const uint64_t seed = r.has_seed ? r.sampling.seed : mix64(atomic_fetch_add(&s->counter, 1) ^ (uint64_t)(kiri_platform_now() * 1e9));
     struct kiri_status_info info;
@@ -729,10 +887,11 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
     for (int i = 0; i < g->n; i++) {
         struct choice *ch = &g->ch[i];
         ch->gen = g;
+        ch->prompt = i / r.n;
         struct kiri_request req;
         memset(&req, 0, sizeof req);
-        req.tokens = ids;
-        req.n_tokens = n_ids;
+        req.tokens = prompts[ch->prompt].ids;
+        req.n_tokens = prompts[ch->prompt].n;
         req.max_tokens = r.max_tokens;
         req.sampling = r.sampling;
         req.sampling.seed = seed + (uint64_t)i;
@@ -741,6 +900,11 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         req.priority = r.priority;
         req.logprobs = r.logprobs;
         req.top_logprobs = r.top_logprobs;
+        req.grammar = r.grammar;
+        req.grammar_len = r.grammar_len;
+        req.bias_tokens = r.bias_tokens;
+        req.bias_values = r.bias_values;
+        req.n_bias = r.n_bias;
         submit_rc = kiri_batcher_submit(sm->batcher, &req, on_event, ch, &ch->id, &info);
         if (submit_rc != KIRI_OK) {
             ch->done = 1;
@@ -748,58 +912,94 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         }
         ch->submitted = 1;
     }
-    kiri_mem_free(ids);
     const double t0 = kiri_platform_now();
     if (submit_rc != KIRI_OK) {
         /* Take back what was queued, wait for their final events, answer 429/503/400. */
         for (int i = 0; i < g->n; i++)
             if (g->ch[i].submitted)
                 kiri_batcher_cancel(sm->batcher, g->ch[i].id);
+            else
+                g->ch[i].done = 1;
         run_generation(s, g, &r, NULL, t0 + 60);
         gen_free(g);
+        prompts_free(prompts, n_prompts);
+        const int r_format = r.format;
         kiri_api_request_free(&r);
         if (submit_rc == KIRI_E_BUSY)
             return fail(c, atomic_load(&s->draining) ? 503 : 429, "server_error", "", "overloaded", info.message,
                         "Retry-After: 1\r\n");
-        return fail(c, 400, "invalid_request_error", "", "", info.message, "");
+        /* The engine refused the grammar (or another part of the request) at submit: name the
+         * field the grammar came from. */
+        const char *param = info.field;
+        if (strcmp(param, "grammar") == 0 && r_format != KIRI_API_FORMAT_GRAMMAR)
+            param = kind == KIRI_API_RESPONSES ? "text.format" : "response_format";
+        return fail(c, 400, "invalid_request_error", param, "", info.message, "");
     }
 
     struct stream st;
     memset(&st, 0, sizeof st);
     const uint64_t rid = atomic_fetch_add(&s->counter, 1);
-    char id[48];
-    snprintf(id, sizeof id, "%s-%016llx", kind == KIRI_API_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)mix64(rid ^ (uint64_t)s->created));
+    char id[48], item_id[48], fingerprint[20];
+    const unsigned long long hid = (unsigned long long)mix64(rid ^ (uint64_t)s->created);
+    snprintf(id, sizeof id, "%s%016llx",
+             kind == KIRI_API_CHAT ? "chatcmpl-" : kind == KIRI_API_RESPONSES ? "resp_" : "cmpl-", hid);
+    snprintf(item_id, sizeof item_id, "msg_%016llx", hid);
+    kiri_api_fingerprint(sm->backend, sm->id, sm->sha256_hex, fingerprint);
     const int64_t created = (int64_t)time(NULL);
+    const struct kiri_api_envelope env = {id, created, sm->id, fingerprint};
+    struct kiri_responses_state rs;
+    memset(&rs, 0, sizeof rs);
+    rs.id = id;
+    rs.item_id = item_id;
+    rs.created = created;
+    rs.model = sm->id;
+    rs.r = &r;
+    rs.status = KIRI_RESPONSES_IN_PROGRESS;
     if (r.stream) {
         st.c = c;
         st.kind = kind;
-        memcpy(st.id, id, sizeof st.id);
-        st.created = created;
-        st.model = sm->id;
+        st.env = env;
+        st.resp = kind == KIRI_API_RESPONSES ? &rs : NULL;
         st.raw = strcmp(mg_get_request_info(c)->http_version, "1.1") != 0;
         if (st.raw)
             mg_disable_connection_keep_alive(c);
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      "%s\r\nX-Accel-Buffering: no\r\nX-Kiri-Served-By: local\r\n\r\n",
                   st.raw ? "Connection: close" : "Transfer-Encoding: chunked");
+        if (st.resp)
+            for (int ev = KIRI_RESPONSES_EV_CREATED; ev <= KIRI_RESPONSES_EV_PART_ADDED; ev++)
+                stream_event(&st, ev, NULL, 0);
     }
+    echo_prompts(g, &r, prompts, r.stream ? &st : NULL);
     run_generation(s, g, &r, r.stream ? &st : NULL, t0 + s->cfg.request_timeout);
 
+    /* Usage: each prompt counted once (its first choice's figures), every choice's tokens. */
     struct kiri_api_usage usage = {0, 0, 0};
-    usage.prompt_tokens = g->ch[0].n_prompt;
-    usage.cached_tokens = g->ch[0].n_cached;
     int errors = 0;
     for (int i = 0; i < g->n; i++) {
+        if (i % r.n == 0) {
+            usage.prompt_tokens += g->ch[i].n_prompt;
+            usage.cached_tokens += g->ch[i].n_cached;
+        }
         usage.completion_tokens += g->ch[i].n_generated;
         errors += g->ch[i].finish == KIRI_FINISH_ERROR;
     }
     kiri_metrics_tokens(s->metrics, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
+    rs.status = responses_status(g->ch[0].finish);
+    rs.text = g->ch[0].text.data ? g->ch[0].text.data : "";
+    rs.text_len = g->ch[0].text.len;
+    rs.has_usage = 1;
+    rs.usage = usage;
     if (r.stream) {
-        if (r.include_usage)
-            stream_send(&st, kiri_api_chunk_json(kind, id, created, sm->id, NULL, 0, 0, &usage));
-        const char done[] = "data: [DONE]\n\n";
-        stream_write(&st, done, sizeof done - 1);
+        if (st.resp) {
+            for (int ev = KIRI_RESPONSES_EV_TEXT_DONE; ev <= KIRI_RESPONSES_EV_FINISHED; ev++)
+                stream_event(&st, ev, NULL, 0);
+        } else {
+            if (r.include_usage)
+                stream_send(&st, kiri_api_chunk_json(kind, &env, NULL, 0, 0, &usage));
+            const char done[] = "data: [DONE]\n\n";
+            stream_write(&st, done, sizeof done - 1);
+        }
         if (!st.broken && !st.raw && mg_send_chunk(c, "", 0) < 0)
             st.broken = 1;
         if (st.broken)
@@ -807,32 +1007,16 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         status = 200;
     } else if (errors) {
         status = fail(c, 500, "server_error", "", "", "the model failed while generating", "");
+    } else if (kind == KIRI_API_RESPONSES) {
+        status = send_json(c, 200, kiri_responses_json(&rs), "");
     } else {
-        struct kiri_api_choice cs[KIRI_API_MAX_N];
-        memset(cs, 0, sizeof cs);
-        for (int i = 0; i < g->n; i++) {
-            struct choice *ch = &g->ch[i];
-            cs[i].index = i;
-            cs[i].text = ch->text.data ? ch->text.data : "";
-            cs[i].text_len = ch->text.len;
-            cs[i].finish_reason = finish_reason(ch->finish);
-            if (r.logprobs) {
-                cs[i].n_logprobs = ch->n_lp;
-                cs[i].lp_tokens = (const char *const *)ch->lp_tok;
-                cs[i].lp_token_lens = ch->lp_len;
-                cs[i].lp_values = ch->lp_val;
-                cs[i].n_top = g->n_top;
-                cs[i].top_tokens = (const char *const *)ch->top_tok;
-                cs[i].top_token_lens = ch->top_len;
-                cs[i].top_values = ch->top_val;
-            }
-        }
-        status = send_json(c, 200, kiri_api_response_json(kind, id, created, sm->id, cs, g->n, &usage), "");
+        status = send_choices(c, g, &r, kind, &env, &usage);
     }
     kiri_metrics_e2e(s->metrics, kiri_platform_now() - t0);
-    if (s->cfg.log_prompts && r.prompt)
-        fprintf(stderr, "kiri: %s prompt: %.200s\n", endpoint, r.prompt);
+    if (s->cfg.log_prompts && r.n_prompts && r.prompts[0].text)
+        fprintf(stderr, "kiri: %s prompt: %.200s\n", endpoint, r.prompts[0].text);
     gen_free(g);
+    prompts_free(prompts, n_prompts);
     kiri_api_request_free(&r);
     return status;
 }
@@ -1140,7 +1324,9 @@ static int handle_metrics(struct kiri_server *s, struct mg_connection *c)
  * Routing
  * ------------------------------------------------------------------------------------------- */
 
-enum route { R_CHAT, R_COMPLETIONS, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH, R_METRICS, R_PAGE, R_NONE };
+enum route {
+    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH, R_METRICS, R_PAGE, R_NONE
+};
 
 static const struct {
     const char *path;
@@ -1149,6 +1335,7 @@ static const struct {
 } routes[] = {
     {"/v1/chat/completions", "POST", R_CHAT},
     {"/v1/completions", "POST", R_COMPLETIONS},
+    {"/v1/responses", "POST", R_RESPONSES},
     {"/v1/models", "GET", R_MODELS},
     {"/tokenize", "POST", R_TOKENIZE},
     {"/detokenize", "POST", R_DETOKENIZE},
@@ -1285,7 +1472,12 @@ static int handle(struct mg_connection *c, void *cbdata)
         status = fail(c, 503, "server_error", "", "shutting_down", "the server is shutting down", "Retry-After: 5\r\n");
     } else {
         atomic_fetch_add(&s->active, 1);
-        status = handle_generate(s, c, routes[idx].r == R_CHAT ? KIRI_API_CHAT : KIRI_API_COMPLETIONS, endpoint);
+        const enum route rt = routes[idx].r;
+        status = handle_generate(s, c,
+                                 rt == R_CHAT        ? KIRI_API_CHAT
+                                 : rt == R_RESPONSES ? KIRI_API_RESPONSES
+                                                     : KIRI_API_COMPLETIONS,
+                                 endpoint);
         atomic_fetch_sub(&s->active, 1);
     }
     kiri_metrics_request(s->metrics, endpoint, status);

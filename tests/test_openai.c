@@ -19,6 +19,7 @@
 #include "kiri.h"
 #include "mem.h"
 #include "openai.h"
+#include "responses.h"
 #include "test.h"
 
 static const struct kiri_api_limits lim = {4096, 32000, 16};
@@ -27,6 +28,8 @@ static const struct kiri_api_limits lim = {4096, 32000, 16};
 #define CHAT(extra) CHAT_OPEN extra "}"
 #define CMPL(extra) "{\"model\":\"m\",\"prompt\":\"hi\"" extra "}"
 #define MSG1(m) "{\"messages\":[" m "]}"
+/* A response's id, created time and model, with a fingerprint. */
+#define ENV(id, created, model) (&(const struct kiri_api_envelope){id, created, model, "fp_x"})
 
 /* ---------------------------------------------------------------------------------------------
  * Refused bodies
@@ -205,7 +208,8 @@ static const struct bad_case bad_cases[] = {
     {"H23", H, CHAT(",\"logit_bias\":{\"5\":\"x\"}"), 0, "logit_bias", NULL},
     {"H23", H, CHAT(",\"logit_bias\":{\"5\":NaN}"), 0, "logit_bias", NULL},
     {"H23", H, CHAT(",\"logit_bias\":[1]"), 0, "logit_bias", NULL},
-    {"H23", H, CHAT(",\"logit_bias\":{\"5\":-100}"), 0, "logit_bias", "unsupported_parameter"},
+    {"H23", H, CHAT(",\"logit_bias\":{\"5\":-100.5}"), 0, "logit_bias", NULL},
+    {"H23", C, CMPL(",\"logit_bias\":{\"5\":true}"), 0, "logit_bias", NULL},
     /* H24 token ids */
     {"H24", C, "{\"prompt\":[1,32000]}", 0, "prompt", NULL},
     {"H24", C, "{\"prompt\":[-1]}", 0, "prompt", NULL},
@@ -213,21 +217,51 @@ static const struct bad_case bad_cases[] = {
     {"H24", C, "{\"prompt\":[1,\"a\"]}", 0, "prompt", NULL},
     {"H24", C, "{\"prompt\":[1,2147483648]}", 0, "prompt", NULL},
     {"H24", C, "{\"prompt\":[]}", 0, "prompt", NULL},
-    {"H24", C, "{\"prompt\":[\"a\",\"b\"]}", 0, "prompt", NULL},
-    {"H24", C, "{\"prompt\":[[1],[2]]}", 0, "prompt", NULL},
-    {"H24", C, "{\"prompt\":[[1,99999]]}", 0, "prompt", NULL},
+    {"H24", C, "{\"prompt\":[[1,99999]]}", 0, "prompt[0]", NULL},
+    {"H24", C, "{\"prompt\":[[1],[]]}", 0, "prompt[1]", NULL},
+    {"H24", C, "{\"prompt\":[\"a\",5]}", 0, "prompt[1]", NULL},
+    {"H24", C, "{\"prompt\":[\"a\",{}]}", 0, "prompt[1]", NULL},
+    {"H24", C, "{\"prompt\":[[\"a\"]]}", 0, "prompt[0]", NULL},
+    {"H24", C, "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\"],\"n\":8}", 0, "n", NULL},
+    {"echo", C, CMPL(",\"echo\":\"yes\""), 0, "echo", NULL},
     {"H24", D, "{\"tokens\":[0,32000]}", 0, "tokens", NULL},
     {"H24", D, "{\"tokens\":\"1 2\"}", 0, "tokens", NULL},
     {"H24", D, "{}", 0, "tokens", NULL},
     /* H26: a duplicate's last value is the one validated */
     {"H26", C, CMPL(",\"max_tokens\":5,\"max_tokens\":0"), 0, "max_tokens", NULL},
     /* H27 response_format */
-    {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_object\"}"), 0, "response_format",
-     "unsupported_value"},
+    {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_schema\"}"), 0,
+     "response_format.json_schema", NULL},
+    {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}"), 0,
+     "response_format.json_schema.schema", NULL},
     {"H27", H,
      CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
-          "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}}}}}"),
-     0, "response_format", "unsupported_value"},
+          "\"schema\":\"{}\"}}"),
+     0, "response_format.json_schema.schema", NULL},
+    {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a b\",\"schema\":{}}}"),
+     0, "response_format.json_schema.name", NULL},
+    {"H27", H,
+     CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{},\"strict\":\"yes\"}}"), 0,
+     "response_format.json_schema.strict", NULL},
+    {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_object\",\"schema\":5}"), 0, "response_format.schema",
+     NULL},
+    /* what the schema compiler cannot honour is named by its JSON pointer, never relaxed */
+    {"H27", H,
+     CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":"
+          "{\"type\":\"object\",\"properties\":{\"x\":{\"not\":{\"type\":\"string\"}}}}}}"),
+     0, "response_format.json_schema.schema/properties/x", "unsupported_schema"},
+    {"H27", C, CMPL(",\"json_schema\":{\"type\":\"object\",\"properties\":{\"x\":{\"not\":{}}}}"), 0,
+     "json_schema/properties/x", "unsupported_schema"},
+    {"H27", C, CMPL(",\"json_schema\":\"{}\""), 0, "json_schema", NULL},
+    /* grammars */
+    {"H27", C, CMPL(",\"grammar\":5"), 0, "grammar", NULL},
+    {"H27", C, CMPL(",\"grammar\":\"\""), 0, "grammar", NULL},
+    {"H27", C, CMPL(",\"grammar\":\"start ::= \\\"x\\\"\""), 0, "grammar", "invalid_grammar"},
+    /* one constraint per request */
+    {"H27", H, CHAT(",\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"x\\\"\""), 0,
+     "grammar", "conflicting_parameters"},
+    {"H27", C, CMPL(",\"grammar\":\"root ::= \\\"x\\\"\",\"json_schema\":{}"), 0, "json_schema",
+     "conflicting_parameters"},
     {"H27", H, CHAT(",\"response_format\":{\"type\":\"xml\"}"), 0, "response_format", NULL},
     {"H27", H, CHAT(",\"response_format\":\"json\""), 0, "response_format", NULL},
     {"H27", H, CHAT(",\"response_format\":{}"), 0, "response_format", NULL},
@@ -236,7 +270,6 @@ static const struct bad_case bad_cases[] = {
      "tools", "unsupported_parameter"},
     {"tools", H, CHAT(",\"tools\":{}"), 0, "tools", NULL},
     {"tools", H, CHAT(",\"functions\":[{\"name\":\"f\"}]"), 0, "functions", NULL},
-    {"echo", C, CMPL(",\"echo\":true"), 0, "echo", "unsupported_parameter"},
     {"echo", C, CMPL(",\"echo\":1"), 0, "echo", NULL},
     {"best_of", C, CMPL(",\"best_of\":2"), 0, "best_of", NULL},
     {"suffix", C, CMPL(",\"suffix\":\"x\""), 0, "suffix", NULL},
@@ -263,7 +296,8 @@ static void check_refused(const char *row, int kind, const char *body, size_t le
         CHECK_STR(e.code, code);
     CHECK(e.message[0] != '\0');
     /* *out is left empty. */
-    CHECK(r.model == NULL && r.prompt == NULL && r.messages == NULL && r.n_stop == 0);
+    CHECK(r.model == NULL && r.prompts == NULL && r.messages == NULL && r.n_stop == 0 && r.grammar == NULL &&
+          r.bias_tokens == NULL);
     if (rc == KIRI_OK)
         kiri_api_request_free(&r);
     if (test_failures != before)
@@ -321,7 +355,7 @@ static void test_depth(void)
     /* Brackets inside strings do not count. */
     b = repeat("{\"prompt\":\"", "[{", 1000, "\"}", &len);
     CHECK_EQ_INT(kiri_api_parse(b, len, KIRI_API_COMPLETIONS, &lim, &r, &e), KIRI_OK);
-    CHECK_EQ_INT(strlen(r.prompt), 2000);
+    CHECK_EQ_INT(strlen(r.prompts[0].text), 2000);
     kiri_api_request_free(&r);
     free(b);
 }
@@ -425,7 +459,7 @@ static void test_chat_full(void)
     CHECK_EQ_INT(r.logprobs, 1);
     CHECK_EQ_INT(r.top_logprobs, 20);
     CHECK_EQ_INT(r.priority, -1000);
-    CHECK(r.prompt == NULL && r.prompt_tokens == NULL);
+    CHECK(r.prompts == NULL && r.n_prompts == 0);
     kiri_api_request_free(&r);
     CHECK(r.messages == NULL && r.n_messages == 0);
     kiri_api_request_free(&r);    /* twice is harmless */
@@ -509,6 +543,7 @@ static const struct good_case good_cases[] = {
     {C, CMPL(",\"echo\":false,\"best_of\":1,\"suffix\":\"\""), -1, 1.0f, 0, 0, 0},
     {H, CHAT(",\"response_format\":{\"type\":\"text\"},\"tool_choice\":\"none\""), -1, 1.0f, 0,
      0, 0},
+    {C, CMPL(",\"echo\":true,\"logit_bias\":{\"0\":-100,\"31999\":100}"), -1, 1.0f, 0, 0, 0},
 };
 
 static void test_good_table(void)
@@ -536,31 +571,46 @@ static void test_prompts(void)
 {
     struct kiri_api_request r;
     if (parse_ok(KIRI_API_COMPLETIONS, "{\"prompt\":[0,1,31999]}", &r) == KIRI_OK) {
-        CHECK(r.prompt == NULL);
-        CHECK_EQ_INT(r.n_prompt_tokens, 3);
-        CHECK_EQ_INT(r.prompt_tokens[0], 0);
-        CHECK_EQ_INT(r.prompt_tokens[2], 31999);
+        CHECK_EQ_INT(r.n_prompts, 1);
+        CHECK(r.prompts[0].text == NULL);
+        CHECK_EQ_INT(r.prompts[0].n_tokens, 3);
+        CHECK_EQ_INT(r.prompts[0].tokens[0], 0);
+        CHECK_EQ_INT(r.prompts[0].tokens[2], 31999);
         kiri_api_request_free(&r);
     } else {
         CHECK(0);
     }
     /* One prompt wrapped in an array (LangChain's form) is that prompt. */
     if (parse_ok(KIRI_API_COMPLETIONS, "{\"prompt\":[\"Once upon\"]}", &r) == KIRI_OK) {
-        CHECK_STR(r.prompt, "Once upon");
+        CHECK_EQ_INT(r.n_prompts, 1);
+        CHECK_STR(r.prompts[0].text, "Once upon");
         kiri_api_request_free(&r);
     } else {
         CHECK(0);
     }
     if (parse_ok(KIRI_API_COMPLETIONS, "{\"prompt\":[[5,6]]}", &r) == KIRI_OK) {
-        CHECK_EQ_INT(r.n_prompt_tokens, 2);
-        CHECK_EQ_INT(r.prompt_tokens[1], 6);
+        CHECK_EQ_INT(r.prompts[0].n_tokens, 2);
+        CHECK_EQ_INT(r.prompts[0].tokens[1], 6);
         kiri_api_request_free(&r);
     } else {
         CHECK(0);
     }
     if (parse_ok(KIRI_API_COMPLETIONS, "{\"prompt\":\"\",\"messages\":5}", &r) == KIRI_OK) {
-        CHECK_STR(r.prompt, "");    /* messages is not a completions field: ignored */
+        CHECK_STR(r.prompts[0].text, "");    /* messages is not a completions field: ignored */
         CHECK(r.messages == NULL);
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+    /* Lists of prompts: strings, token-id arrays, or both; echo. */
+    if (parse_ok(KIRI_API_COMPLETIONS, "{\"prompt\":[\"a\",[7,8,9],\"b\"],\"n\":2,\"echo\":true}", &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.n_prompts, 3);
+        CHECK_STR(r.prompts[0].text, "a");
+        CHECK_EQ_INT(r.prompts[1].n_tokens, 3);
+        CHECK_EQ_INT(r.prompts[1].tokens[2], 9);
+        CHECK_STR(r.prompts[2].text, "b");
+        CHECK_EQ_INT(r.n, 2);
+        CHECK_EQ_INT(r.echo, 1);
         kiri_api_request_free(&r);
     } else {
         CHECK(0);
@@ -693,8 +743,7 @@ static void test_chat_response(void)
     ch[1].text_len = 3;
     ch[1].finish_reason = "length";
     struct kiri_api_usage u = {12, 7, 8};
-    json_t *j = reparse(kiri_api_response_json(KIRI_API_CHAT, "chatcmpl-abc", 1700000000, "tiny",
-                                               ch, 2, &u));
+    json_t *j = reparse(kiri_api_response_json(KIRI_API_CHAT, ENV("chatcmpl-abc", 1700000000, "tiny"), ch, 2, &u));
     CHECK_STR(jget_str(j, "id"), "chatcmpl-abc");
     CHECK_STR(jget_str(j, "object"), "chat.completion");
     CHECK_EQ_INT(json_integer_value(json_object_get(j, "created")), 1700000000);
@@ -718,7 +767,7 @@ static void test_chat_response(void)
                                      "cached_tokens")),
                  8);
     json_decref(j);
-    CHECK(kiri_api_response_json(KIRI_API_TOKENIZE, "x", 0, "m", ch, 1, NULL) == NULL);
+    CHECK(kiri_api_response_json(KIRI_API_TOKENIZE, ENV("x", 0, "m"), ch, 1, NULL) == NULL);
 }
 
 /* Token texts and values shared by the logprob tests: token 1 is half of a UTF-8 character. */
@@ -750,7 +799,7 @@ static void test_chat_logprobs(void)
     struct kiri_api_choice c;
     fill_lp(&c);
     top_values[3] = -1.0f / 0.0f;
-    char *s = kiri_api_response_json(KIRI_API_CHAT, "chatcmpl-1", 1, "m", &c, 1, NULL);
+    char *s = kiri_api_response_json(KIRI_API_CHAT, ENV("chatcmpl-1", 1, "m"), &c, 1, NULL);
     CHECK(s && strstr(s, "\"logprob\":-0.1,") != NULL);    /* the shortest form of -0.1f */
     json_t *j = reparse(s);
     json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
@@ -786,7 +835,7 @@ static void test_legacy_logprobs(void)
     struct kiri_api_choice c;
     fill_lp(&c);
     struct kiri_api_usage u = {3, 2, 0};
-    json_t *j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, "cmpl-9", 5, "m", &c, 1, &u));
+    json_t *j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, ENV("cmpl-9", 5, "m"), &c, 1, &u));
     CHECK_STR(jget_str(j, "object"), "text_completion");
     CHECK_STR(jget_str(j, "id"), "cmpl-9");
     json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
@@ -817,7 +866,7 @@ static void test_legacy_logprobs(void)
 
     /* logprobs=0: the chosen tokens only; top_logprobs is null. */
     c.n_top = 0;
-    j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, "cmpl-9", 5, "m", &c, 1, NULL));
+    j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, ENV("cmpl-9", 5, "m"), &c, 1, NULL));
     lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
     CHECK(json_is_null(json_object_get(lp, "top_logprobs")));
     CHECK_EQ_INT(json_array_size(json_object_get(lp, "tokens")), 2);
@@ -830,7 +879,7 @@ static void test_chunks(void)
     memset(&c, 0, sizeof c);
     /* First chunk: delta has the role. */
     c.text = "";
-    json_t *j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, "chatcmpl-s", 7, "m", &c, 1, 1, NULL));
+    json_t *j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-s", 7, "m"), &c, 1, 1, NULL));
     CHECK_STR(jget_str(j, "object"), "chat.completion.chunk");
     CHECK_STR(jget_str(j, "id"), "chatcmpl-s");
     CHECK_EQ_INT(json_integer_value(json_object_get(j, "created")), 7);
@@ -845,7 +894,7 @@ static void test_chunks(void)
     /* A middle chunk: content only. */
     c.text = "wor";
     c.text_len = 3;
-    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, "chatcmpl-s", 7, "m", &c, 1, 0, NULL));
+    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-s", 7, "m"), &c, 1, 0, NULL));
     delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
     CHECK(json_object_get(delta, "role") == NULL);
     CHECK_STR(jget_str(delta, "content"), "wor");
@@ -853,14 +902,14 @@ static void test_chunks(void)
     /* The last chunk of a choice: empty delta and the finish reason. */
     c.text_len = 0;
     c.finish_reason = "stop";
-    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, "chatcmpl-s", 7, "m", &c, 1, 0, NULL));
+    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-s", 7, "m"), &c, 1, 0, NULL));
     c0 = json_array_get(json_object_get(j, "choices"), 0);
     CHECK_EQ_INT(json_object_size(json_object_get(c0, "delta")), 0);
     CHECK_STR(jget_str(c0, "finish_reason"), "stop");
     json_decref(j);
     /* The usage chunk: choices is an empty array. */
     struct kiri_api_usage u = {4, 5, 2};
-    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, "chatcmpl-s", 7, "m", NULL, 0, 0, &u));
+    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-s", 7, "m"), NULL, 0, 0, &u));
     CHECK(json_is_array(json_object_get(j, "choices")));
     CHECK_EQ_INT(json_array_size(json_object_get(j, "choices")), 0);
     CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"), "total_tokens")),
@@ -871,7 +920,7 @@ static void test_chunks(void)
     c.text_len = 3;
     c.finish_reason = NULL;
     c.index = 3;
-    j = reparse(kiri_api_chunk_json(KIRI_API_COMPLETIONS, "cmpl-s", 7, "m", &c, 1, 1, NULL));
+    j = reparse(kiri_api_chunk_json(KIRI_API_COMPLETIONS, ENV("cmpl-s", 7, "m"), &c, 1, 1, NULL));
     CHECK_STR(jget_str(j, "object"), "text_completion");
     c0 = json_array_get(json_object_get(j, "choices"), 0);
     CHECK_STR(jget_str(c0, "text"), "abc");
@@ -950,8 +999,9 @@ static void test_alloc_failures_parse(void)
     }
     CHECK(done);
     CHECK(failures > 10);
-    /* A completions body with token ids, too. */
-    const char *b2 = "{\"prompt\":[1,2,3,4],\"stop\":\"x\",\"model\":\"m\"}";
+    /* A completions body with a list of prompts and a logit bias, too. */
+    const char *b2 = "{\"prompt\":[[1,2,3,4],\"ab\"],\"stop\":\"x\",\"model\":\"m\","
+                     "\"logit_bias\":{\"5\":-100,\"6\":3}}";
     done = 0;
     for (long n = 0; n < 1000 && !done; n++) {
         struct kiri_api_request r;
@@ -960,7 +1010,9 @@ static void test_alloc_failures_parse(void)
         int rc = kiri_api_parse(b2, strlen(b2), KIRI_API_COMPLETIONS, &lim, &r, &e);
         kiri_mem_fail_after(-1);
         if (rc == KIRI_OK) {
-            CHECK_EQ_INT(r.n_prompt_tokens, 4);
+            CHECK_EQ_INT(r.n_prompts, 2);
+            CHECK_EQ_INT(r.prompts[0].n_tokens, 4);
+            CHECK_EQ_INT(r.n_bias, 2);
             kiri_api_request_free(&r);
             done = 1;
         } else {
@@ -1000,7 +1052,7 @@ static char *build_chat_lp(void)
     fill_lp(&c[1]);
     c[1].index = 1;
     struct kiri_api_usage u = {1, 2, 3};
-    return kiri_api_response_json(KIRI_API_CHAT, "chatcmpl-x", 9, "m", c, 2, &u);
+    return kiri_api_response_json(KIRI_API_CHAT, ENV("chatcmpl-x", 9, "m"), c, 2, &u);
 }
 
 static char *build_legacy_lp(void)
@@ -1008,7 +1060,7 @@ static char *build_legacy_lp(void)
     struct kiri_api_choice c;
     fill_lp(&c);
     struct kiri_api_usage u = {1, 2, 3};
-    return kiri_api_response_json(KIRI_API_COMPLETIONS, "cmpl-x", 9, "m", &c, 1, &u);
+    return kiri_api_response_json(KIRI_API_COMPLETIONS, ENV("cmpl-x", 9, "m"), &c, 1, &u);
 }
 
 static char *build_chunk(void)
@@ -1016,7 +1068,7 @@ static char *build_chunk(void)
     struct kiri_api_choice c;
     fill_lp(&c);
     c.finish_reason = NULL;
-    return kiri_api_chunk_json(KIRI_API_CHAT, "chatcmpl-x", 9, "m", &c, 1, 1, NULL);
+    return kiri_api_chunk_json(KIRI_API_CHAT, ENV("chatcmpl-x", 9, "m"), &c, 1, 1, NULL);
 }
 
 static char *build_error(void)
@@ -1054,7 +1106,382 @@ static void test_alloc_failures_build(void)
     walk_builder("content", build_content);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Structured output, logit_bias, echo and the fingerprint
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_structured(void)
+{
+    struct kiri_api_request r;
+    if (parse_ok(KIRI_API_CHAT, CHAT(",\"response_format\":{\"type\":\"json_object\"}"), &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.format, KIRI_API_FORMAT_JSON_OBJECT);
+        CHECK(r.grammar != NULL && r.grammar_len == strlen(r.grammar) && r.grammar_len > 0);
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+    if (parse_ok(KIRI_API_CHAT,
+                 CHAT(",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"pet-1\","
+                      "\"strict\":false,\"schema\":{\"type\":\"object\",\"properties\":{\"n\":"
+                      "{\"type\":\"integer\"}},\"required\":[\"n\"]}}}"),
+                 &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.format, KIRI_API_FORMAT_JSON_SCHEMA);
+        CHECK(r.grammar != NULL);
+        CHECK_STR(r.format_name, "pet-1");
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+    if (parse_ok(KIRI_API_COMPLETIONS, CMPL(",\"grammar\":\"root ::= \\\"yes\\\" | \\\"no\\\"\""), &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.format, KIRI_API_FORMAT_GRAMMAR);
+        CHECK_STR(r.grammar, "root ::= \"yes\" | \"no\"");
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+    if (parse_ok(KIRI_API_COMPLETIONS,
+                 CMPL(",\"json_schema\":{\"type\":\"string\"},\"response_format\":{\"type\":\"text\"}"),
+                 &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.format, KIRI_API_FORMAT_JSON_SCHEMA);
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+    if (parse_ok(KIRI_API_CHAT, CHAT(",\"logit_bias\":{\"7\":-100,\"31999\":2.5}"), &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.n_bias, 2);
+        CHECK_EQ_INT(r.bias_tokens[0], 7);
+        CHECK_NEAR(r.bias_values[0], -100.0, 0);
+        CHECK_EQ_INT(r.bias_tokens[1], 31999);
+        CHECK_NEAR(r.bias_values[1], 2.5, 0);
+        CHECK_EQ_INT(r.format, KIRI_API_FORMAT_TEXT);
+        CHECK(r.grammar == NULL);
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+    /* A bias on a token past a model's vocabulary is within loose limits but not the model's. */
+    const struct kiri_api_limits loose = {0, INT32_MAX, 1024}, small = {4096, 100, 16};
+    struct kiri_api_error e;
+    const char *b = CHAT(",\"logit_bias\":{\"150\":1}");
+    if (kiri_api_parse(b, strlen(b), KIRI_API_CHAT, &loose, &r, &e) == KIRI_OK) {
+        CHECK(kiri_api_within_limits(&r, &lim));
+        CHECK(!kiri_api_within_limits(&r, &small));
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+}
+
+/* The caps on prompts and choices, too large for the table. */
+static void test_prompt_caps(void)
+{
+    size_t len;
+    char *b = repeat("{\"prompt\":[\"x\"", ",\"x\"", KIRI_API_MAX_PROMPTS, "]}", &len);   /* one too many */
+    check_refused("H24", KIRI_API_COMPLETIONS, b, len, "prompt", NULL);
+    free(b);
+    b = repeat("{\"prompt\":[[1]", ",[1]", KIRI_API_MAX_PROMPTS - 1, "],\"n\":1}", &len);
+    struct kiri_api_request r;
+    struct kiri_api_error e;
+    CHECK_EQ_INT(kiri_api_parse(b, len, KIRI_API_COMPLETIONS, &lim, &r, &e), KIRI_OK);
+    CHECK_EQ_INT(r.n_prompts, KIRI_API_MAX_PROMPTS);
+    kiri_api_request_free(&r);
+    free(b);
+}
+
+static void test_echo_logprobs_and_fingerprint(void)
+{
+    /* Echoed prompt tokens carry no log-probability: null, as OpenAI writes the first token's. */
+    struct kiri_api_choice c;
+    fill_lp(&c);
+    c.n_unscored = 1;
+    const struct kiri_api_envelope env = {"cmpl-e", 3, "m", "fp_0123456789abcdef"};
+    json_t *j = reparse(kiri_api_response_json(KIRI_API_COMPLETIONS, &env, &c, 1, NULL));
+    CHECK_STR(jget_str(j, "system_fingerprint"), "fp_0123456789abcdef");
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    CHECK(json_is_null(json_array_get(json_object_get(lp, "token_logprobs"), 0)));
+    CHECK(json_is_real(json_array_get(json_object_get(lp, "token_logprobs"), 1)));
+    CHECK(json_is_null(json_array_get(json_object_get(lp, "top_logprobs"), 0)));
+    CHECK(json_is_object(json_array_get(json_object_get(lp, "top_logprobs"), 1)));
+    CHECK_EQ_INT(json_array_size(json_object_get(lp, "tokens")), 2);
+    json_decref(j);
+    j = reparse(kiri_api_chunk_json(KIRI_API_CHAT, &env, &c, 1, 1, NULL));
+    CHECK_STR(jget_str(j, "system_fingerprint"), "fp_0123456789abcdef");
+    json_decref(j);
+
+    char a[20], a2[20], bk[20], m[20];
+    kiri_api_fingerprint("cpu", "tiny.gguf", "abc", a);
+    kiri_api_fingerprint("cpu", "tiny.gguf", "abc", a2);
+    kiri_api_fingerprint("cuda", "tiny.gguf", "abc", bk);
+    kiri_api_fingerprint("cpu", "tiny.ggufabc", "", m);
+    CHECK_EQ_INT(strlen(a), 19);
+    CHECK(strncmp(a, "fp_", 3) == 0 && strspn(a + 3, "0123456789abcdef") == 16);
+    CHECK_STR(a, a2);
+    CHECK(strcmp(a, bk) != 0 && strcmp(a, m) != 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * /v1/responses
+ * ------------------------------------------------------------------------------------------- */
+
+static int responses_ok(const char *body, struct kiri_api_request *r)
+{
+    struct kiri_api_error e;
+    int rc = kiri_responses_parse(body, strlen(body), &lim, r, &e);
+    if (rc != KIRI_OK)
+        fprintf(stderr, "  unexpected refusal of %.120s: [%s] %s\n", body, e.param, e.message);
+    return rc;
+}
+
+static void test_responses_parse(void)
+{
+    struct kiri_api_request r;
+    if (responses_ok("{\"model\":\"m\",\"input\":\"Hello\",\"instructions\":\"Be brief.\",\"max_output_tokens\":64,"
+                     "\"temperature\":0.5,\"top_p\":0.9,\"stream\":true,\"store\":true,\"metadata\":{\"a\":\"b\"}}",
+                     &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.kind, KIRI_API_RESPONSES);
+        CHECK_STR(r.model, "m");
+        CHECK_EQ_INT(r.n_messages, 2);
+        CHECK_STR(r.messages[0].role, "system");
+        CHECK_STR(r.messages[0].content, "Be brief.");
+        CHECK_STR(r.messages[1].role, "user");
+        CHECK_STR(r.messages[1].content, "Hello");
+        CHECK_STR(r.instructions, "Be brief.");
+        CHECK_EQ_INT(r.max_tokens, 64);
+        CHECK_NEAR(r.sampling.temperature, 0.5, 0);
+        CHECK_NEAR(r.sampling.top_p, 0.9f, 0);
+        CHECK_EQ_INT(r.stream, 1);
+        CHECK_EQ_INT(r.n, 1);
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+    if (responses_ok("{\"input\":[{\"role\":\"developer\",\"content\":\"Rules\"},"
+                     "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
+                     "{\"type\":\"input_text\",\"text\":\"b\"}]},{\"type\":\"reasoning\",\"summary\":[]},"
+                     "{\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"c\"}]}],"
+                     "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"out\",\"strict\":true,"
+                     "\"schema\":{\"type\":\"object\"}}}}",
+                     &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.n_messages, 3);
+        CHECK_STR(r.messages[0].role, "system");
+        CHECK_STR(r.messages[1].content, "ab");
+        CHECK_STR(r.messages[2].role, "assistant");
+        CHECK_STR(r.messages[2].content, "c");
+        CHECK_EQ_INT(r.format, KIRI_API_FORMAT_JSON_SCHEMA);
+        CHECK(r.grammar != NULL);
+        CHECK_STR(r.format_name, "out");
+        CHECK(r.instructions == NULL);
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+}
+
+struct responses_bad {
+    const char *body;
+    const char *param;
+    const char *code;       /* NULL: don't care */
+};
+
+static const struct responses_bad responses_bad_cases[] = {
+    {"{}", "input", NULL},
+    {"{\"input\":5}", "input", NULL},
+    {"{\"input\":[]}", "input", NULL},
+    {"{\"input\":[{\"type\":\"reasoning\"}]}", "input", NULL},
+    {"{\"input\":[5]}", "input[0]", NULL},
+    {"{\"input\":[{\"role\":\"wizard\",\"content\":\"a\"}]}", "input[0].role", NULL},
+    {"{\"input\":[{\"role\":\"tool\",\"content\":\"a\"}]}", "input[0].role", NULL},
+    {"{\"input\":[{\"role\":\"user\"}]}", "input[0].content", NULL},
+    {"{\"input\":[{\"role\":\"user\",\"content\":5}]}", "input[0].content", NULL},
+    {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"x\"}]}]}",
+     "input[0].content[0].type", "unsupported_value"},
+    {"{\"input\":[\"a\",{\"role\":\"user\",\"content\":[{\"type\":\"input_text\"}]}]}", "input[0]", NULL},
+    {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\"}]}]}", "input[0].content[0].text", NULL},
+    {"{\"input\":[{\"type\":\"item_reference\",\"id\":\"msg_1\"}]}", "input[0].type", "unsupported_parameter"},
+    {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"x\"}]}", "input[0].type", NULL},
+    {"{\"input\":[{\"type\":5}]}", "input[0].type", NULL},
+    {"{\"input\":\"a\",\"instructions\":5}", "instructions", NULL},
+    {"{\"input\":\"a\",\"previous_response_id\":\"resp_1\"}", "previous_response_id", "unsupported_parameter"},
+    {"{\"input\":\"a\",\"conversation\":\"conv_1\"}", "conversation", "unsupported_parameter"},
+    {"{\"input\":\"a\",\"background\":true}", "background", "unsupported_parameter"},
+    {"{\"input\":\"a\",\"store\":\"no\"}", "store", NULL},
+    {"{\"input\":\"a\",\"max_output_tokens\":0}", "max_output_tokens", NULL},
+    {"{\"input\":\"a\",\"max_output_tokens\":4097}", "max_output_tokens", NULL},
+    {"{\"input\":\"a\",\"max_output_tokens\":\"5\"}", "max_output_tokens", NULL},
+    {"{\"input\":\"a\",\"temperature\":3}", "temperature", NULL},
+    {"{\"input\":\"a\",\"top_p\":0}", "top_p", NULL},
+    {"{\"input\":\"a\",\"text\":5}", "text", NULL},
+    {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format", NULL},
+    {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"x\"}}}", "text.format.schema", NULL},
+    {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\","
+     "\"schema\":{\"properties\":{\"x\":{\"not\":{}}}}}}}",
+     "text.format.schema/properties/x", "unsupported_schema"},
+    {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{}}]}", "tools", NULL},
+    {"{\"input\":\"a\",\"x\":"
+     "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[}", "x", NULL},
+    {"[\"input\"]", "", NULL},
+    {"{\"input\":\"a\",\"max_output_tokens\":-0}", "max_output_tokens", NULL},
+};
+
+static void test_responses_bad(void)
+{
+    for (size_t i = 0; i < sizeof responses_bad_cases / sizeof responses_bad_cases[0]; i++) {
+        const struct responses_bad *c = &responses_bad_cases[i];
+        struct kiri_api_request r;
+        struct kiri_api_error e;
+        memset(&e, 0, sizeof e);
+        const int before = test_failures;
+        const int rc = kiri_responses_parse(c->body, strlen(c->body), &lim, &r, &e);
+        CHECK_EQ_INT(rc, KIRI_E_INVALID_ARG);
+        CHECK_EQ_INT(e.status, 400);
+        CHECK_STR(e.param, c->param);
+        if (c->code)
+            CHECK_STR(e.code, c->code);
+        CHECK(e.message[0] != '\0');
+        CHECK(r.messages == NULL && r.model == NULL && r.grammar == NULL && r.instructions == NULL);
+        if (rc == KIRI_OK)
+            kiri_api_request_free(&r);
+        if (test_failures != before)
+            fprintf(stderr, "  in responses case %zu: %.120s -> [%s] %s\n", i, c->body, e.param, e.message);
+    }
+}
+
+/* The shapes of OpenAI's API reference: the Response object and its streaming events. */
+static void test_responses_json(void)
+{
+    struct kiri_api_request r;
+    if (responses_ok("{\"input\":\"Hi\",\"instructions\":\"Be kind\",\"max_output_tokens\":8,"
+                     "\"temperature\":0.7}",
+                     &r) != KIRI_OK) {
+        CHECK(0);
+        return;
+    }
+    struct kiri_responses_state st;
+    memset(&st, 0, sizeof st);
+    st.id = "resp_1";
+    st.item_id = "msg_1";
+    st.created = 1700000000;
+    st.model = "tiny";
+    st.r = &r;
+    st.status = KIRI_RESPONSES_IN_PROGRESS;
+    const char *type = NULL;
+    json_t *j = reparse(kiri_responses_event_json(KIRI_RESPONSES_EV_CREATED, 0, &st, NULL, 0, &type));
+    CHECK_STR(type, "response.created");
+    CHECK_STR(jget_str(j, "type"), "response.created");
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "sequence_number")), 0);
+    json_t *resp = json_object_get(j, "response");
+    CHECK_STR(jget_str(resp, "status"), "in_progress");
+    CHECK_EQ_INT(json_array_size(json_object_get(resp, "output")), 0);
+    CHECK(json_is_null(json_object_get(resp, "usage")));
+    json_decref(j);
+
+    j = reparse(kiri_responses_event_json(KIRI_RESPONSES_EV_TEXT_DELTA, 4, &st, "Hel", 3, &type));
+    CHECK_STR(type, "response.output_text.delta");
+    CHECK_STR(jget_str(j, "delta"), "Hel");
+    CHECK_STR(jget_str(j, "item_id"), "msg_1");
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "output_index")), 0);
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "content_index")), 0);
+    json_decref(j);
+
+    st.status = KIRI_RESPONSES_COMPLETED;
+    st.text = "Hello";
+    st.text_len = 5;
+    st.has_usage = 1;
+    st.usage.prompt_tokens = 11;
+    st.usage.completion_tokens = 2;
+    st.usage.cached_tokens = 3;
+    j = reparse(kiri_responses_json(&st));
+    CHECK_STR(jget_str(j, "id"), "resp_1");
+    CHECK_STR(jget_str(j, "object"), "response");
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "created_at")), 1700000000);
+    CHECK_STR(jget_str(j, "status"), "completed");
+    CHECK_STR(jget_str(j, "model"), "tiny");
+    CHECK_STR(jget_str(j, "instructions"), "Be kind");
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "max_output_tokens")), 8);
+    CHECK_NEAR(json_real_value(json_object_get(j, "temperature")), 0.7, 1e-12);
+    CHECK(json_is_false(json_object_get(j, "store")));
+    json_t *item = json_array_get(json_object_get(j, "output"), 0);
+    CHECK_STR(jget_str(item, "type"), "message");
+    CHECK_STR(jget_str(item, "id"), "msg_1");
+    CHECK_STR(jget_str(item, "role"), "assistant");
+    CHECK_STR(jget_str(item, "status"), "completed");
+    json_t *part = json_array_get(json_object_get(item, "content"), 0);
+    CHECK_STR(jget_str(part, "type"), "output_text");
+    CHECK_STR(jget_str(part, "text"), "Hello");
+    CHECK(json_is_array(json_object_get(part, "annotations")));
+    json_t *usage = json_object_get(j, "usage");
+    CHECK_EQ_INT(json_integer_value(json_object_get(usage, "input_tokens")), 11);
+    CHECK_EQ_INT(json_integer_value(json_object_get(usage, "output_tokens")), 2);
+    CHECK_EQ_INT(json_integer_value(json_object_get(usage, "total_tokens")), 13);
+    json_t *details = json_object_get(usage, "input_tokens_details");
+    CHECK_EQ_INT(json_integer_value(json_object_get(details, "cached_tokens")), 3);
+    json_decref(j);
+
+    j = reparse(kiri_responses_event_json(KIRI_RESPONSES_EV_TEXT_DONE, 9, &st, NULL, 0, &type));
+    CHECK_STR(type, "response.output_text.done");
+    CHECK_STR(jget_str(j, "text"), "Hello");
+    json_decref(j);
+    st.status = KIRI_RESPONSES_INCOMPLETE;
+    j = reparse(kiri_responses_event_json(KIRI_RESPONSES_EV_FINISHED, 12, &st, NULL, 0, &type));
+    CHECK_STR(type, "response.incomplete");
+    CHECK_STR(jget_str(json_object_get(json_object_get(j, "response"), "incomplete_details"), "reason"),
+              "max_output_tokens");
+    json_decref(j);
+    st.status = KIRI_RESPONSES_FAILED;
+    j = reparse(kiri_responses_event_json(KIRI_RESPONSES_EV_FINISHED, 12, &st, NULL, 0, &type));
+    CHECK_STR(type, "response.failed");
+    CHECK(json_is_object(json_object_get(json_object_get(j, "response"), "error")));
+    json_decref(j);
+    CHECK(kiri_responses_event_json(99, 0, &st, NULL, 0, &type) == NULL);
+    kiri_api_request_free(&r);
+}
+
+/* Parsing a Responses body and writing its events with the Nth allocation failing. */
+static void test_responses_alloc_failures(void)
+{
+    const char *b = "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"}]}],"
+                    "\"instructions\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}";
+    int done = 0;
+    for (long n = 0; n < 2000 && !done; n++) {
+        struct kiri_api_request r;
+        struct kiri_api_error e;
+        kiri_mem_fail_after(n);
+        const int rc = kiri_responses_parse(b, strlen(b), &lim, &r, &e);
+        kiri_mem_fail_after(-1);
+        if (rc == KIRI_OK) {
+            CHECK_EQ_INT(r.n_messages, 2);
+            struct kiri_responses_state st;
+            memset(&st, 0, sizeof st);
+            st.r = &r;
+            st.status = KIRI_RESPONSES_COMPLETED;
+            st.text = "t";
+            st.text_len = 1;
+            st.has_usage = 1;
+            for (int status = KIRI_RESPONSES_IN_PROGRESS; status <= KIRI_RESPONSES_FAILED; status++)
+                for (int ev = KIRI_RESPONSES_EV_CREATED; ev <= KIRI_RESPONSES_EV_FINISHED; ev++) {
+                    st.status = status;
+                    int built = 0;
+                    for (long k = 0; k < 2000 && !built; k++) {
+                        kiri_mem_fail_after(k);
+                        char *s = kiri_responses_event_json(ev, 1, &st, "d", 1, NULL);
+                        kiri_mem_fail_after(-1);
+                        built = s != NULL;
+                        kiri_mem_free(s);
+                    }
+                    CHECK(built);
+                }
+            kiri_api_request_free(&r);
+            done = 1;
+        } else {
+            CHECK_EQ_INT(rc, KIRI_E_NOMEM);
+        }
+    }
+    CHECK(done);
+}
+
 TEST_MAIN(test_bad_table, test_depth, test_big_bodies, test_chat_full, test_defaults,
           test_good_table, test_prompts, test_tokenize, test_bad_arguments, test_error_json,
           test_chat_response, test_chat_logprobs, test_legacy_logprobs, test_chunks,
-          test_small_builders, test_alloc_failures_parse, test_alloc_failures_build)
+          test_small_builders, test_alloc_failures_parse, test_alloc_failures_build, test_structured,
+          test_prompt_caps, test_echo_logprobs_and_fingerprint, test_responses_parse, test_responses_bad,
+          test_responses_json, test_responses_alloc_failures)

@@ -5,8 +5,8 @@ sockets and http.client.
 Covered: the OpenAI client (chat, completions, streaming, usage, errors); continuous batching
 gives each request exactly the tokens it gets alone while the batch holds several sequences;
 prefix-cache reuse lowers the time to first token; malformed and hostile HTTP requests
-(H01-H12, H16, H17, H19, H28, H30, and H13/H14 at the HTTP layer), each followed by a good request
-that must still be answered; /health, /v1/models, /tokenize and /detokenize against `kiri
+(H01-H12, H16, H17, H19, H23, H24, H27, H28, H30, and H13/H14 at the HTTP layer; /v1/responses
+bodies too), each followed by a good request that must still be answered; /health, /v1/models, /tokenize and /detokenize against `kiri
 tokenize`, SIGTERM draining, configuration through KIRI_* variables and --config, and API keys.
 TLS is in test_server_tls.py, the chat page in a browser in test_server_page.py.
 
@@ -292,6 +292,7 @@ def test_prefix_reuse_lowers_ttft(start_server):
 USER = [{"role": "user", "content": "Hi"}]
 CHAT = "/v1/chat/completions"
 COMPL = "/v1/completions"
+RESPONSES = "/v1/responses"
 
 # (row, case, path, raw body, status, expected param or None, expected code or None)
 BAD_BODIES = [
@@ -344,6 +345,59 @@ BAD_BODIES = [
     ("H24", "negative token id", COMPL, b'{"prompt":[1,-2]}', 400, "prompt", None),
     ("H25", "unknown model", CHAT, b'{"model":"gpt-4","messages":[{"role":"user","content":"Hi"}]}', 404, "model", "model_not_found"),
     ("H04", "detokenize bad id", "/detokenize", b'{"tokens":[1,100000]}', 400, "tokens", None),
+    # Structured output, logit_bias, lists of prompts and /v1/responses (test_openai_surface.py
+    # has the accepted forms).
+    ("H23", "logit_bias id past the vocabulary", COMPL, b'{"prompt":"a","logit_bias":{"512":1}}', 400, "logit_bias", None),
+    ("H23", "logit_bias NaN", COMPL, b'{"prompt":"a","logit_bias":{"5":NaN}}', 400, "logit_bias", None),
+    ("H23", "logit_bias 101", CHAT, b'{"messages":[{"role":"user","content":"Hi"}],"logit_bias":{"5":101}}', 400, "logit_bias", None),
+    ("H23", "200k logit_bias entries", COMPL,
+     json.dumps({"prompt": "a", "logit_bias": {str(i): 1 for i in range(200000)}}).encode(), 400, "logit_bias", None),
+    ("H24", "33 prompts", COMPL, json.dumps({"prompt": ["a"] * 33}).encode(), 400, "prompt", None),
+    ("H24", "prompts times n over the cap", COMPL, json.dumps({"prompt": ["a"] * 5, "n": 8}).encode(), 400, "n", None),
+    ("H24", "empty prompt in a list", COMPL, b'{"prompt":[[1],[]]}', 400, "prompt[1]", None),
+    ("H24", "token id out of range in a list", COMPL, b'{"prompt":[[1],[2,600]]}', 400, "prompt[1]", None),
+    ("H27", "schema nested 10k deep", CHAT,
+     b'{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x",'
+     b'"schema":' + b'{"properties":{"a":' * 10000 + b'{}' + b'}}' * 10000 + b'}}}', 400, "response_format", None),
+    ("H27", "schema without its schema", CHAT, json.dumps({"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x"}}}).encode(), 400, "response_format.json_schema.schema", None),
+    ("H27", "schema keyword kiri cannot honour", CHAT, json.dumps({"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}}).encode(),
+     400, "response_format.json_schema.schema/properties/x", "unsupported_schema"),
+    ("H27", "huge enum", CHAT, json.dumps({"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": ["v%d" % i for i in range(100000)]}}}}).encode(),
+     400, "response_format.json_schema.schema", "unsupported_schema"),
+    ("H27", "$ref cycle", CHAT, json.dumps({"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}}}}).encode(),
+     400, None, "unsupported_schema"),  # named by the pointer where the cycle is found
+    ("H27", "minimum above maximum", CHAT, json.dumps({"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}).encode(),
+     400, "response_format.json_schema.schema", "unsupported_schema"),
+    ("H27", "empty enum", COMPL, json.dumps({"prompt": "a", "json_schema": {"enum": []}}).encode(), 400, "json_schema", "unsupported_schema"),
+    ("H27", "schema no value satisfies", CHAT, json.dumps({"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "required": ["a"], "additionalProperties": False}}}}).encode(),
+     400, "response_format.json_schema.schema", "unsupported_schema"),
+    ("H27", "json_schema not an object", COMPL, b'{"prompt":"a","json_schema":"{}"}', 400, "json_schema", None),
+    ("H27", "malformed grammar", COMPL, json.dumps({"prompt": "a", "grammar": "root ::= ("}).encode(), 400, "grammar", "invalid_grammar"),
+    ("H27", "grammar without root", COMPL, json.dumps({"prompt": "a", "grammar": 'start ::= "x"'}).encode(), 400, "grammar", "invalid_grammar"),
+    ("H27", "left-recursive grammar", COMPL, json.dumps({"prompt": "a", "grammar": 'root ::= root "a" | "b"'}).encode(), 400, "grammar", "invalid_grammar"),
+    ("H27", "two constraints", CHAT, json.dumps({"messages": USER, "response_format": {"type": "json_object"},
+                                                  "grammar": 'root ::= "x"'}).encode(), 400, "grammar", "conflicting_parameters"),
+    ("H27", "unknown response_format type", CHAT, json.dumps({"messages": USER, "response_format": {"type": "xml"}}).encode(), 400, "response_format", None),
+    ("H05", "responses without input", RESPONSES, b'{"model":"x"}', 400, "input", None),
+    ("H05", "responses input as number", RESPONSES, b'{"input":5}', 400, "input", None),
+    ("H09", "responses image part", RESPONSES, b'{"input":[{"role":"user","content":[{"type":"input_image","image_url":"data:,"}]}]}', 400, "input[0].content[0].type", None),
+    ("H09", "responses unknown role", RESPONSES, b'{"input":[{"role":"wizard","content":"Hi"}]}', 400, "input[0].role", None),
+    ("H02", "responses nesting 100k deep", RESPONSES, b'{"input":' + b"[" * 100000 + b"]" * 100000 + b"}", 400, "input", None),
+    ("H06", "responses max_output_tokens 0", RESPONSES, b'{"input":"Hi","max_output_tokens":0}', 400, "max_output_tokens", None),
+    ("H10", "responses input longer than the context", RESPONSES, json.dumps({"input": "cat " * 700}).encode(), 400, "input", "context_length_exceeded"),
+    ("H26", "responses previous_response_id", RESPONSES, b'{"input":"Hi","previous_response_id":"resp_1"}', 400, "previous_response_id", "unsupported_parameter"),
+    ("H27", "responses text.format schema", RESPONSES, json.dumps({"input": "Hi", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": {"properties": {"x": {"not": {}}}}}}}).encode(),
+     400, "text.format.schema/properties/x", "unsupported_schema"),
     ("H05", "tokenize content as number", "/tokenize", b'{"content":5}', 400, "content", None),
 ]
 
