@@ -326,3 +326,27 @@ def test_pattern_outputs_match(llm, pattern):
         assert re.search(pattern, value), (pattern, choice["text"])
         validator(schema).validate(value)
     assert finished, "no generation finished for %r" % pattern
+
+
+def test_kiri_grammar_command(tmp_path):
+    """`kiri grammar --json-schema` prints what the compiler gives (so users can read and reuse
+    the enforced language), llama.cpp parses it, and refusals name the keyword; `kiri grammar
+    --grammar` checks a GBNF file and points at the first error."""
+    for path in CORPUS[:10]:
+        p = subprocess.run([str(need(KIRI)), "grammar", "--json-schema", str(path)],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == gbnf_of(path)
+        assert llama_cpp.LlamaGrammar.from_string(p.stdout, verbose=False) is not None
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "array", "uniqueItems": true}')
+    p = subprocess.run([str(KIRI), "grammar", "--json-schema", str(bad)], capture_output=True, text=True)
+    assert p.returncode == 1 and "uniqueItems" in p.stderr
+    good = tmp_path / "ok.gbnf"
+    good.write_text('root ::= "yes" | "no"\n')
+    p = subprocess.run([str(KIRI), "grammar", "--grammar", str(good)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    broken = tmp_path / "broken.gbnf"
+    broken.write_text('root ::= "a" item\nitem ::= [a-z\n')
+    p = subprocess.run([str(KIRI), "grammar", "--grammar", str(broken)], capture_output=True, text=True)
+    assert p.returncode == 1 and "line 2" in p.stderr, p.stderr
