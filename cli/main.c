@@ -39,6 +39,7 @@ struct options {
     struct kiri_sampling sampling;
     const char *stop[MAX_STOP];
     int n_stop;
+    const char *grammar_file;
 };
 
 static void options_default(struct options *o)
@@ -114,6 +115,8 @@ static const struct kiri_option run_opts[] = {
      .help = "The prompt (required)."},
     {.name = "n-predict", .short_name = 'n', .type = KIRI_OPTION_INT, O(n_predict), .lo = -1, .hi = 1 << 24,
      .arg = "N", .help = "Tokens to generate; -1 generates until the end-of-sequence token.", .def = "256"},
+    {.name = "grammar", .type = KIRI_OPTION_STRING_REF, O(grammar_file), .arg = "FILE",
+     .help = "Constrains the output to a GBNF grammar (llama.cpp's format) read from FILE."},
 };
 
 static const struct kiri_option bench_opts[] = {
@@ -224,6 +227,29 @@ static int print_text(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
+/* Reads a whole text file of at most max bytes into *out (NUL-terminated, free with free). */
+static int read_text_file(const char *path, size_t max, char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kiri: error: cannot open %s\n", path);
+        return 1;
+    }
+    char *buf = malloc(max + 2);
+    const size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    const int bad = !buf || ferror(f) || n > max;
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "kiri: error: cannot read %s%s\n", path, n > max ? " (too large)" : "");
+        free(buf);
+        return 1;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
 static int cmd_run(const struct options *o, const char **args, int n_args)
 {
     (void)args;
@@ -235,6 +261,18 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
     struct kiri_model *m = NULL;
     struct kiri_context *c = NULL;
     int32_t *ids = NULL;
+    char *grammar = NULL;
+    size_t grammar_len = 0;
+    if (o->grammar_file) {
+        struct kiri_status_info info;
+        if (read_text_file(o->grammar_file, KIRI_GRAMMAR_MAX_SIZE, &grammar, &grammar_len) != 0)
+            return 1;
+        if (kiri_grammar_check(grammar, grammar_len, &info) != KIRI_OK) {
+            fprintf(stderr, "kiri: error: %s: %s\n", o->grammar_file, info.message);
+            free(grammar);
+            return 1;
+        }
+    }
     int n = 0, rc = open_model(o, 0, &m);
     if (rc == 0)
         rc = tokenize_alloc(m, o->prompt, -1, &ids, &n);
@@ -251,6 +289,8 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         gp.sampling = o->sampling;
         gp.stop = o->stop;
         gp.n_stop = o->n_stop;
+        gp.grammar = grammar;
+        gp.grammar_len = grammar_len;
         struct kiri_generate_result res;
         struct kiri_status_info info;
         if (kiri_generate(c, ids, n, &gp, print_text, NULL, &res, &info) != KIRI_OK) {
@@ -265,6 +305,7 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         }
     }
     free(ids);
+    free(grammar);
     kiri_context_free(c);
     kiri_model_close(m);
     return rc;
