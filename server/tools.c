@@ -494,7 +494,9 @@ static int add_call_object(struct kiri_tools_parser *p, json_t *o)
  * when s does not start one. Only the structure is checked; Jansson reads it afterwards. */
 static long json_extent(const char *s, size_t n)
 {
-    if (n == 0 || (s[0] != '{' && s[0] != '['))
+    if (n == 0)
+        return 0;
+    if (s[0] != '{' && s[0] != '[')
         return -1;
     long depth = 0;
     int in_str = 0;

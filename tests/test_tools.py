@@ -131,3 +131,149 @@ def test_templates_show_the_tools():
                        ("ggml-vocab-qwen2.gguf", "two_calls_answer")]:
         kind, text = kiri_render(template_text(name), CONVERSATIONS[conv], TOOLS, True)
         assert kind == "ok" and b"get_weather" in text and b"Current weather" in text, (name, text)
+
+
+# ------------------------------------------------------------------------------------------------
+# Format detection, the tool-call grammars and the output parser (tests/tools/tool_calls.c)
+# ------------------------------------------------------------------------------------------------
+
+CALLS_TOOL = str(BUILD / "tool_calls")
+
+
+def run_tool(*args, check=True):
+    p = subprocess.run([CALLS_TOOL, *map(str, args)], capture_output=True, timeout=60)
+    if check:
+        assert p.returncode == 0, p.stderr.decode()
+    return p
+
+
+@pytest.mark.parametrize("name,want", [
+    ("qwen25.jinja", "hermes"), ("ggml-vocab-qwen2.gguf", "hermes"), ("llama31.jinja", "llama3"),
+    ("ggml-vocab-llama-bpe.gguf", "generic"), ("smollm2.jinja", "generic"), ("gemma3.jinja", "generic"),
+    ("mistral.jinja", "generic"), ("chatml.jinja", "generic")])
+def test_detect_format(name, want, tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text(template_text(name), encoding="utf-8")
+    assert run_tool("detect", path).stdout.decode().strip() == want
+
+
+def parse(fmt, output, parallel=1, tmp=None):
+    """The parser's {content, tool_calls}, checked to be the same however the output is cut."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d, "out")
+        path.write_bytes(output.encode())
+        results = [json.loads(run_tool("parse", fmt, parallel, chunk, path).stdout) for chunk in (0, 1, 2, 7)]
+    for r in results:
+        assert r["growth_ok"], "streamed content was rewritten instead of only growing"
+        assert r == results[0], f"cutting the output changed the result: {r} vs {results[0]}"
+    return results[0]
+
+
+def calls_of(r):
+    for c in r["tool_calls"]:
+        assert c["id"].startswith("call_") and len(c["id"]) == 29 or len(c["id"]) == 9, c["id"]
+    return [(c["name"], json.loads(c["arguments"])) for c in r["tool_calls"]]
+
+
+# Outputs in each family's documented syntax, with what a client must get back.
+PARSE_CASES = [
+    # Hermes / Qwen: <tool_call> blocks (Qwen 2.5 and Qwen 3 model cards, NousResearch Hermes format)
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', 1,
+     "", [("get_weather", {"city": "Paris"})]),
+    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": '
+     '"celsius"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "Asia/Tokyo"}}\n'
+     '</tool_call>', 1, "Let me look.",
+     [("get_weather", {"city": "Rome", "unit": "celsius"}), ("get_time", {"zone": "Asia/Tokyo"})]),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b", '
+     '"arguments": {}}\n</tool_call>', 0, "", [("a", {})]),
+    ("hermes", 'No tools needed: 2 < 3 and <tool> is not a tag.', 1,
+     "No tools needed: 2 < 3 and <tool> is not a tag.", []),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}\n</tool_call>',
+     1, "", [("get_weather", {"city": "Oslo"})]),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}', 1, "",
+     [("get_weather", {"city": "Lima"})]),            # the model stopped before the closing tag
+    ("hermes", '<tool_call>\nnot json\n</tool_call>', 1, "<tool_call>\nnot json\n</tool_call>", []),
+    # (the Llama 3.0 template in the vectors has no tool syntax)
+    # Llama 3.1-3.3: a JSON object with "parameters", optionally after <|python_tag|> (Meta's docs)
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', 1, "",
+     [("get_weather", {"city": "Paris"})]),
+    ("llama3", '<|python_tag|>{"name": "get_time", "parameters": {"zone": "UTC", "offset": 1.5}}', 1, "",
+     [("get_time", {"zone": "UTC", "offset": 1.5})]),
+    ("llama3", '{"type": "function", "name": "a", "parameters": {"x": [1, 2]}}; {"name": "b", '
+     '"parameters": {}}', 1, "", [("a", {"x": [1, 2]}), ("b", {})]),
+    ("llama3", 'The weather is {"name" of the city} nice.', 1, 'The weather is {"name" of the city} nice.', []),
+    # Mistral: [TOOL_CALLS] and a JSON list (v3), or NAME[ARGS]{...} (v11+)
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcDEF123"}]', 1,
+     "", [("get_weather", {"city": "Paris"})]),
+    ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {"q": "x"}}, {"name": "b", "arguments": {}}]', 1, "",
+     [("a", {"q": "x"}), ("b", {})]),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Nice"}[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e'
+     '[ARGS]{"zone": "CET"}', 1, "", [("get_weather", {"city": "Nice"}), ("get_time", {"zone": "CET"})]),
+    ("mistral", 'Plain answer [with brackets].', 1, "Plain answer [with brackets].", []),
+    # FunctionGemma: <start_function_call>call:NAME{key:<escape>text<escape>,...}<end_function_call>
+    ("gemma", '<start_function_call>call:get_weather{city:<escape>Paris, France<escape>,days:3}'
+     '<end_function_call>', 1, "", [("get_weather", {"city": "Paris, France", "days": 3})]),
+    ("gemma", 'Sure.<start_function_call>call:set{on:true,tags:[<escape>a<escape>,<escape>b{c}<escape>],'
+     'pos:{x:1.5,y:-2}}<end_function_call>', 1, "Sure.",
+     [("set", {"on": True, "tags": ["a", "b{c}"], "pos": {"x": 1.5, "y": -2}})]),
+    # Generic (a template without tool syntax): one JSON object
+    ("generic", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}', 1, "",
+     [("get_weather", {"city": "Paris"})]),
+    ("generic", '{"tool_calls": [{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"k": null}}]}', 1,
+     "", [("a", {}), ("b", {"k": None})]),
+    ("generic", '{"response": "It is sunny in Paris. \\u00e9\\n"}', 1, "It is sunny in Paris. \u00e9\n", []),
+    ("generic", 'Just text, no JSON.', 1, "Just text, no JSON.", []),
+    ("generic", '{"broken": ', 1, '{"broken": ', []),
+]
+
+
+@pytest.mark.parametrize("fmt,output,parallel,content,calls", PARSE_CASES)
+def test_parser(fmt, output, parallel, content, calls):
+    r = parse(fmt, output, parallel)
+    assert r["content"].strip() == content.strip()
+    assert calls_of(r) == calls
+    ids = [c["id"] for c in r["tool_calls"]]
+    assert len(set(ids)) == len(ids)
+
+
+def test_mistral_ids_are_nine_alphanumerics():
+    r = parse("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {}}]')
+    (c,) = r["tool_calls"]
+    assert len(c["id"]) == 9 and c["id"].isalnum()
+
+
+@pytest.mark.parametrize("fmt", ["generic", "hermes", "llama3", "mistral", "gemma"])
+@pytest.mark.parametrize("choice,named,parallel", [("auto", "-", 1), ("required", "-", 1),
+                                                   ("required", "-", 0), ("named", "get_time", 1)])
+def test_grammars_parse_in_llama_cpp(fmt, choice, named, parallel, tmp_path):
+    """Every plan's grammar is GBNF that llama.cpp's own parser accepts; lazy only for auto."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    out = run_tool("plan", fmt, choice, named, parallel, tools).stdout.decode()
+    grammar, triggers = out.split("\n%%\n")
+    llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
+    assert bool(triggers.strip()) == (choice == "auto" and fmt != "generic")
+    if choice == "named":
+        assert "get_time" in grammar and "get_weather" not in grammar
+
+
+def test_plan_none_is_free(tmp_path):
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    assert run_tool("plan", "hermes", "none", "-", 1, tools).stdout.decode().strip() == "%%"
+
+
+def test_generic_messages(tmp_path):
+    m, t = tmp_path / "m.json", tmp_path / "t.json"
+    m.write_text(json.dumps(CONVERSATIONS["two_calls_answer"]))
+    t.write_text(json.dumps(TOOLS))
+    out = json.loads(run_tool("generic", "auto", "-", 1, m, t).stdout)
+    assert out[0]["role"] == "system" and out[0]["content"].startswith("Use tools when needed.")
+    assert "get_weather" in out[0]["content"] and '"response"' in out[0]["content"]
+    calls = json.loads(out[2]["content"])
+    assert calls == {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}},
+                                    {"name": "get_time", "arguments": {"zone": "Asia/Tokyo", "offset": 9.5}}]}
+    assert "tool_calls" not in out[2]
+    out = json.loads(run_tool("generic", "none", "-", 1, m, t).stdout)
+    assert out[0]["content"] == "Use tools when needed."
