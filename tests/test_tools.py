@@ -277,3 +277,227 @@ def test_generic_messages(tmp_path):
     assert "tool_calls" not in out[2]
     out = json.loads(run_tool("generic", "none", "-", 1, m, t).stdout)
     assert out[0]["content"] == "Use tools when needed."
+
+
+# ------------------------------------------------------------------------------------------------
+# kiri serve on SmolLM2-135M-Instruct (its template has no tool syntax: the generic format)
+# ------------------------------------------------------------------------------------------------
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+from conftest import KiriServer  # noqa: E402
+
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def served(kiri_bin, smollm2_instruct, tmp_path_factory):
+    s = KiriServer(kiri_bin, tmp_path_factory.mktemp("tools"), ["-m", str(smollm2_instruct), "--ctx", "2048",
+                                                                 "--threads", "2"], model=False)
+    s.start()
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    yield s, client, model
+    s.stop()
+
+
+def create(served, **kw):
+    _, client, model = served
+    kw.setdefault("messages", ASK)
+    kw.setdefault("tools", TOOLS)
+    kw.setdefault("max_tokens", 96)
+    kw.setdefault("temperature", 0)
+    return client.chat.completions.create(model=model, **kw)
+
+
+def check_calls(calls, names=None):
+    """Each call names a tool and its arguments are JSON valid under that tool's schema."""
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_")
+        assert c.function.name in (names or SCHEMAS)
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    assert len({c.id for c in calls}) == len(calls)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_required(served, seed):
+    r = create(served, tool_choice="required", temperature=0.8, seed=seed)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    check_calls(ch.message.tool_calls)
+    assert ch.message.role == "assistant"
+
+
+def test_named(served):
+    r = create(served, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    check_calls(ch.message.tool_calls, names=["get_time"])
+
+
+def test_auto(served):
+    r = create(served, tool_choice="auto")
+    ch = r.choices[0]
+    if ch.message.tool_calls:
+        assert ch.finish_reason == "tool_calls"
+        check_calls(ch.message.tool_calls)
+    else:
+        assert ch.message.content and not ch.message.content.lstrip().startswith("{")
+        assert ch.finish_reason == "stop"
+
+
+def test_none(served):
+    r = create(served, tool_choice="none", max_tokens=24)
+    ch = r.choices[0]
+    assert not ch.message.tool_calls and ch.message.content
+    assert ch.finish_reason in ("stop", "length")
+
+
+def test_no_parallel_calls(served):
+    r = create(served, tool_choice="required", parallel_tool_calls=False,
+               messages=[{"role": "user", "content": "Weather in Rome and the time in Tokyo?"}])
+    assert len(r.choices[0].message.tool_calls) == 1
+
+
+def streamed(served, **kw):
+    """Assembles a stream as an OpenAI client does, checking the chunks' shape on the way."""
+    calls, content, finish, first = {}, "", None, True
+    for chunk in create(served, stream=True, **kw):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        if first:
+            assert d.role == "assistant"
+            first = False
+        content += d.content or ""
+        for tc in d.tool_calls or []:
+            if tc.index not in calls:
+                # the first chunk of a call: id, type and name, arguments empty or a first fragment
+                assert tc.id and tc.type == "function" and tc.function.name
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments or ""}
+            else:
+                assert tc.id is None and tc.function.name is None
+                calls[tc.index]["arguments"] += tc.function.arguments or ""
+        if chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert sorted(calls) == list(range(len(calls)))
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_streamed_like_whole(served, choice):
+    content, calls, finish = streamed(served, tool_choice=choice)
+    assert finish == "tool_calls" and calls
+    for c in calls:
+        jsonschema.validate(json.loads(c["arguments"]), SCHEMAS[c["name"]])
+    whole = create(served, tool_choice=choice).choices[0].message
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
+        [(c.function.name, json.loads(c.function.arguments)) for c in whole.tool_calls]
+    assert content == (whole.content or "")
+
+
+def test_streamed_none(served):
+    content, calls, finish = streamed(served, tool_choice="none", max_tokens=16)
+    assert content and not calls and finish in ("stop", "length")
+
+
+def test_two_turns_with_the_tool_result(served):
+    r = create(served, tool_choice="required")
+    msg = r.choices[0].message
+    check_calls(msg.tool_calls)
+    history = ASK + [msg.model_dump(exclude_none=True)]
+    for c in msg.tool_calls:
+        history.append({"role": "tool", "tool_call_id": c.id, "content": json.dumps({"temperature": 21, "sky": "clear"})})
+    r2 = create(served, messages=history, tool_choice="none", max_tokens=40)
+    assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+    r3 = create(served, messages=history, tool_choice="auto", max_tokens=60)
+    ch = r3.choices[0]
+    assert ch.message.content or ch.message.tool_calls
+    if ch.message.tool_calls:
+        check_calls(ch.message.tool_calls)
+
+
+def test_agents_sdk_two_tool_loop(served):
+    """The OpenAI Agents SDK runs an agent with two tools against kiri serve to completion."""
+    agents = pytest.importorskip("agents")
+    import asyncio
+    s, _, model = served
+    agents.set_tracing_disabled(True)
+    called = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        called.append(("get_weather", city))
+        return f"sunny and 21 C in {city}"
+
+    @agents.function_tool
+    def get_time(zone: str) -> str:
+        """The local time in a time zone."""
+        called.append(("get_time", zone))
+        return "18:04"
+
+    client = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    agent = agents.Agent(
+        name="helper", instructions="Answer with the tools' help.", tools=[get_weather, get_time],
+        model=agents.OpenAIChatCompletionsModel(model=model, openai_client=client),
+        model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=96))
+    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris, and the time in Europe/Paris?",
+                                           max_turns=8))
+    assert called, "the agent called no tool"
+    assert {name for name, _ in called} <= {"get_weather", "get_time"}
+    assert isinstance(result.final_output, str) and result.final_output.strip()
+
+
+# ------------------------------------------------------------------------------------------------
+# Hostile input: clear 400s naming the field
+# ------------------------------------------------------------------------------------------------
+
+def fn(name="f", **extra):
+    return {"type": "function", "function": {"name": name, **extra}}
+
+
+HOSTILE = [
+    ("tools_not_list", {"tools": {"type": "function"}}, "tools"),
+    ("tool_not_object", {"tools": ["get_weather"]}, "tools[0]"),
+    ("tool_wrong_type", {"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ("tool_no_function", {"tools": [{"type": "function"}]}, "tools[0].function"),
+    ("tool_bad_name", {"tools": [fn("get weather!")]}, "tools[0].function.name"),
+    ("tool_long_name", {"tools": [fn("x" * 65)]}, "tools[0].function.name"),
+    ("tool_duplicate", {"tools": [fn("a"), fn("a")]}, "tools[1].function.name"),
+    ("tool_params_not_object", {"tools": [fn(parameters="object")]}, "tools[0].function.parameters"),
+    ("tool_params_bad_schema", {"tools": [fn(parameters={"type": "object", "properties": {"a": {"type": "nonsense"}}})]},
+     "tools[0].function.parameters"),
+    ("tool_params_bad_ref", {"tools": [fn(parameters={"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})]},
+     "tools[0].function.parameters"),
+    ("too_many_tools", {"tools": [fn(f"t{i}") for i in range(129)]}, "tools"),
+    ("choice_unknown_name", {"tools": [fn("a")], "tool_choice": {"type": "function", "function": {"name": "b"}}},
+     "tool_choice"),
+    ("choice_bad_string", {"tools": [fn("a")], "tool_choice": "always"}, "tool_choice"),
+    ("choice_required_without_tools", {"tool_choice": "required"}, "tool_choice"),
+    ("parallel_not_bool", {"tools": [fn("a")], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ("tool_result_unknown_id", {"messages": ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "x"}]}, "messages[2].tool_call_id"),
+    ("tool_result_before_any_call", {"messages": ASK + [{"role": "tool", "tool_call_id": "call_1", "content": "x"}]},
+     "messages[1].tool_call_id"),
+    ("tool_call_without_id", {"messages": ASK + [
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[1].tool_calls[0]"),
+    ("tool_calls_on_user", {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+     "messages[0].tool_calls"),
+]
+
+
+@pytest.mark.parametrize("case,extra,param", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_tools(served, case, extra, param):
+    s, _, model = served
+    body = {"model": model, "messages": ASK, "max_tokens": 4, **extra}
+    r = s.post("/v1/chat/completions", json.dumps(body).encode())
+    assert r.status == 400, (r.status, r.body[:300])
+    err = json.loads(r.body)["error"]
+    assert err["param"] == param and err["message"], err
