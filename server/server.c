@@ -822,7 +822,7 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
     if (r.tools && r.tool_choice != KIRI_TOOL_CHOICE_NONE) {
         struct kiri_status_info pinfo;
         int prc = kiri_tools_plan_init(format, r.tools, r.tools_len, r.tool_choice, r.tool_choice_name,
-                                       r.parallel_tool_calls, &plan, &pinfo);
+                                       r.parallel_tool_calls, r.messages_json, r.messages_json_len, &plan, &pinfo);
         for (int i = 0; prc == KIRI_OK && i < g->n; i++)
             prc = kiri_tools_parser_init(format, r.parallel_tool_calls,
                                          mix64(atomic_fetch_add(&s->counter, 1) ^ (uint64_t)s->created), &g->ch[i].tools);

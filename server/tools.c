@@ -146,8 +146,32 @@ static void put_call_rule(struct kiri_buf *b, int format, const char *name, size
     kiri_buf_printf(b, " tool%zu-args \"}\"\n", i);
 }
 
+/* The names of the functions called since the conversation's last user message (an object of
+ * names), or NULL. */
+static json_t *called_since_user(const char *messages, size_t len)
+{
+    json_error_t je;
+    json_t *msgs = messages ? json_loadb(messages, len, 0, &je) : NULL;
+    json_t *names = json_is_array(msgs) ? json_object() : NULL;
+    for (size_t i = json_array_size(msgs); names && i-- > 0;) {
+        json_t *m = json_array_get(msgs, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (role && strcmp(role, "user") == 0)
+            break;
+        json_t *calls = json_object_get(m, "tool_calls");
+        for (size_t k = 0; k < json_array_size(calls); k++) {
+            json_t *name = json_object_get(json_object_get(json_array_get(calls, k), "function"), "name");
+            if (json_is_string(name))
+                json_object_set_new(names, json_string_value(name), json_true());
+        }
+    }
+    json_decref(msgs);
+    return names;
+}
+
 int kiri_tools_plan_init(int format, const char *tools, size_t tools_len, int choice, const char *named,
-                         int parallel, struct kiri_tools_plan *plan, struct kiri_status_info *info)
+                         int parallel, const char *messages, size_t messages_len, struct kiri_tools_plan *plan,
+                         struct kiri_status_info *info)
 {
     memset(plan, 0, sizeof *plan);
     if (choice == KIRI_TOOL_CHOICE_NONE)
@@ -159,25 +183,29 @@ int kiri_tools_plan_init(int format, const char *tools, size_t tools_len, int ch
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "tools", -1, "tools must be a list of 1 to %d functions",
                              MAX_TOOLS);
     }
+    /* A model without tool syntax, left to choose, calls the same tools again and again, so the
+     * generic form offers only the tools not yet called since the user spoke (and, when every
+     * one has been, only the answer). */
+    const int generic_auto = format == KIRI_TOOLS_GENERIC && choice == KIRI_TOOL_CHOICE_AUTO;
+    json_t *called = generic_auto ? called_since_user(messages, messages_len) : NULL;
     struct kiri_buf b = {0};
     int rc = KIRI_OK;
     size_t n_used = 0;
-    kiri_buf_puts(&b, "call ::= ");
     for (size_t i = 0; i < json_array_size(list); i++) {
         const char *name = tool_name(json_array_get(list, i));
-        if (choice == KIRI_TOOL_CHOICE_NAMED && (!named || strcmp(name, named) != 0))
+        if ((choice == KIRI_TOOL_CHOICE_NAMED && (!named || strcmp(name, named) != 0)) ||
+            json_object_get(called, name))
             continue;
-        kiri_buf_printf(&b, "%stool%zu-call", n_used++ ? " | " : "", i);
+        kiri_buf_printf(&b, "%stool%zu-call", n_used++ ? " | " : "call ::= ", i);
     }
-    if (n_used == 0)
+    json_decref(called);
+    if (n_used == 0 && !generic_auto)
         rc = kiri_error_at(info, KIRI_E_INVALID_ARG, "tool_choice", -1, "tool_choice names no function in tools");
     kiri_buf_putc(&b, '\n');
+    /* Every function's parameters are compiled (a bad schema is refused whatever is offered). */
     for (size_t i = 0; rc == KIRI_OK && i < json_array_size(list); i++) {
         json_t *tool = json_array_get(list, i);
-        const char *name = tool_name(tool);
-        if (choice == KIRI_TOOL_CHOICE_NAMED && strcmp(name, named) != 0)
-            continue;
-        put_call_rule(&b, format, name, i);
+        put_call_rule(&b, format, tool_name(tool), i);
         if (format != KIRI_TOOLS_GEMMA)
             rc = put_arguments(&b, tool, i, info);
     }
@@ -206,9 +234,16 @@ int kiri_tools_plan_init(int format, const char *tools, size_t tools_len, int ch
         plan->triggers[plan->n_triggers++] = kiri_mem_strndup("<start_function_call>", 21);
         break;
     default:
-        kiri_buf_printf(&b, "calls ::= \"{\\\"tool_calls\\\": [\" call%s \"]}\"\n", many ? " (\", \" call)*" : "");
+        /* Small models without tool training repeat a call until the tokens run out, so the
+         * generic form takes at most as many calls as there are tools. */
+        if (many && n_used > 1)
+            kiri_buf_printf(&b, "calls ::= \"{\\\"tool_calls\\\": [\" call (\", \" call){0,%zu} \"]}\"\n",
+                            n_used - 1);
+        else if (n_used > 0)
+            kiri_buf_puts(&b, "calls ::= \"{\\\"tool_calls\\\": [\" call \"]}\"\n");
         if (choice == KIRI_TOOL_CHOICE_AUTO)
-            kiri_buf_printf(&b, "root ::= calls | \"{\\\"response\\\": \" kiri-string \"}\"\n%s", JSON_STRING_RULES);
+            kiri_buf_printf(&b, "root ::= %s\"{\\\"response\\\": \" kiri-string \"}\"\n%s", n_used ? "calls | " : "",
+                            JSON_STRING_RULES);
         else
             kiri_buf_puts(&b, "root ::= calls\n");
         break;
@@ -263,7 +298,8 @@ static int append_tools_text(struct kiri_buf *b, json_t *tools, int choice, cons
                                 : "{\"tool_calls\": [{\"name\": \"TOOL_NAME\", \"arguments\": {...}}]}";
     if (choice == KIRI_TOOL_CHOICE_AUTO)
         kiri_buf_printf(b, "\nReply with one JSON object and nothing else: %s to call tools, or "
-                           "{\"response\": \"your answer\"} to answer the user directly.", call);
+                           "{\"response\": \"...\"} to answer the user directly, in words. Once the results "
+                           "you need are in the conversation, do not call again: answer with them.", call);
     else if (choice == KIRI_TOOL_CHOICE_NAMED)
         kiri_buf_printf(b, "\nReply by calling the tool %s, with one JSON object and nothing else: %s",
                         named ? named : "", call);
@@ -296,11 +332,36 @@ int kiri_tools_generic_messages(const char *messages, size_t messages_len, const
     json_t *list = tools ? json_loadb(tools, tools_len, 0, &je) : NULL;
     int rc = json_is_array(msgs) ? KIRI_OK
                                  : kiri_error_at(info, KIRI_E_INVALID_ARG, "messages", -1, "messages must be a list");
+    json_t *names = json_object(); /* call id -> function name */
+    if (!names)
+        rc = kiri_error_set(info, KIRI_E_NOMEM, "out of memory rewriting the messages");
     for (size_t i = 0; rc == KIRI_OK && i < json_array_size(msgs); i++) {
         json_t *m = json_array_get(msgs, i);
         json_t *calls = json_object_get(m, "tool_calls");
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (role && strcmp(role, "tool") == 0) {
+            /* A template without tool syntax knows users and assistants: the result comes back
+             * as a user turn saying which call it answers. */
+            json_t *name = json_object_get(m, "name");
+            json_t *id = json_object_get(m, "tool_call_id");
+            if (!json_is_string(name) && json_is_string(id))
+                name = json_object_get(names, json_string_value(id));
+            json_t *content = json_object_get(m, "content");
+            json_t *text = json_sprintf("Result of %s: %s", json_is_string(name) ? json_string_value(name) : "the tool",
+                                        json_is_string(content) ? json_string_value(content) : "");
+            if (!text || json_object_set_new(m, "content", text) || json_object_set_new(m, "role", json_string("user")))
+                rc = kiri_error_set(info, KIRI_E_NOMEM, "out of memory rewriting the messages");
+            continue;
+        }
         if (!json_is_array(calls))
             continue;
+        for (size_t k = 0; k < json_array_size(calls); k++) {
+            json_t *c = json_array_get(calls, k);
+            json_t *id = json_object_get(c, "id");
+            json_t *name = json_object_get(json_object_get(c, "function"), "name");
+            if (json_is_string(id) && json_is_string(name))
+                json_object_set(names, json_string_value(id), name);
+        }
         char *text = calls_text(calls);
         if (!text || json_object_set_new(m, "content", json_string(text)) != 0 ||
             json_object_del(m, "tool_calls") != 0)
@@ -325,6 +386,7 @@ int kiri_tools_generic_messages(const char *messages, size_t messages_len, const
         kiri_buf_free(&b);
     }
     char *text = rc == KIRI_OK ? json_dumps(msgs, JSON_COMPACT) : NULL;
+    json_decref(names);
     json_decref(msgs);
     json_decref(list);
     if (rc == KIRI_OK && !text)

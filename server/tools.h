@@ -13,7 +13,8 @@
  *   GEMMA    FunctionGemma: <start_function_call>call:N{key:<escape>text<escape>,k:1}<end_function_call>.
  *   GENERIC  a template without tool syntax: kiri describes the tools in a system message and the
  *            whole output is one JSON object, {"tool_calls": [{"name", "arguments"}, ...]} or
- *            {"response": "text"} (with tool_choice auto; only the first with required).
+ *            {"response": "text"} (with tool_choice auto; only the first with required), with at
+ *            most as many calls as there are tools.
  *
  * A tools list given to this module is the JSON text openai.c checked: an array of
  * {"type":"function","function":{"name","description"?,"parameters"?}} whose names match
@@ -59,9 +60,13 @@ struct kiri_tools_plan {
  * parallel (0: at most one call). Each function's parameters (absent: an object with any
  * properties) is compiled with the JSON Schema compiler; a schema it refuses is
  * KIRI_E_INVALID_ARG or KIRI_E_UNSUPPORTED with info->field "tools[i].function.parameters..."
- * and the compiler's message. On failure *plan is left empty. */
+ * (with the subschema's JSON pointer) and the compiler's message. messages (the conversation as
+ * JSON, may be NULL) matters to the GENERIC format under auto only: it offers the functions not
+ * called since the last user message, and only the {"response"} form once all have been (a
+ * model without tool training otherwise repeats its calls forever). On failure *plan is empty. */
 int kiri_tools_plan_init(int format, const char *tools, size_t tools_len, int choice, const char *named,
-                         int parallel, struct kiri_tools_plan *plan, struct kiri_status_info *info);
+                         int parallel, const char *messages, size_t messages_len, struct kiri_tools_plan *plan,
+                         struct kiri_status_info *info);
 void kiri_tools_plan_free(struct kiri_tools_plan *plan);
 
 /* For the GENERIC format: the messages (JSON array text) as the template should see them. A

@@ -93,7 +93,7 @@ int main(int argc, char **argv)
             return 2;
         struct kiri_tools_plan plan;
         int rc = kiri_tools_plan_init(format_of(argv[2]), tools, len, choice_of(argv[3]),
-                                      strcmp(argv[4], "-") ? argv[4] : NULL, atoi(argv[5]), &plan, &info);
+                                      strcmp(argv[4], "-") ? argv[4] : NULL, atoi(argv[5]), NULL, 0, &plan, &info);
         free(tools);
         if (rc != KIRI_OK)
             return failed(rc, &info);
