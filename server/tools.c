@@ -12,6 +12,7 @@
 #include "json_schema.h"
 #include "kiri.h"
 #include "mem.h"
+#include "utf8.h"
 
 #define MAX_TOOLS 128
 #define MAX_CALLS 64          /* calls kept from one output */
@@ -410,6 +411,8 @@ struct kiri_tools_parser {
     size_t pos;               /* all[0..pos) is decided: content or calls */
     int in_call;              /* all[pos..] starts with a call's marker */
     int finished;
+    size_t response_at;       /* GENERIC: how far the {"response": "..."} string is decoded, or 0 */
+    int generic_done;         /* GENERIC: the object was read; what follows it is dropped */
     struct kiri_buf content;
     struct kiri_tool_call *calls;
     int n_calls;
@@ -823,12 +826,88 @@ static size_t partial_mark(const char *s, size_t n, const char *const *marks)
     return best;
 }
 
+static int hex4(const char *s, uint32_t *v)
+{
+    *v = 0;
+    for (int k = 0; k < 4; k++) {
+        const char c = s[k];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        *v = *v << 4 | (uint32_t)d;
+    }
+    return 0;
+}
+
+/* Decodes the generic form's {"response": "..."} string as far as it has arrived, so the answer
+ * streams as text rather than waiting for the closing quote. Returns 1 when the string has ended. */
+static int decode_response(struct kiri_tools_parser *p, const char *s, size_t n)
+{
+    size_t at = p->response_at;
+    while (at < n) {
+        const char c = s[at];
+        if (c == '"') {
+            p->response_at = at + 1;
+            return 1;
+        }
+        if (c != '\\') {
+            kiri_buf_putc(&p->content, c);
+            at++;
+            continue;
+        }
+        if (at + 1 >= n)
+            break;
+        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+        const char *e = strchr(from, s[at + 1]);
+        if (e && s[at + 1]) {
+            kiri_buf_putc(&p->content, to[e - from]);
+            at += 2;
+            continue;
+        }
+        uint32_t cp, lo;
+        if (s[at + 1] != 'u' || at + 6 > n)
+            break;
+        if (hex4(s + at + 2, &cp) < 0)
+            return 1; /* not JSON: stop here */
+        size_t used = 6;
+        if (cp >= 0xD800 && cp < 0xDC00) {
+            if (at + 12 > n)
+                break;
+            if (s[at + 6] != '\\' || s[at + 7] != 'u' || hex4(s + at + 8, &lo) < 0 || lo < 0xDC00 || lo > 0xDFFF)
+                return 1;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            used = 12;
+        } else if (cp >= 0xDC00 && cp < 0xE000) {
+            return 1;
+        }
+        char u[4];
+        kiri_buf_append(&p->content, u, kiri_utf8_encode(cp, u));
+        at += used;
+    }
+    p->response_at = at;
+    return 0;
+}
+
 /* The generic format: the whole output is one JSON object, or plain text when it is not. */
 static int step_generic(struct kiri_tools_parser *p)
 {
+    static const char RESPONSE[] = "{\"response\": \"";
     const char *s = p->all.data ? p->all.data : "";
     const size_t n = p->all.len;
     const size_t i = skip_space(s, 0, n);
+    if (p->generic_done) {
+        p->pos = n;
+        return 0;
+    }
+    if (p->pos == 0 && (p->response_at || starts(s + i, n - i, RESPONSE))) {
+        if (!p->response_at)
+            p->response_at = i + sizeof RESPONSE - 1;
+        if (decode_response(p, s, n)) {
+            p->pos = n; /* the answer is complete; the closing brace and what follows are not content */
+            p->generic_done = 1;
+        }
+        return 0;
+    }
     if (p->pos > 0 || (i < n && s[i] != '{')) {
         emit(p, n); /* plain text from the start: it streams as it is */
         return 0;
@@ -856,6 +935,7 @@ static int step_generic(struct kiri_tools_parser *p)
         json_decref(v);
         if (rc >= 0) {
             p->pos = n; /* anything after the object is dropped */
+            p->generic_done = 1;
             return 0;
         }
     }

@@ -222,6 +222,9 @@ PARSE_CASES = [
     ("generic", '{"tool_calls": [{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"k": null}}]}', 1,
      "", [("a", {}), ("b", {"k": None})]),
     ("generic", '{"response": "It is sunny in Paris. \\u00e9\\n"}', 1, "It is sunny in Paris. \u00e9\n", []),
+    ("generic", '{"response": "tab\\t quote\\" slash\\/ \\ud83d\\ude00 \\u00e9 end"}\n\nextra', 1,
+     'tab\t quote" slash/ \U0001F600 \u00e9 end', []),
+    ("generic", '{"response": "cut off mid-answer \\u00', 1, "cut off mid-answer", []),
     ("generic", 'Just text, no JSON.', 1, "Just text, no JSON.", []),
     ("generic", '{"broken": ', 1, '{"broken": ', []),
 ]
