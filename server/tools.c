@@ -740,6 +740,11 @@ static int parse_call(struct kiri_tools_parser *p)
         const char *open = p->format == KIRI_TOOLS_HERMES ? "<tool_call>" : "<start_function_call>";
         const char *close = p->format == KIRI_TOOLS_HERMES ? "</tool_call>" : "<end_function_call>";
         const size_t from = strlen(open);
+        /* A call's body starts at once ({ or call:), so a stray marker is told apart without
+         * waiting for a closing tag that may never come. */
+        const size_t body = skip_space(s, from, n);
+        if (body < n && s[body] != (p->format == KIRI_TOOLS_HERMES ? '{' : 'c'))
+            return -1;
         const char *end = find(s + from, n - from, close);
         if (!end && !p->finished)
             return 0;
@@ -949,7 +954,8 @@ static int step(struct kiri_tools_parser *p)
     const char *const *marks = marks_of(p->format);
     if (!marks)
         return step_generic(p);
-    for (int guard = 0; guard < 4 * MAX_CALLS + 8; guard++) {
+    /* Every pass moves pos on or returns, so this ends within two passes a byte. */
+    for (;;) {
         const char *s = p->all.data ? p->all.data : "";
         const size_t n = p->all.len;
         if (p->in_call) {
@@ -965,9 +971,13 @@ static int step(struct kiri_tools_parser *p)
             }
             continue;
         }
+        /* The earliest marker; each later search stops where the best so far starts (and may
+         * overlap it by a marker's length), so a pass costs the distance to the next marker. */
         const char *first = NULL;
         for (int m = 0; marks[m]; m++) {
-            const char *at = find(s + p->pos, n - p->pos, marks[m]);
+            const size_t w = strlen(marks[m]);
+            const size_t span = first ? (size_t)(first - (s + p->pos)) + w - 1 : n - p->pos;
+            const char *at = find(s + p->pos, span < n - p->pos ? span : n - p->pos, marks[m]);
             if (at && (!first || at < first))
                 first = at;
         }
@@ -995,7 +1005,6 @@ static int step(struct kiri_tools_parser *p)
             emit(p, upto);
         return 0;
     }
-    return 0;
 }
 
 int kiri_tools_parser_feed(struct kiri_tools_parser *p, const char *text, size_t len)

@@ -239,6 +239,23 @@ def test_parser(fmt, output, parallel, content, calls):
     assert len(set(ids)) == len(ids)
 
 
+@pytest.mark.parametrize("fmt,output", [
+    ("hermes", "<tool_call>x" * 3000 + "end"),
+    ("llama3", '{"name"' * 3000),
+    ("mistral", "[TOOL_CALLS]" * 2000 + "[{"),
+    ("gemma", "<start_function_call>call:f{a:" + "[" * 5000 + "<end_function_call>"),
+    ("generic", "[" * 100000),
+    ("generic", '{"tool_calls": ' + "[" * 10000 + "]" * 10000 + "}"),
+])
+def test_parser_hostile_output(fmt, output, tmp_path):
+    """Output that looks like calls and is not: kept as text, in bounded time, nothing lost."""
+    path = tmp_path / "out"
+    path.write_text(output)
+    for chunk in (0, 3):
+        r = json.loads(run_tool("parse", fmt, 1, chunk, path).stdout)
+        assert r["tool_calls"] == [] and r["content"] == output
+
+
 def test_mistral_ids_are_nine_alphanumerics():
     r = parse("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {}}]')
     (c,) = r["tool_calls"]
@@ -258,7 +275,9 @@ def test_grammars_parse_in_llama_cpp(fmt, choice, named, parallel, tmp_path):
     llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
     assert bool(triggers.strip()) == (choice == "auto" and fmt != "generic")
     if choice == "named":
-        assert "get_time" in grammar and "get_weather" not in grammar
+        # every function's rules are there (each schema is checked); the call offers get_time only
+        (offered,) = [line for line in grammar.splitlines() if line.startswith("call ::=")]
+        assert offered == "call ::= tool1-call"
 
 
 def test_plan_none_is_free(tmp_path):
