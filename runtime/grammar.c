@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "hex.h"
 #include "kiri.h"
 #include "mem.h"
 #include "tokenizer.h"
@@ -214,17 +215,6 @@ static void skip_space(struct parser *P, int newlines)
     }
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* One character of a literal or class, escapes decoded. */
 static uint32_t parse_char(struct parser *P)
 {
@@ -266,7 +256,7 @@ static uint32_t parse_char(struct parser *P)
     }
     uint32_t cp = 0;
     for (int k = 0; k < digits; k++) {
-        const int h = P->i < P->n ? hexval(P->s[P->i]) : -1;
+        const int h = P->i < P->n ? kiri_hex_digit(P->s[P->i]) : -1;
         if (h < 0) {
             perr(P, at, "'\\%c' needs %d hex digits", e, digits);
             return 0;
@@ -1061,8 +1051,20 @@ struct kiri_grammar_state {
     size_t key_cap;
     uint64_t *order;                /* owned: sort scratch for the key */
     uint32_t order_cap;
+    /* The mask walk's memo: the distinct stack sets met in one walk, numbered (their node ids in
+     * pool[off[s] .. off[s] + n[s]), sorted), each with its transitions by byte (trans[s * 256 + c]:
+     * MEMO_UNKNOWN, MEMO_DEAD, or the next set). All owned; emptied at the start of every walk. */
+    uint32_t *ms_pool, *ms_off, *ms_n, *ms_table;
+    uint8_t *ms_acc;
+    int32_t *ms_trans;
+    uint32_t ms_pool_n, ms_pool_cap, ms_count, ms_cap;
     int err;
 };
+
+#define MEMO_MAX 4096
+#define MEMO_TABLE (2 * MEMO_MAX)
+#define MEMO_UNKNOWN (-2)
+#define MEMO_DEAD (-1)
 
 static uint32_t slot_of(uint32_t pos, uint32_t parent)
 {
@@ -1264,6 +1266,12 @@ void kiri_grammar_state_free(struct kiri_grammar_state *st)
     kiri_mem_free(st->mask);
     kiri_mem_free(st->key);
     kiri_mem_free(st->order);
+    kiri_mem_free(st->ms_pool);
+    kiri_mem_free(st->ms_off);
+    kiri_mem_free(st->ms_n);
+    kiri_mem_free(st->ms_table);
+    kiri_mem_free(st->ms_acc);
+    kiri_mem_free(st->ms_trans);
     kiri_mem_free(st);
 }
 
@@ -1640,7 +1648,8 @@ static size_t state_key(struct kiri_grammar_state *st, int32_t n_vocab)
         st->key = p;
         st->key_cap = need * 2;
     }
-    qsort(st->order, st->cur.n, sizeof *st->order, order_cmp);
+    if (st->cur.n > 1)
+        qsort(st->order, st->cur.n, sizeof *st->order, order_cmp);
     uint8_t *w = st->key;
     memcpy(w, st->g->fp, 16), w += 16;
     memcpy(w, &n_vocab, 4), w += 4;
@@ -1655,12 +1664,150 @@ static size_t state_key(struct kiri_grammar_state *st, int32_t n_vocab)
     return (size_t)(w - st->key);
 }
 
+static int u32_cmp(const void *a, const void *b)
+{
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The memo number of set s (sorted in place), added if new. NONE when the memo is full or out of
+ * memory: the walk then goes on without it. */
+static uint32_t memo_state(struct kiri_grammar_state *st, struct set *s)
+{
+    if (s->n > 1)
+        qsort(s->v, s->n, sizeof *s->v, u32_cmp);
+    uint64_t h = (uint64_t)s->acc + 0x9E37;
+    for (uint32_t k = 0; k < s->n; k++)
+        h = mix64(h + s->v[k]);
+    uint32_t i = (uint32_t)h & (MEMO_TABLE - 1);
+    for (uint32_t x; (x = st->ms_table[i]) != NONE; i = (i + 1) & (MEMO_TABLE - 1))
+        if (st->ms_n[x] == s->n && st->ms_acc[x] == s->acc &&
+            (s->n == 0 || memcmp(st->ms_pool + st->ms_off[x], s->v, (size_t)s->n * sizeof *s->v) == 0))
+            return x;
+    if (st->ms_count >= MEMO_MAX)
+        return NONE;
+    if (st->ms_count == st->ms_cap) {
+        const uint32_t cap = st->ms_cap ? 2 * st->ms_cap : 16;
+        uint32_t *off = kiri_mem_realloc(st->ms_off, (size_t)cap * sizeof *off);
+        if (off)
+            st->ms_off = off;
+        uint32_t *n = off ? kiri_mem_realloc(st->ms_n, (size_t)cap * sizeof *n) : NULL;
+        if (n)
+            st->ms_n = n;
+        uint8_t *acc = n ? kiri_mem_realloc(st->ms_acc, cap) : NULL;
+        if (acc)
+            st->ms_acc = acc;
+        int32_t *tr = acc ? kiri_mem_realloc(st->ms_trans, (size_t)cap * 256 * sizeof *tr) : NULL;
+        if (!tr)
+            return NONE;
+        st->ms_trans = tr;
+        st->ms_cap = cap;
+    }
+    if (st->ms_pool_n + s->n > st->ms_pool_cap) {
+        const uint32_t cap = (st->ms_pool_n + s->n) * 2 + 64;
+        uint32_t *pool = kiri_mem_realloc(st->ms_pool, (size_t)cap * sizeof *pool);
+        if (!pool)
+            return NONE;
+        st->ms_pool = pool;
+        st->ms_pool_cap = cap;
+    }
+    const uint32_t x = st->ms_count++;
+    st->ms_off[x] = st->ms_pool_n;
+    st->ms_n[x] = s->n;
+    st->ms_acc[x] = (uint8_t)s->acc;
+    if (s->n)
+        memcpy(st->ms_pool + st->ms_pool_n, s->v, (size_t)s->n * sizeof *s->v);
+    st->ms_pool_n += s->n;
+    for (int c = 0; c < 256; c++)
+        st->ms_trans[(size_t)x * 256 + (size_t)c] = MEMO_UNKNOWN;
+    st->ms_table[i] = x;
+    return x;
+}
+
+/* The mask walk over numbered stack sets: a transition met once (the same set and byte under
+ * another trie node) costs one table read afterwards, so a state whose sets repeat (inside a
+ * string nearly every byte leads back to the same set) walks the trie at a few nanoseconds a
+ * node. Returns KIRI_E_BUSY when the memo fills up (the caller then walks without it). */
+static int compute_mask_memo(struct kiri_grammar_state *st, const struct kiri_grammar_vocab *v, uint32_t *m,
+                             int32_t *count)
+{
+    if (!st->ms_table && !(st->ms_table = kiri_mem_array(MEMO_TABLE, sizeof *st->ms_table)))
+        return KIRI_E_NOMEM;
+    if (!st->ms_pool) {
+        if (!(st->ms_pool = kiri_mem_array(64, sizeof *st->ms_pool)))
+            return KIRI_E_NOMEM;
+        st->ms_pool_cap = 64;
+    }
+    memset(st->ms_table, 0xFF, MEMO_TABLE * sizeof *st->ms_table);
+    st->ms_count = st->ms_pool_n = 0;
+    const uint32_t base = st->n_nodes;
+    st->err = 0;
+    uint32_t sid[LEVELS];
+    if ((sid[0] = memo_state(st, &st->cur)) == NONE)
+        return KIRI_E_BUSY;
+    int32_t allowed = 0;
+    int rc = KIRI_OK;
+    struct set *tmp = &st->tmp[0];
+    for (uint32_t i = 0; i < v->n_nodes;) {
+        const uint32_t d = v->depth[i];
+        const size_t at = (size_t)sid[d - 1] * 256 + v->byte[i];
+        int32_t t = st->ms_trans[at];
+        if (t == MEMO_UNKNOWN) {
+            const uint32_t from = sid[d - 1];
+            const struct set in = {st->ms_pool + st->ms_off[from], st->ms_n[from], 0, st->ms_acc[from]};
+            advance(st, &in, v->byte[i], tmp);
+            if (st->err) {
+                rc = st->err;
+                break;
+            }
+            if (tmp->n == 0 && !tmp->acc) {
+                t = MEMO_DEAD;
+            } else {
+                const uint32_t x = memo_state(st, tmp);
+                if (x == NONE) {
+                    rc = KIRI_E_BUSY;
+                    break;
+                }
+                t = (int32_t)x;
+            }
+            st->ms_trans[at] = t;
+        }
+        if (t == MEMO_DEAD) {
+            i = v->end[i];
+            continue;
+        }
+        for (uint32_t k = 0; k < v->n_tok[i]; k++) {
+            const int32_t id = v->tok_ids[v->tok[i] + k];
+            m[id / 32] |= 1u << (id % 32);
+            allowed++;
+        }
+        if (st->ms_n[t] == 0) {
+            i = v->end[i];
+            continue;
+        }
+        sid[d] = (uint32_t)t;
+        i++;
+    }
+    truncate_nodes(st, base);
+    st->err = 0;
+    *count = allowed;
+    return rc;
+}
+
 static int compute_mask(struct kiri_grammar_state *st, const struct kiri_grammar_vocab *v, uint32_t *m,
                         int32_t *count)
 {
     const size_t words = ((size_t)v->n_vocab + 31) / 32;
     memset(m, 0, words * sizeof *m);
     int32_t allowed = 0;
+    int rc = compute_mask_memo(st, v, m, &allowed);
+    if (rc != KIRI_E_BUSY) {
+        if (rc == KIRI_OK)
+            goto end_tokens;
+        return rc;
+    }
+    memset(m, 0, words * sizeof *m);
+    allowed = 0;
     const uint32_t base = st->n_nodes;
     st->err = 0;
     st->mark[0] = base;
@@ -1689,10 +1836,11 @@ static int compute_mask(struct kiri_grammar_state *st, const struct kiri_grammar
         i++;
     }
     truncate_nodes(st, base);
-    const int rc = st->err;
+    rc = st->err;
     st->err = 0;
     if (rc)
         return rc;
+end_tokens:
     if (st->cur.acc)
         for (int32_t k = 0; k < v->n_eog; k++) {
             m[v->eog[k] / 32] |= 1u << (v->eog[k] % 32);

@@ -23,7 +23,10 @@
  *
  * Masks. A vocabulary trie (kiri_grammar_vocab: every token's bytes except control tokens, built
  * once) is walked depth-first from the state, one level of stacks per byte, pruning subtrees
- * where no stack survives; nodes made below a level are discarded when the walk leaves it. End-
+ * where no stack survives. The walk numbers the distinct stack sets it meets and memoizes their
+ * transitions by byte, so a subtree under a set seen before costs a table read per node (inside a
+ * JSON string nearly every byte leads back to the same set); past MEMO_MAX sets it falls back to
+ * advancing stacks directly, discarding the nodes made below a level when it leaves it. End-
  * of-generation tokens are allowed exactly where the sentence may end. A mask cache
  * (kiri_grammar_cache, LRU within a byte budget) keys masks on the grammar's fingerprint and the
  * state's exact content, so a state seen before (inside a JSON string, say) costs one lookup.

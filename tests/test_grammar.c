@@ -252,8 +252,8 @@ static void check_masks(const char *vocab_file, const char *gbnf, const char *wa
             CHECK_EQ_INT(kiri_grammar_state_feed(st, walk + i, 1), KIRI_OK);
         steps++;
         /* The brute force is slow: check a spread of positions, not every one. */
-        if (i + 7 < n)
-            for (int k = 0; k < 6; k++, i++)
+        if (i + 10 < n)
+            for (int k = 0; k < 9; k++, i++)
                 CHECK_EQ_INT(kiri_grammar_state_feed(st, walk + i + 1, 1), KIRI_OK);
     }
     CHECK(kiri_grammar_state_can_end(st));
@@ -273,6 +273,17 @@ static void test_masks_qwen2(void)
 {
     check_masks("tokenizer-vectors/ggml-vocab-qwen2.gguf", JSON_GBNF,
                 "{\"name\": \"Zo\xC3\xAB \\\"q\\\"\", \"n\": [1, -2.5e3], \"ok\": true}");
+}
+
+/* Palindromes remember every byte on the stack, so a walk over the vocabulary meets more stack sets
+ * than its memo holds and the mask is computed by the direct walk. */
+static void test_masks_many_sets(void)
+{
+    static char pal[4096];
+    size_t n = (size_t)snprintf(pal, sizeof pal, "root ::= [a-z]?");
+    for (char c = 'a'; c <= 'z'; c++)
+        n += (size_t)snprintf(pal + n, sizeof pal - n, " | \"%c\" root \"%c\"", c, c);
+    check_masks("tokenizer-vectors/ggml-vocab-qwen2.gguf", pal, "aa");
 }
 
 static void test_masks_spm(void)
@@ -321,4 +332,4 @@ static void test_cache_repeats(void)
     kiri_model_close(m);
 }
 
-TEST_MAIN(test_accepts, test_errors, test_caps, test_masks_qwen2, test_masks_spm, test_cache_repeats)
+TEST_MAIN(test_accepts, test_errors, test_caps, test_masks_qwen2, test_masks_many_sets, test_masks_spm, test_cache_repeats)
