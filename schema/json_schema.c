@@ -21,6 +21,7 @@
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
+#include "schema_gbnf.h"
 #include "schema_regex.h"
 
 #define MAX_DEPTH 128         /* nested subschema compilations (a $ref target counts too) */
@@ -32,7 +33,6 @@
 #define MAX_STEPS 200000      /* subschemas visited, all passes together */
 #define MAX_REPEAT 256        /* minItems / minLength; larger maxima are cut to this */
 #define MAX_HOPS 32           /* $ref / allOf expansions in one chain */
-#define MAX_CHECK_PASSES 64
 #define INT_LIMIT 999999999999999LL /* the widest integer a bounded range writes (15 digits) */
 #define PATH_CAP 512
 
@@ -44,8 +44,8 @@ static const char *const prim_names[P_N] = {"ws",      "char", "string", "number
                                             "null",    "value", "object", "array", "keychar"};
 static const char *const prim_bodies[P_N] = {
     "( \" \" | \"\\n\" [ ]{0,8} )?",
-    "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] "
-    "[0-9a-fA-F]{2} ) )",
+    ("[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] "
+     "[0-9a-fA-F]{2} ) )"),
     "\"\\\"\" %char* \"\\\"\"",
     "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,15} )? ( [eE] [-+]? [0-9]{1,3} )?",
     "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )",
@@ -300,35 +300,6 @@ static int prim(struct compiler *c, int p, struct kiri_buf *out)
     return 0;
 }
 
-/* A GBNF string literal holding the bytes s[0..n) (UTF-8), ASCII only. */
-static void put_literal(struct kiri_buf *b, const char *s, size_t n)
-{
-    kiri_buf_putc(b, '"');
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\') {
-            kiri_buf_putc(b, '\\');
-            kiri_buf_putc(b, (char)ch);
-        } else if (ch < 0x20 || ch == 0x7F) {
-            kiri_buf_printf(b, "\\x%02X", ch);
-        } else if (ch < 0x80) {
-            kiri_buf_putc(b, (char)ch);
-        } else {
-            /* Decode one UTF-8 character (Jansson gave us valid UTF-8). */
-            uint32_t cp;
-            int extra = ch >= 0xF0 ? 3 : ch >= 0xE0 ? 2 : 1;
-            cp = ch & (0x3F >> extra);
-            for (int k = 0; k < extra && i + 1 < n; k++)
-                cp = (cp << 6) | ((unsigned char)s[++i] & 0x3F);
-            if (cp <= 0xFFFF)
-                kiri_buf_printf(b, "\\u%04X", (unsigned)cp);
-            else
-                kiri_buf_printf(b, "\\U%08X", (unsigned)cp);
-        }
-    }
-    kiri_buf_putc(b, '"');
-}
-
 /* The literal of a JSON value written compactly. */
 static int put_json_literal(struct kiri_buf *b, const json_t *v)
 {
@@ -337,26 +308,9 @@ static int put_json_literal(struct kiri_buf *b, const json_t *v)
         b->failed = 1;
         return KIRI_E_NOMEM;
     }
-    put_literal(b, text, strlen(text));
+    kiri_schema_put_literal(b, text, strlen(text));
     free(text);
     return 0;
-}
-
-/* " {min,max}" or "*" / "+" / "?" for a repeated atom; max < 0: no maximum. */
-static void put_repeat(struct kiri_buf *b, long min, long max)
-{
-    if (min == 0 && max < 0)
-        kiri_buf_putc(b, '*');
-    else if (min == 1 && max < 0)
-        kiri_buf_putc(b, '+');
-    else if (min == 0 && max == 1)
-        kiri_buf_putc(b, '?');
-    else if (max < 0)
-        kiri_buf_printf(b, "{%ld,}", min);
-    else if (min == max)
-        kiri_buf_printf(b, "{%ld}", min);
-    else
-        kiri_buf_printf(b, "{%ld,%ld}", min, max);
 }
 
 /* ---- keywords ---- */
@@ -1141,7 +1095,7 @@ static int gen_key_avoiding(struct compiler *c, const char **names, int n, size_
             firsts[n_firsts++] = ch;
         if (alt++)
             kiri_buf_puts(&b, " | ");
-        put_literal(&b, &ch, 1);
+        kiri_schema_put_literal(&b, &ch, 1);
         kiri_buf_putc(&b, ' ');
         rc = gen_key_avoiding(c, names + i, j - i, d + 1, &b);
         i = j;
@@ -1416,18 +1370,18 @@ static int gen_array(struct compiler *c, json_t *s, int depth, struct kiri_buf *
         long tmin = min > (long)k ? min - (long)k : 0, tmax = max < 0 ? -1 : max - (long)k;
         if (k > 0) {
             kiri_buf_printf(&seq, "( \",\" %s %s %s )", ws.data, t.data, ws.data);
-            put_repeat(&seq, tmin, tmax);
+            kiri_schema_put_repeat(&seq, tmin, tmax);
         } else if (tmin >= 1) {
             kiri_buf_printf(&seq, "%s %s", t.data, ws.data);
             if (tmax != 1) {
                 kiri_buf_printf(&seq, " ( \",\" %s %s %s )", ws.data, t.data, ws.data);
-                put_repeat(&seq, tmin - 1, tmax < 0 ? -1 : tmax - 1);
+                kiri_schema_put_repeat(&seq, tmin - 1, tmax < 0 ? -1 : tmax - 1);
             }
         } else {
             kiri_buf_printf(&seq, "( %s %s", t.data, ws.data);
             if (tmax != 1) {
                 kiri_buf_printf(&seq, " ( \",\" %s %s %s )", ws.data, t.data, ws.data);
-                put_repeat(&seq, 0, tmax < 0 ? -1 : tmax - 1);
+                kiri_schema_put_repeat(&seq, 0, tmax < 0 ? -1 : tmax - 1);
             }
             kiri_buf_puts(&seq, " )?");
         }
@@ -1468,41 +1422,6 @@ static int gen_array(struct compiler *c, json_t *s, int depth, struct kiri_buf *
 
 /* ---- strings ---- */
 
-static const char date_gbnf[] =
-    "[1-9] [0-9]{3} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] ) | "
-    "( \"0\" [469] | \"11\" ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"30\" ) | \"02-\" ( \"0\" [1-9] | \"1\" [0-9] | "
-    "\"2\" [0-8] ) )";
-static const char time_gbnf[] =
-    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? ( \"Z\" | [+-] ( [01] "
-    "[0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )";
-
-static int gen_format(struct compiler *c, const char *format, struct kiri_buf *b)
-{
-    if (!strcmp(format, "date"))
-        kiri_buf_puts(b, date_gbnf);
-    else if (!strcmp(format, "time"))
-        kiri_buf_puts(b, time_gbnf);
-    else if (!strcmp(format, "date-time"))
-        kiri_buf_printf(b, "%s \"T\" %s", date_gbnf, time_gbnf);
-    else if (!strcmp(format, "uuid"))
-        kiri_buf_puts(b, "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12}");
-    else if (!strcmp(format, "email"))
-        kiri_buf_puts(b, "[a-z0-9]{1,16} ( \".\" [a-z0-9]{1,16} ){0,2} \"@\" [a-z0-9]{1,20} ( \".\" [a-z0-9]{1,20} "
-                         "){0,2} \".\" [a-z]{2,6}");
-    else if (!strcmp(format, "hostname"))
-        kiri_buf_puts(b, "[a-z0-9]{1,20} ( \".\" [a-z0-9]{1,20} ){0,3}");
-    else if (!strcmp(format, "uri"))
-        kiri_buf_puts(b, "\"https://\" [a-z0-9]{1,20} ( \".\" [a-z0-9]{1,20} ){0,2} \".\" [a-z]{2,6} ( \"/\" "
-                         "[a-zA-Z0-9._~-]{1,20} ){0,5}");
-    else if (!strcmp(format, "ipv4"))
-        kiri_buf_puts(b, "( \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9] ) ( \".\" ( "
-                         "\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9] ) ){3}");
-    else
-        return fail(c, KIRI_E_UNSUPPORTED, "format", "%.60s is not supported (date, time, date-time, uuid, email, "
-                                                     "hostname, uri, ipv4 are)", format);
-    return 0;
-}
-
 static int gen_string(struct compiler *c, json_t *s, struct kiri_buf *out)
 {
     json_t *format = json_object_get(s, "format"), *pattern = json_object_get(s, "pattern");
@@ -1522,7 +1441,9 @@ static int gen_string(struct compiler *c, json_t *s, struct kiri_buf *out)
     int rc = 0;
     kiri_buf_puts(&b, "\"\\\"\" ");
     if (format) {
-        rc = gen_format(c, json_string_value(format), &b);
+        if (kiri_schema_put_format(&b, json_string_value(format)))
+            rc = fail(c, KIRI_E_UNSUPPORTED, "format", "%.60s is not supported (date, time, date-time, uuid, email, "
+                      "hostname, uri, ipv4 are)", json_string_value(format));
     } else if (pattern) {
         BUF(any);
         rc = prim(c, P_CHAR, &any);
@@ -1536,79 +1457,13 @@ static int gen_string(struct compiler *c, json_t *s, struct kiri_buf *out)
         kiri_buf_free(&any);
     } else {
         rc = prim(c, P_CHAR, &b);
-        put_repeat(&b, min, max);
+        kiri_schema_put_repeat(&b, min, max);
     }
     kiri_buf_puts(&b, " \"\\\"\"");
     if (rc == 0)
         rc = rule_make(c, format ? json_string_value(format) : pattern ? "pattern" : "string", &b, out);
     kiri_buf_free(&b);
     return rc;
-}
-
-/* ---- integers in a range ---- */
-
-/* Digit strings x and y of equal length n, x <= y: every decimal of that length between them. */
-static void put_same_len(struct kiri_buf *b, const char *x, const char *y, size_t n)
-{
-    if (n == 0)
-        return;
-    if (!strncmp(x, y, n)) {
-        kiri_buf_printf(b, "\"%.*s\"", (int)n, x);
-        return;
-    }
-    if (x[0] == y[0]) {
-        kiri_buf_printf(b, "\"%c\" ", x[0]);
-        put_same_len(b, x + 1, y + 1, n - 1);
-        return;
-    }
-    int x_low = strspn(x + 1, "0") == n - 1, y_high = strspn(y + 1, "9") == n - 1;
-    char lo = x_low ? x[0] : (char)(x[0] + 1), hi = y_high ? y[0] : (char)(y[0] - 1);
-    kiri_buf_puts(b, "( ");
-    int alt = 0;
-    if (!x_low) {
-        char nines[20];
-        memset(nines, '9', n - 1);
-        nines[n - 1] = '\0';
-        kiri_buf_printf(b, "\"%c\" ", x[0]);
-        put_same_len(b, x + 1, nines, n - 1);
-        alt = 1;
-    }
-    if (lo <= hi) {
-        kiri_buf_printf(b, "%s[%c-%c]", alt ? " | " : "", lo, hi);
-        if (n > 1)
-            kiri_buf_printf(b, " [0-9]{%zu}", n - 1);
-        alt = 1;
-    }
-    if (!y_high) {
-        char zeros[20];
-        memset(zeros, '0', n - 1);
-        zeros[n - 1] = '\0';
-        kiri_buf_printf(b, "%s\"%c\" ", alt ? " | " : "", y[0]);
-        put_same_len(b, zeros, y + 1, n - 1);
-    }
-    kiri_buf_puts(b, " )");
-}
-
-/* 0 <= a <= b: their decimals without leading zeros. */
-static void put_natural_range(struct kiri_buf *b, long long a, long long z)
-{
-    kiri_buf_puts(b, "( ");
-    long long p10 = 1;
-    int alt = 0;
-    for (int len = 1; len <= 16 && a <= z; len++, p10 *= 10) {
-        long long top = p10 * 10 - 1;
-        if (a > top)
-            continue;
-        long long lo = a, hi = z < top ? z : top;
-        char x[24], y[24];
-        snprintf(x, sizeof x, "%lld", lo);
-        snprintf(y, sizeof y, "%lld", hi);
-        if (alt++)
-            kiri_buf_puts(b, " | ");
-        put_same_len(b, x, y, strlen(x));
-        a = top + 1;
-    }
-    kiri_buf_puts(b, " )");
 }
 
 static int gen_number(struct compiler *c, json_t *s, int integer, struct kiri_buf *out)
@@ -1645,13 +1500,13 @@ static int gen_number(struct compiler *c, json_t *s, int integer, struct kiri_bu
     if (a < 0) {
         long long mag_lo = z < 0 ? -z : 1, mag_hi = -a;
         kiri_buf_puts(&b, "\"-\" ");
-        put_natural_range(&b, mag_lo, mag_hi);
+        kiri_schema_put_natural_range(&b, mag_lo, mag_hi);
         alt = 1;
     }
     if (z >= 0) {
         if (alt)
             kiri_buf_puts(&b, " | ");
-        put_natural_range(&b, a > 0 ? a : 0, z);
+        kiri_schema_put_natural_range(&b, a > 0 ? a : 0, z);
     }
     int rc = rule_make(c, integer ? "integer" : "number", &b, out);
     kiri_buf_free(&b);
@@ -1730,132 +1585,27 @@ static int gen(struct compiler *c, json_t *s, int depth, struct kiri_buf *out)
     return rc;
 }
 
-/* ---- the finite-value check ---- */
-
-struct checker {
-    const struct compiler *c;
-    int *table;       /* open addressing: rule index + 1 */
-    size_t cap;
-    char *prod;       /* per rule: can it derive a finite text? */
-};
-
-static int lookup(const struct checker *k, const char *name, size_t n)
-{
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)name[i]) * 16777619u;
-    for (size_t i = h & (k->cap - 1);; i = (i + 1) & (k->cap - 1)) {
-        int r = k->table[i];
-        if (!r)
-            return -1;
-        const char *rn = k->c->rules[r - 1].name;
-        if (strlen(rn) == n && !memcmp(rn, name, n))
-            return r - 1;
-    }
-}
-
-/* Parses alternatives up to ')' or the end; returns whether one of them is productive. */
-static int prod_alts(const struct checker *k, const char **pp)
-{
-    const char *p = *pp;
-    int any = 0, all = 1;
-    for (;;) {
-        while (*p == ' ')
-            p++;
-        if (!*p || *p == ')' || *p == '|') {
-            any |= all;
-            if (*p != '|')
-                break;
-            p++;
-            all = 1;
-            continue;
-        }
-        int item = 1;
-        if (*p == '"' || *p == '[') {
-            char close = *p == '"' ? '"' : ']';
-            for (p++; *p && *p != close; p++)
-                if (*p == '\\' && p[1])
-                    p++;
-            if (*p)
-                p++;
-        } else if (*p == '(') {
-            p++;
-            item = prod_alts(k, &p);
-            if (*p == ')')
-                p++;
-        } else {
-            const char *s = p;
-            while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-')
-                p++;
-            if (p == s) {
-                p++;
-                continue;
-            }
-            int r = lookup(k, s, (size_t)(p - s));
-            item = r >= 0 && k->prod[r];
-        }
-        if (*p == '*' || *p == '?') {
-            item = 1;
-            p++;
-        } else if (*p == '+') {
-            p++;
-        } else if (*p == '{') {
-            if (p[1] == '0' && (p[2] == ',' || p[2] == '}'))
-                item = 1;
-            while (*p && *p != '}')
-                p++;
-            if (*p)
-                p++;
-        }
-        all &= item;
-    }
-    *pp = p;
-    return any;
-}
-
+/* Refuses a grammar with a rule that can never finish (a $ref cycle without a base case). */
 static int check_finite(struct compiler *c)
 {
-    struct checker k = {c, NULL, 1, NULL};
-    while (k.cap < (size_t)c->n_rules * 2 + 2)
-        k.cap *= 2;
-    k.table = kiri_mem_calloc(k.cap, sizeof *k.table);
-    k.prod = kiri_mem_calloc((size_t)c->n_rules + 1, 1);
-    int rc = 0;
-    if (!k.table || !k.prod) {
-        rc = kiri_error_set(c->info, KIRI_E_NOMEM, "out of memory compiling the JSON schema");
-        goto done;
+    const char **names = kiri_mem_calloc((size_t)c->n_rules + 1, sizeof *names);
+    const char **bodies = kiri_mem_calloc((size_t)c->n_rules + 1, sizeof *bodies);
+    int rc = names && bodies ? 0 : KIRI_E_NOMEM, bad = 0;
+    for (int i = 0; i < c->n_rules && rc == 0; i++) {
+        names[i] = c->rules[i].name;
+        bodies[i] = c->rules[i].body;
     }
-    for (int i = 0; i < c->n_rules; i++) {
-        const char *n = c->rules[i].name;
-        uint32_t h = hash_text(n);
-        size_t j = h & (k.cap - 1);
-        while (k.table[j])
-            j = (j + 1) & (k.cap - 1);
-        k.table[j] = i + 1;
-    }
-    int changed = 1;
-    for (int pass = 0; changed && pass < MAX_CHECK_PASSES; pass++) {
-        changed = 0;
-        for (int d = 0; d < c->n_done; d++) {
-            int i = c->done[d];
-            if (k.prod[i])
-                continue;
-            const char *p = c->rules[i].body;
-            if (prod_alts(&k, &p)) {
-                k.prod[i] = 1;
-                changed = 1;
-            }
-        }
-    }
-    for (int i = 0; i < c->n_rules && rc == 0; i++)
-        if (!k.prod[i])
-            rc = kiri_error_at(c->info, KIRI_E_UNSUPPORTED, c->rules[i].src, -1,
-                               changed ? "$ref: the references nest too intricately to check"
-                                       : "$ref: this recursion can never end (no finite value satisfies it)");
-done:
-    kiri_mem_free(k.table);
-    kiri_mem_free(k.prod);
-    return rc;
+    if (rc == 0)
+        rc = kiri_schema_check_finite(names, bodies, c->done, c->n_rules, &bad);
+    kiri_mem_free(names);
+    kiri_mem_free(bodies);
+    if (rc == KIRI_E_NOMEM)
+        return kiri_error_set(c->info, KIRI_E_NOMEM, "out of memory compiling the JSON schema");
+    if (rc)
+        return kiri_error_at(c->info, KIRI_E_UNSUPPORTED, c->rules[bad].src, -1,
+                             rc == 2 ? "$ref: the references nest too intricately to check"
+                                     : "$ref: this recursion can never end (no finite value satisfies it)");
+    return 0;
 }
 
 /* ---- entry ---- */
@@ -1874,7 +1624,7 @@ int kiri_json_schema_to_gbnf(const char *schema, size_t len, const char *root_na
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "json_schema", -1,
                              "rule names and prefixes are 1 to 32 of [a-zA-Z0-9-]");
     json_error_t jerr;
-    json_t *root = json_loadb(schema, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(schema, len, JSON_DECODE_ANY, &jerr);
     if (!root)
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "json_schema", jerr.position,
                              "not JSON: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each over its seed corpus for
-# SECONDS (default 60): the GGUF parser, the GBNF grammar compiler and matcher and, when the
-# server is built, the OpenAI request parser.
+# SECONDS (default 60): the GGUF parser, the GBNF grammar compiler and matcher, the JSON Schema
+# compiler (with Jansson) and, when the server is built, the OpenAI request parser.
 # Finds go to build-fuzz/crashes/ and fail the run; the summary line of each target is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,8 @@ SECONDS_PER_TARGET=${1:-60}
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKIRI_FUZZ=ON -DKIRI_TESTS=OFF >/dev/null
 targets=(gguf grammar)
 [ -f build/deps/install/lib/libcivetweb.a ] && targets+=(openai manifest)
+# JSON Schema -> GBNF builds wherever Jansson is (kiri_schema).
+[ -f /usr/include/jansson.h ] && targets+=(json_schema)
 mkdir -p build-fuzz/crashes
 for t in "${targets[@]}"; do
   cmake --build build-fuzz -j "$(nproc)" --target "fuzz_$t" >/dev/null

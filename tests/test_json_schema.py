@@ -201,7 +201,8 @@ def enum_of(n):
 REFUSED = [
     ('{"type": "string"', "E_INVALID_ARG", "json_schema", "not JSON"),
     ("", "E_INVALID_ARG", "json_schema", "not JSON"),
-    ('{"a": 1, "a": 2}', "E_INVALID_ARG", "json_schema", "duplicate"),
+    ('{"type": "string", "type": 2}', "E_INVALID_ARG", "#", "type"),  # duplicate keys: the last wins
+    ("\ufeff{}", "E_INVALID_ARG", "json_schema", "not JSON"),
     ("[]", "E_INVALID_ARG", "#", "schema"),
     ('{"type": "strng"}', "E_INVALID_ARG", "#", "type"),
     ('{"type": 3}', "E_INVALID_ARG", "#", "type"),
@@ -262,6 +263,7 @@ REFUSED = [
     ('{"anyOf": [false, false]}', "E_UNSUPPORTED", "#", "anyOf"),
     (deep(1000), "E_UNSUPPORTED", None, "deeper"),
     (deep(5000), "E_INVALID_ARG", "json_schema", "not JSON"),
+    (deep(10000), "E_INVALID_ARG", "json_schema", "not JSON"),
     (enum_of(100000), "E_UNSUPPORTED", "#", "enum"),
     (json.dumps({"type": "object", "properties": {"p%d" % i: {} for i in range(2000)}}), "E_UNSUPPORTED", "#",
      "properties"),
@@ -293,3 +295,34 @@ def test_exponential_refs_stay_bounded():
     assert time.monotonic() - t0 < 10
     assert len(out) < 64 * 1024
     llama_cpp.LlamaGrammar.from_string(out, verbose=False)
+
+
+# Patterns beyond the corpus, each generated under llama.cpp and checked by jsonschema (Python's re,
+# which lacks ECMA's (?<name>...) groups; the compiler takes them). Bounded, so generations finish.
+PATTERNS = [
+    r"^[a-c]{2,4}$", r"^\d{1,3}(,\d{3}){0,2}$", r"^[^a-z\s]{1,6}$", r"^(?:\+?1[-. ]?)?\d{3}[-. ]\d{4}$",
+    r"^\S{1,8}$", r"^\D{1,5}$", r"^\W{1,3}$", r"^[\w.-]{1,10}@[a-z]{2,5}\.(com|org)$", r"^.{0,6}$",
+    r'^["\\]{1,4}$', r"^\t?\n?x$", r"^\x41\u0042[\x43-\x45]$", r"^ab$|^c$", r"^(a|bc|def){1,3}?$",
+    r"^[-+]?[0-9]{0,3}\.?[0-9]{1,3}$", r"^[A-Z][a-z]*( [A-Z][a-z]*){0,2}$",
+    r"^[\]\[]{2}$", r"^v\d{1,2}\.\d{1,2}\.\d{1,2}(-[a-z]{1,4})?$", r"^#[0-9a-fA-F]{6}$", r"^x{0}y$", r"^[.]{2}[*]$",
+    r"^\.\*\+\?\(\)\{\}\|\^\$\/$", r"^[é-ë]+$", r"^😀{1,2}$", r"^[a-z]{3}$|^[0-9]{2}$",
+]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_pattern_outputs_match(llm, pattern):
+    schema = {"type": "string", "pattern": pattern}
+    rc, gbnf, err = compile_schema(json.dumps(schema).encode())
+    assert rc == 0, err
+    grammar = llama_cpp.LlamaGrammar.from_string(gbnf, verbose=False)
+    finished = 0
+    for seed, temp in LLAMA_RUNS:
+        out = llm.create_completion(PROMPT, grammar=grammar, max_tokens=120, temperature=temp, seed=seed)
+        choice = out["choices"][0]
+        if choice["finish_reason"] == "length":
+            continue
+        finished += 1
+        value = json.loads(choice["text"])
+        assert re.search(pattern, value), (pattern, choice["text"])
+        validator(schema).validate(value)
+    assert finished, "no generation finished for %r" % pattern
