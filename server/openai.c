@@ -29,7 +29,11 @@
  *     param is the field and the JSON pointer inside it (response_format.json_schema.schema/
  *     properties/x), never a looser grammar. strict false constrains exactly as true does. Two
  *     constraints in one request are a 400 (code "conflicting_parameters").
- *   - tools, functions, tool_calls, best_of > 1 and suffix are refused (code
+ *   - tools (chat): a list of at most 128 {"type":"function","function":{name, description,
+ *     parameters}}, names ^[A-Za-z0-9_-]{1,64}$ and distinct; tool_choice none/auto/required or a
+ *     named function that is in tools; an assistant message's tool_calls need an id and a
+ *     function name; a tool message's tool_call_id must match a call of an earlier message.
+ *   - functions, tools in /v1/completions, best_of > 1 and suffix are refused (code
  *     "unsupported_parameter"); echo is read for completions.
  *   - The "developer" role is read as "system". Text content parts are joined with nothing
  *     between them; any other part type is refused.
@@ -48,6 +52,8 @@
  * from a syntax error.
  */
 #include "openai.h"
+
+#include "tools.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -260,6 +266,9 @@ static void scan_param(const char *b, const struct scan *s, char *param, size_t 
 struct parser {
     const struct kiri_api_limits *lim;
     struct kiri_api_error *err;
+    json_t *messages;       /* owned: the conversation for the template (see messages_json) */
+    json_t *call_ids;       /* owned: ids of the tool calls seen so far, as object keys */
+    int has_tool_calls;     /* some message carries tool_calls */
 };
 
 static int bad(struct parser *p, const char *param, const char *code, const char *fmt, ...)
@@ -510,6 +519,219 @@ static int parse_content(struct parser *p, json_t *m, int i, int assistant, char
     return 0;
 }
 
+/* ---- tools ---- */
+
+#define MAX_TOOLS 128
+#define MAX_TOOL_CALLS 128
+
+/* OpenAI's rule for function names: ^[a-zA-Z0-9_-]{1,64}$ (which also keeps them safe to put in
+ * a grammar's literals). */
+static int valid_tool_name(json_t *v)
+{
+    if (!json_is_string(v) || json_string_length(v) < 1 || json_string_length(v) > 64)
+        return 0;
+    for (const char *c = json_string_value(v); *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' ||
+              *c == '-'))
+            return 0;
+    return 1;
+}
+
+/* An assistant message's tool_calls, checked, as the template sees them (arguments parsed to an
+ * object when they are a JSON object's text, as transformers expects). */
+static int template_calls(struct parser *p, json_t *calls, int i, json_t *out)
+{
+    char param[80];
+    snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+    if (!json_is_array(calls))
+        return bad(p, param, "", "%s must be an array of tool calls", param);
+    if (json_array_size(calls) > MAX_TOOL_CALLS)
+        return bad(p, param, "", "%s has %zu entries; at most %d are accepted", param, json_array_size(calls),
+                   MAX_TOOL_CALLS);
+    for (size_t k = 0; k < json_array_size(calls); k++) {
+        json_t *c = json_array_get(calls, k);
+        json_t *fn = json_object_get(c, "function");
+        json_t *id = json_object_get(c, "id");
+        json_t *type = field(c, "type");
+        json_t *name = json_object_get(fn, "name");
+        json_t *args = field(fn, "arguments");
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu]", i, k);
+        if (!json_is_object(c) || !json_is_object(fn))
+            return bad(p, param, "", "%s must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                       "\"arguments\"}}", param);
+        if (!json_is_string(id) || json_string_length(id) == 0)
+            return bad(p, param, "", "%s.id must be a non-empty string", param);
+        if (type && (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0))
+            return bad(p, param, "", "%s.type must be \"function\"", param);
+        if (!json_is_string(name))
+            return bad(p, param, "", "%s.function.name must be a string", param);
+        if (args && !json_is_string(args) && !json_is_object(args))
+            return bad(p, param, "", "%s.function.arguments must be a string of JSON", param);
+        json_t *parsed = NULL;
+        if (json_is_string(args)) {
+            json_error_t je;
+            parsed = json_loadb(json_string_value(args), json_string_length(args), 0, &je);
+            if (jansson_alloc_failed)
+                return oom(p);
+            if (!json_is_object(parsed)) {
+                json_decref(parsed);
+                parsed = json_incref(args);
+            }
+        } else {
+            parsed = args ? json_incref(args) : json_object();
+        }
+        json_t *tc = json_pack("{s:O,s:s,s:{s:O,s:o}}", "id", id, "type", "function", "function", "name", name,
+                               "arguments", parsed);
+        if (!tc || json_array_append_new(out, tc) || json_object_set_new(p->call_ids, json_string_value(id),
+                                                                         json_true()))
+            return oom(p);
+    }
+    p->has_tool_calls |= json_array_size(calls) > 0;
+    return 0;
+}
+
+/* Message i as the chat template sees it: role, content (text), tool_calls, tool_call_id, name. A
+ * tool result must answer a call made earlier in the conversation. */
+static int template_message(struct parser *p, json_t *m, int i, const char *role, const char *content)
+{
+    if (!p->messages && !(p->messages = json_array()))
+        return oom(p);
+    if (!p->call_ids && !(p->call_ids = json_object()))
+        return oom(p);
+    json_t *jm = json_pack("{s:s,s:s}", "role", role, "content", content ? content : "");
+    if (!jm || json_array_append_new(p->messages, jm))
+        return oom(p);
+    char param[64];
+    json_t *calls = field(m, "tool_calls");
+    if (calls && strcmp(role, "assistant") != 0) {
+        snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+        return bad(p, param, "", "only assistant messages carry tool_calls");
+    }
+    if (calls) {
+        json_t *list = json_array();
+        if (!list || json_object_set_new(jm, "tool_calls", list))
+            return oom(p);
+        int rc = template_calls(p, calls, i, list);
+        if (rc)
+            return rc;
+    }
+    json_t *id = field(m, "tool_call_id"), *name = field(m, "name");
+    if (strcmp(role, "tool") == 0 && id) {
+        snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
+        if (!json_is_string(id))
+            return bad(p, param, "", "%s must be a string", param);
+        if (!json_object_get(p->call_ids, json_string_value(id)))
+            return bad(p, param, "", "%s '%.64s' matches no tool call of an earlier assistant message", param,
+                       json_string_value(id));
+        if (json_object_set(jm, "tool_call_id", id))
+            return oom(p);
+    }
+    if (json_is_string(name) && json_object_set(jm, "name", name))
+        return oom(p);
+    return 0;
+}
+
+/* One entry of tools, checked, as {"type":"function","function":{name, description?, parameters?}}. */
+static int parse_tool(struct parser *p, json_t *t, size_t i, json_t *names, json_t *out)
+{
+    char param[64];
+    snprintf(param, sizeof param, "tools[%zu]", i);
+    if (!json_is_object(t))
+        return bad(p, param, "", "%s must be {\"type\": \"function\", \"function\": {...}}", param);
+    json_t *type = json_object_get(t, "type");
+    snprintf(param, sizeof param, "tools[%zu].type", i);
+    if (!json_is_string(type))
+        return bad(p, param, "", "%s must be \"function\"", param);
+    if (strcmp(json_string_value(type), "function") != 0)
+        return bad(p, param, "unsupported_value", "tool type '%.32s' is not supported (only \"function\")",
+                   json_string_value(type));
+    json_t *fn = json_object_get(t, "function");
+    snprintf(param, sizeof param, "tools[%zu].function", i);
+    if (!json_is_object(fn))
+        return bad(p, param, "", "%s must be an object with a name", param);
+    json_t *name = json_object_get(fn, "name"), *desc = field(fn, "description"), *params = field(fn, "parameters");
+    snprintf(param, sizeof param, "tools[%zu].function.name", i);
+    if (!valid_tool_name(name))
+        return bad(p, param, "", "%s must be 1 to 64 letters, digits, '_' or '-'", param);
+    if (json_object_get(names, json_string_value(name)))
+        return bad(p, param, "", "two tools are named '%s'", json_string_value(name));
+    snprintf(param, sizeof param, "tools[%zu].function.description", i);
+    if (desc && !json_is_string(desc))
+        return bad(p, param, "", "%s must be a string", param);
+    snprintf(param, sizeof param, "tools[%zu].function.parameters", i);
+    if (params && !json_is_object(params))
+        return bad(p, param, "", "%s must be a JSON Schema object", param);
+    json_t *f = json_pack("{s:O}", "name", name);
+    json_t *entry = f ? json_pack("{s:s,s:o}", "type", "function", "function", f) : NULL;
+    if (!entry || (desc && json_object_set(f, "description", desc)) ||
+        (params && json_object_set(f, "parameters", params)) || json_array_append_new(out, entry) ||
+        json_object_set_new(names, json_string_value(name), json_true()))
+        return oom(p);
+    return 0;
+}
+
+/* tools, tool_choice, parallel_tool_calls; then the template's messages when they are needed. */
+static int parse_tools(struct parser *p, json_t *body, struct kiri_api_request *r)
+{
+    r->parallel_tool_calls = 1;
+    r->tool_choice = KIRI_TOOL_CHOICE_AUTO;
+    json_t *v = field(body, "tools");
+    if (v && !json_is_array(v))
+        return bad(p, "tools", "", "tools must be an array of {\"type\": \"function\", \"function\": {...}}");
+    if (v && json_array_size(v) > MAX_TOOLS)
+        return bad(p, "tools", "", "tools has %zu entries; at most %d are accepted", json_array_size(v), MAX_TOOLS);
+    const size_t n = v ? json_array_size(v) : 0;
+    json_t *list = json_array(), *names = json_object();
+    int rc = list && names ? 0 : oom(p);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = parse_tool(p, json_array_get(v, i), i, names, list);
+    if (rc == 0 && n > 0) {
+        r->tools = json_dumps(list, JSON_COMPACT);
+        r->tools_len = r->tools ? strlen(r->tools) : 0;
+        if (!r->tools)
+            rc = oom(p);
+    }
+    json_decref(list);
+
+    json_t *tc = field(body, "tool_choice");
+    if (rc == 0 && tc) {
+        if (json_is_string(tc)) {
+            const char *c = json_string_value(tc);
+            if (strcmp(c, "none") == 0)
+                r->tool_choice = KIRI_TOOL_CHOICE_NONE;
+            else if (strcmp(c, "required") == 0)
+                r->tool_choice = KIRI_TOOL_CHOICE_REQUIRED;
+            else if (strcmp(c, "auto") != 0)
+                rc = bad(p, "tool_choice", "", "tool_choice must be \"none\", \"auto\", \"required\" or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        } else {
+            json_t *type = json_object_get(tc, "type");
+            json_t *name = json_object_get(json_object_get(tc, "function"), "name");
+            if (!json_is_object(tc) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
+                !json_is_string(name))
+                rc = bad(p, "tool_choice", "", "tool_choice must be \"none\", \"auto\", \"required\" or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+            else if (!json_object_get(names, json_string_value(name)))
+                rc = bad(p, "tool_choice", "", "tool_choice names the function '%.64s', which is not in tools",
+                         json_string_value(name));
+            else if ((rc = copy_string(p, name, &r->tool_choice_name)) == 0)
+                r->tool_choice = KIRI_TOOL_CHOICE_NAMED;
+        }
+        if (rc == 0 && r->tool_choice == KIRI_TOOL_CHOICE_REQUIRED && n == 0)
+            rc = bad(p, "tool_choice", "", "tool_choice \"required\" needs tools");
+    }
+    json_decref(names);
+    if (rc == 0)
+        rc = read_bool(p, body, "parallel_tool_calls", &r->parallel_tool_calls);
+    if (rc == 0 && (r->tools || p->has_tool_calls) && p->messages) {
+        r->messages_json = json_dumps(p->messages, JSON_COMPACT);
+        r->messages_json_len = r->messages_json ? strlen(r->messages_json) : 0;
+        if (!r->messages_json)
+            rc = oom(p);
+    }
+    return rc;
+}
+
 static int parse_messages(struct parser *p, json_t *body, struct kiri_api_request *r)
 {
     json_t *v = field(body, "messages");
@@ -544,18 +766,13 @@ static int parse_messages(struct parser *p, json_t *body, struct kiri_api_reques
             return bad(p, param, "", "unknown role '%.32s' (system, user, assistant, tool or "
                        "developer)", json_string_value(role));
         int assistant = strcmp(canon, "assistant") == 0;
-        json_t *calls = field(m, "tool_calls");
-        if (calls && (!json_is_array(calls) || json_array_size(calls) > 0)) {
-            snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
-            return unsupported(p, param, "tool_calls");
-        }
         struct kiri_api_message *msg = &r->messages[i];
         r->n_messages = (int)i + 1;    /* so a failure below frees this entry too */
         msg->role = kiri_mem_strndup(canon, strlen(canon));
         if (!msg->role)
             return oom(p);
         int rc = parse_content(p, m, (int)i, assistant, &msg->content);
-        if (rc)
+        if (rc || (rc = template_message(p, m, (int)i, canon, msg->content)))
             return rc;
     }
     return 0;
@@ -827,12 +1044,12 @@ static int parse_structured(struct parser *p, json_t *body, struct kiri_api_requ
 
 static int parse_unsupported(struct parser *p, json_t *body, int kind)
 {
-    static const char *const lists[] = {"tools", "functions"};
-    for (size_t i = 0; i < 2; i++) {
-        json_t *v = field(body, lists[i]);
-        if (v && (!json_is_array(v) || json_array_size(v) > 0))
-            return unsupported(p, lists[i], lists[i]);
-    }
+    json_t *functions = field(body, "functions");
+    if (functions && (!json_is_array(functions) || json_array_size(functions) > 0))
+        return unsupported(p, "functions", "functions (use tools)");
+    json_t *tools = field(body, "tools");
+    if (kind == KIRI_API_COMPLETIONS && tools && (!json_is_array(tools) || json_array_size(tools) > 0))
+        return unsupported(p, "tools", "tools in /v1/completions");
     if (kind == KIRI_API_COMPLETIONS) {
         int64_t best_of = 1;
         int rc = read_int(p, body, "best_of", 1, 20, &best_of, NULL);
@@ -991,6 +1208,8 @@ static int parse_object(struct parser *p, json_t *body, struct kiri_api_request 
         if ((rc = read_string(p, body, "model", 0, &r->model)))
             return rc;
         rc = r->kind == KIRI_API_CHAT ? parse_messages(p, body, r) : parse_prompt(p, body, r);
+        if (rc == 0 && r->kind == KIRI_API_CHAT)
+            rc = parse_tools(p, body, r);
         return rc ? rc : parse_generation(p, body, r);
     default:
         return bad(p, "", "", "unknown request kind");
@@ -1008,7 +1227,7 @@ static int value_error(const char *text)
 int kiri_api_load(const char *body, size_t len, json_t **root, struct kiri_api_error *err)
 {
     struct kiri_api_error scratch;
-    struct parser p = {NULL, err ? err : &scratch};
+    struct parser p = {NULL, err ? err : &scratch, NULL, NULL, 0};
     if (!root || (!body && len)) {
         kiri_api_error_set(p.err, 500, "server_error", "", "", "kiri_api_load: bad arguments");
         return KIRI_E_INVALID_ARG;
@@ -1061,7 +1280,7 @@ int kiri_api_parse_value(json_t *body, int kind, const struct kiri_api_limits *l
                          struct kiri_api_request *out, struct kiri_api_error *err)
 {
     struct kiri_api_error scratch;
-    struct parser p = {lim, err ? err : &scratch};
+    struct parser p = {lim, err ? err : &scratch, NULL, NULL, 0};
     if (out)
         memset(out, 0, sizeof *out);
     if (!out || !lim || !json_is_object(body)) {
@@ -1072,6 +1291,8 @@ int kiri_api_parse_value(json_t *body, int kind, const struct kiri_api_limits *l
     struct kiri_api_request r;
     request_defaults(&r, kind);
     int rc = parse_object(&p, body, &r);
+    json_decref(p.messages);
+    json_decref(p.call_ids);
     if (rc) {
         kiri_api_request_free(&r);
         return rc;
@@ -1102,7 +1323,7 @@ int kiri_api_parse_format(json_t *format, const char *param, int flat, struct ki
                           struct kiri_api_error *err)
 {
     struct kiri_api_error scratch;
-    struct parser p = {NULL, err ? err : &scratch};
+    struct parser p = {NULL, err ? err : &scratch, NULL, NULL, 0};
     use_kiri_allocator();
     return parse_format(&p, format, param, flat, r);
 }
@@ -1152,6 +1373,9 @@ void kiri_api_request_free(struct kiri_api_request *r)
     kiri_mem_free(r->bias_tokens);
     kiri_mem_free(r->bias_values);
     kiri_mem_free(r->instructions);
+    kiri_mem_free(r->tools);
+    kiri_mem_free(r->messages_json);
+    kiri_mem_free(r->tool_choice_name);
     memset(r, 0, sizeof *r);
 }
 
@@ -1346,6 +1570,48 @@ fail:
     return NULL;
 }
 
+/* A tool call as OpenAI writes it: {"index"? , "id", "type", "function": {"name", "arguments"}}
+ * with head set (index < 0: none), or {"index", "function": {"arguments": args}} without. */
+static json_t *tool_call_json(const struct kiri_tool_call *tc, int index, int head, const char *args,
+                              size_t args_len)
+{
+    json_t *o = json_object(), *fn = json_object();
+    if (!o || !fn || (index >= 0 && json_object_set_new(o, "index", json_integer(index)))) {
+        json_decref(fn);
+        json_decref(o);
+        return NULL;
+    }
+    int bad_ = 0;
+    if (head) {
+        bad_ |= json_object_set_new(o, "id", jtext(tc->id, strlen(tc->id)));
+        bad_ |= json_object_set_new(o, "type", json_string_nocheck("function"));
+    }
+    bad_ |= json_object_set_new(o, "function", fn);
+    if (head)
+        bad_ |= json_object_set_new(fn, "name", jtext(tc->name, strlen(tc->name)));
+    if (head && index < 0)
+        bad_ |= json_object_set_new(fn, "arguments", jtext(tc->arguments, strlen(tc->arguments)));
+    else
+        bad_ |= json_object_set_new(fn, "arguments", jtext(args ? args : "", args ? args_len : 0));
+    if (bad_) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* A stream chunk's delta.tool_calls: one fragment of one call. */
+static json_t *delta_call_json(const struct kiri_api_choice *c)
+{
+    json_t *list = json_array();
+    if (list && json_array_append_new(list, tool_call_json(c->delta_call, c->delta_call_index, c->delta_call_head,
+                                                            c->delta_args, c->delta_args_len))) {
+        json_decref(list);
+        return NULL;
+    }
+    return list;
+}
+
 /* One choice of a response (stream = 0) or a chunk (stream = 1). */
 static json_t *choice_json(int kind, const struct kiri_api_choice *c, int stream, int first_chunk)
 {
@@ -1362,10 +1628,23 @@ static json_t *choice_json(int kind, const struct kiri_api_choice *c, int stream
         if (!stream || first_chunk)
             if (json_object_set_new(m, "role", json_string_nocheck("assistant")))
                 goto fail;
-        /* The last chunk of a choice carries finish_reason and an empty delta. */
-        if (!stream || first_chunk || c->text_len > 0 || !c->finish_reason)
+        if (stream && c->delta_call) {
+            if (json_object_set_new(m, "tool_calls", delta_call_json(c)))
+                goto fail;
+        } else if (!stream && c->n_tool_calls > 0) {
+            /* With tool calls, content is null unless the model also wrote text. */
+            json_t *calls = json_array();
+            if (json_object_set_new(m, "content", c->text_len ? jtext(c->text, c->text_len) : json_null()) ||
+                json_object_set_new(m, "tool_calls", calls))
+                goto fail;
+            for (int k = 0; k < c->n_tool_calls; k++)
+                if (json_array_append_new(calls, tool_call_json(&c->tool_calls[k], -1, 1, NULL, 0)))
+                    goto fail;
+        } else if (!stream || first_chunk || c->text_len > 0 || !c->finish_reason) {
+            /* The last chunk of a choice carries finish_reason and an empty delta. */
             if (json_object_set_new(m, "content", jtext(c->text, c->text_len)))
                 goto fail;
+        }
     }
     if (json_object_set_new(o, "logprobs", logprobs_json(kind, c)) ||
         json_object_set_new(o, "finish_reason", jstr_or_null(c->finish_reason)))

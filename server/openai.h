@@ -54,6 +54,8 @@ struct kiri_api_prompt {
     int32_t n_tokens;       /* >= 1 when given as token ids */
 };
 
+struct kiri_tool_call;
+
 struct kiri_api_limits {
     int32_t max_tokens_cap;     /* largest max_tokens accepted (the context length) */
     int32_t n_vocab;            /* token ids in prompts must be below this */
@@ -104,6 +106,18 @@ struct kiri_api_request {
     int n_bias;
     /* responses: the instructions (owned, or NULL), written back into the response object */
     char *instructions;
+    /* chat with tools. tools: the checked list of functions as compact JSON (owned), NULL when
+     * absent or empty; every name matches [A-Za-z0-9_-]{1,64} and they are distinct.
+     * messages_json: when there are tools or a message carries tool_calls, the conversation as
+     * the chat template should see it (owned JSON array: role, content as text ("" for null),
+     * tool_calls with arguments parsed to objects, tool_call_id, name), else NULL. */
+    char *tools;
+    size_t tools_len;
+    char *messages_json;
+    size_t messages_json_len;
+    int tool_choice;                /* enum kiri_tool_choice (tools.h); AUTO when absent */
+    char *tool_choice_name;         /* owned: the function tool_choice names, or NULL */
+    int parallel_tool_calls;        /* default 1 */
 };
 
 /* An error for the client: HTTP status, OpenAI error type, the parameter at fault (may be
@@ -140,7 +154,18 @@ struct kiri_api_choice {
     int index;
     const char *text;               /* generated text of this choice (UTF-8) */
     size_t text_len;
-    const char *finish_reason;      /* "stop", "length" or NULL while streaming */
+    const char *finish_reason;      /* "stop", "length", "tool_calls" or NULL while streaming */
+    /* chat: the tool calls parsed from the output (a whole response), or none */
+    const struct kiri_tool_call *tool_calls;
+    int n_tool_calls;
+    /* chat stream: when delta_call is set the chunk carries this fragment of call number
+     * delta_call_index instead of text: with delta_call_head its id, type and name (arguments
+     * ""), else arguments text delta_args[0..delta_args_len). */
+    const struct kiri_tool_call *delta_call;
+    int delta_call_index;
+    int delta_call_head;
+    const char *delta_args;
+    size_t delta_args_len;
     /* log-probabilities: one entry per token, or none; the first n_unscored entries are echoed
      * prompt tokens, whose log-probabilities are not computed (written as null) */
     int n_logprobs;

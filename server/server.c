@@ -18,6 +18,7 @@
 #include "chat_page.h"
 #include "chat_prompt.h"
 #include "chat_template.h"
+#include "tools.h"
 #include "config.h"
 #include "error.h"
 #include "fleet_node.h"
@@ -263,6 +264,11 @@ struct choice {
     struct kiri_buf text;     /* owned: all delivered text (non-streaming) */
     int32_t n_prompt, n_cached, n_generated;
     double ttft, last_token_time;
+    /* tool calls: the parser of this choice's output (owned; NULL without tools), how much of
+     * its content and how many of its calls the stream has sent */
+    struct kiri_tools_parser *tools;
+    size_t content_sent;
+    int calls_sent;
     /* log-probabilities (non-streaming), owned; the first n_unscored are echoed prompt tokens */
     int n_lp, lp_cap, n_unscored;
     char **lp_tok;
@@ -380,6 +386,7 @@ static int record_logprobs(struct gen *g, struct choice *ch, const struct event 
 
 static void choice_free(struct gen *g, struct choice *ch)
 {
+    kiri_tools_parser_free(ch->tools);
     kiri_mem_free(ch->q);
     kiri_buf_free(&ch->q_text);
     kiri_buf_free(&ch->text);
@@ -401,6 +408,15 @@ static const char *finish_reason(int finish)
     if (finish == KIRI_FINISH_EOS || finish == KIRI_FINISH_STOP)
         return "stop";
     return "length";
+}
+
+/* A choice's finish reason: "tool_calls" when it ended by itself after calling tools. */
+static const char *choice_finish(const struct choice *ch)
+{
+    const char *why = finish_reason(ch->finish);
+    if (ch->tools && kiri_tools_parser_n_calls(ch->tools) > 0 && strcmp(why, "stop") == 0)
+        return "tool_calls";
+    return why;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -467,6 +483,33 @@ static void stream_text(struct stream *st, struct gen *g, struct choice *ch, con
     ch->started = 1;
 }
 
+/* Streams what a choice's tool parser has decided since the last time: new content, then each new
+ * call as OpenAI streams one (a chunk with its id, type and name, then its arguments). */
+static void stream_tools(struct stream *st, struct gen *g, struct choice *ch)
+{
+    size_t len;
+    const char *content = kiri_tools_parser_content(ch->tools, &len);
+    if (len > ch->content_sent) {
+        stream_text(st, g, ch, content + ch->content_sent, len - ch->content_sent, NULL);
+        ch->content_sent = len;
+    }
+    for (; !st->resp && ch->calls_sent < kiri_tools_parser_n_calls(ch->tools); ch->calls_sent++) {
+        const struct kiri_tool_call *tc = kiri_tools_parser_call(ch->tools, ch->calls_sent);
+        struct kiri_api_choice c;
+        memset(&c, 0, sizeof c);
+        c.index = (int)(ch - g->ch);
+        c.delta_call = tc;
+        c.delta_call_index = ch->calls_sent;
+        c.delta_call_head = 1;
+        stream_send(st, kiri_api_chunk_json(st->kind, &st->env, &c, 1, !ch->started, NULL));
+        ch->started = 1;
+        c.delta_call_head = 0;
+        c.delta_args = tc->arguments;
+        c.delta_args_len = strlen(tc->arguments);
+        stream_send(st, kiri_api_chunk_json(st->kind, &st->env, &c, 1, 0, NULL));
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The generation endpoints
  * ------------------------------------------------------------------------------------------- */
@@ -483,6 +526,36 @@ static int tokenize_alloc(const struct kiri_model *m, const char *text, int add_
         return KIRI_E_NOMEM;
     *n = kiri_tokenize(m, text, len, add_bos, parse_special, *ids, need);
     return KIRI_OK;
+}
+
+/* The tool-call syntax of a model's chat template (GENERIC when the file has none). */
+static int tool_format(const struct kiri_served_model *sm)
+{
+    const char *t = NULL;
+    size_t len = 0;
+    if (kiri_chat_prompt_fallback(sm->chat) ||
+        kiri_model_meta_str(sm->model, "tokenizer.chat_template", &t, &len) != KIRI_OK)
+        return KIRI_TOOLS_GENERIC;   /* no template of its own, or ChatML stands in for it */
+    return kiri_tools_detect(t, len);
+}
+
+/* Renders a conversation with tools or tool calls: the template sees them as transformers passes
+ * them, or, for a template without tool syntax, as the generic format's messages. */
+static int render_with_tools(const struct kiri_served_model *sm, const struct kiri_api_request *r, char **text,
+                             size_t *text_len, struct kiri_status_info *info)
+{
+    if (tool_format(sm) != KIRI_TOOLS_GENERIC)
+        return kiri_chat_prompt_render_json(sm->chat, r->messages_json, r->messages_json_len, r->tools,
+                                            r->tools_len, 1, text, text_len, info);
+    char *msgs = NULL;
+    size_t len = 0;
+    int rc = kiri_tools_generic_messages(r->messages_json, r->messages_json_len, r->tools, r->tools_len,
+                                         r->tool_choice, r->tool_choice_name, r->parallel_tool_calls, &msgs, &len,
+                                         info);
+    if (rc == KIRI_OK)
+        rc = kiri_chat_prompt_render_json(sm->chat, msgs, len, NULL, 0, 1, text, text_len, info);
+    kiri_mem_free(msgs);
+    return rc;
 }
 
 /* One prompt's token ids, and what echo writes before each of its choices. */
@@ -543,18 +616,23 @@ static int completion_prompt(const struct kiri_served_model *sm, struct mg_conne
 static int chat_prompt(const struct kiri_served_model *sm, struct mg_connection *c, const struct kiri_api_request *r,
                        struct prompt *p)
 {
-    struct kiri_chat_message *msgs = kiri_mem_calloc((size_t)r->n_messages, sizeof *msgs);
-    if (!msgs)
-        return fail(c, 500, "server_error", "", "", "out of memory", "");
-    for (int i = 0; i < r->n_messages; i++) {
-        msgs[i].role = r->messages[i].role;
-        msgs[i].content = r->messages[i].content ? r->messages[i].content : "";
-    }
     char *text = NULL;
     size_t text_len = 0;
     struct kiri_status_info info;
-    const int rc = kiri_chat_prompt_render(sm->chat, msgs, r->n_messages, 1, &text, &text_len, &info);
-    kiri_mem_free(msgs);
+    int rc;
+    if (r->messages_json) {
+        rc = render_with_tools(sm, r, &text, &text_len, &info);
+    } else {
+        struct kiri_chat_message *msgs = kiri_mem_calloc((size_t)r->n_messages, sizeof *msgs);
+        if (!msgs)
+            return fail(c, 500, "server_error", "", "", "out of memory", "");
+        for (int i = 0; i < r->n_messages; i++) {
+            msgs[i].role = r->messages[i].role;
+            msgs[i].content = r->messages[i].content ? r->messages[i].content : "";
+        }
+        rc = kiri_chat_prompt_render(sm->chat, msgs, r->n_messages, 1, &text, &text_len, &info);
+        kiri_mem_free(msgs);
+    }
     if (rc != KIRI_OK)
         return fail(c, 400, "invalid_request_error", r->kind == KIRI_API_RESPONSES ? "input" : "messages",
                     "chat_template_error", info.message, "");
@@ -610,6 +688,13 @@ static void deliver(struct stream *st, struct gen *g, struct choice *ch, const c
 {
     if (!len)
         return;
+    if (ch->tools) {
+        /* Out of memory here loses text; the parser's content then stops growing. */
+        kiri_tools_parser_feed(ch->tools, text, len);
+        if (st)
+            stream_tools(st, g, ch);
+        return;
+    }
     if (st)
         stream_text(st, g, ch, text, len, NULL);
     if (!st || st->resp) /* the Responses stream ends with the whole text */
@@ -637,8 +722,13 @@ static void handle_event(struct kiri_server *s, struct gen *g, struct choice *ch
     if (e->finish >= 0) {
         ch->done = 1;
         ch->finish = e->finish;
+        if (ch->tools) {
+            kiri_tools_parser_finish(ch->tools);
+            if (st)
+                stream_tools(st, g, ch);
+        }
         if (st)
-            stream_text(st, g, ch, "", 0, finish_reason(ch->finish));
+            stream_text(st, g, ch, "", 0, choice_finish(ch));
     }
 }
 
@@ -836,7 +926,12 @@ static int send_choices(struct mg_connection *c, struct gen *g, const struct kir
         cs[i].index = i; /* OpenAI's numbering: prompt index * n + j */
         cs[i].text = ch->text.data ? ch->text.data : "";
         cs[i].text_len = ch->text.len;
-        cs[i].finish_reason = finish_reason(ch->finish);
+        if (ch->tools) {
+            cs[i].text = kiri_tools_parser_content(ch->tools, &cs[i].text_len);
+            cs[i].n_tool_calls = kiri_tools_parser_n_calls(ch->tools);
+            cs[i].tool_calls = kiri_tools_parser_call(ch->tools, 0);
+        }
+        cs[i].finish_reason = choice_finish(ch);
         if (r->logprobs) {
             cs[i].n_logprobs = ch->n_lp;
             cs[i].n_unscored = ch->n_unscored;
@@ -881,6 +976,38 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
     g->m = sm;
     g->n = n_prompts * r.n; /* at most KIRI_API_MAX_CHOICES (kiri_api_parse) */
     g->n_top = r.top_logprobs;
+    /* Tool calls: the grammar that keeps them parseable, and a parser per choice. */
+    struct kiri_tools_plan plan;
+    memset(&plan, 0, sizeof plan);
+    const int format = tool_format(sm);
+    if (r.tools && r.tool_choice != KIRI_TOOL_CHOICE_NONE && r.grammar) {
+        /* Tool calls and a response format would each constrain the whole output. */
+        gen_free(g);
+        prompts_free(prompts, n_prompts);
+        kiri_api_request_free(&r);
+        return fail(c, 400, "invalid_request_error", "tools", "conflicting_parameters",
+                    "tools and a response_format, grammar or json_schema both constrain the output; send one of "
+                    "them (or tool_choice \"none\")", "");
+    }
+    if (r.tools && r.tool_choice != KIRI_TOOL_CHOICE_NONE) {
+        struct kiri_status_info pinfo;
+        int prc = kiri_tools_plan_init(format, r.tools, r.tools_len, r.tool_choice, r.tool_choice_name,
+                                       r.parallel_tool_calls, r.messages_json, r.messages_json_len, &plan, &pinfo);
+        for (int i = 0; prc == KIRI_OK && i < g->n; i++)
+            prc = kiri_tools_parser_init(format, r.parallel_tool_calls,
+                                         mix64(atomic_fetch_add(&s->counter, 1) ^ (uint64_t)s->created), &g->ch[i].tools);
+        if (prc != KIRI_OK) {
+            char param[sizeof pinfo.field];
+            memcpy(param, pinfo.field, sizeof param);
+            kiri_tools_plan_free(&plan);
+            gen_free(g);
+            prompts_free(prompts, n_prompts);
+            kiri_api_request_free(&r);
+            if (prc == KIRI_E_NOMEM)
+                return fail(c, 500, "server_error", "", "", "out of memory", "");
+            return fail(c, 400, "invalid_request_error", param, "invalid_tool_schema", pinfo.message, "");
+        }
+    }
     const uint64_t seed = r.has_seed ? r.sampling.seed : mix64(atomic_fetch_add(&s->counter, 1) ^ (uint64_t)(kiri_platform_now() * 1e9));
     struct kiri_status_info info;
     int submit_rc = KIRI_OK;
@@ -900,8 +1027,10 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         req.priority = r.priority;
         req.logprobs = r.logprobs;
         req.top_logprobs = r.top_logprobs;
-        req.grammar = r.grammar;
-        req.grammar_len = r.grammar_len;
+        req.grammar = plan.grammar ? plan.grammar : r.grammar;
+        req.grammar_len = plan.grammar ? plan.grammar_len : r.grammar_len;
+        req.grammar_triggers = (const char *const *)plan.triggers;
+        req.n_grammar_triggers = plan.n_triggers;
         req.bias_tokens = r.bias_tokens;
         req.bias_values = r.bias_values;
         req.n_bias = r.n_bias;
@@ -912,6 +1041,7 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         }
         ch->submitted = 1;
     }
+    kiri_tools_plan_free(&plan); /* the batcher copied what it needs at submit */
     const double t0 = kiri_platform_now();
     if (submit_rc != KIRI_OK) {
         /* Take back what was queued, wait for their final events, answer 429/503/400. */

@@ -85,6 +85,14 @@ int kiri_chat_prompt_render(const struct kiri_chat_prompt *p, const struct kiri_
                                      NULL, text, len, info);
 }
 
+int kiri_chat_prompt_render_json(const struct kiri_chat_prompt *p, const char *messages, size_t messages_len,
+                                 const char *tools, size_t tools_len, int add_generation_prompt, char **text,
+                                 size_t *len, struct kiri_status_info *info)
+{
+    return kiri_chat_template_render_json(p->tmpl, messages, messages_len, tools, tools_len, p->bos_text,
+                                          p->eos_text, add_generation_prompt, NULL, text, len, info);
+}
+
 int kiri_chat_prompt_tokenize(const struct kiri_chat_prompt *p, const char *text, size_t len,
                               int32_t **ids, int32_t *n, struct kiri_status_info *info)
 {

@@ -41,6 +41,12 @@ int kiri_chat_prompt_render(const struct kiri_chat_prompt *p, const struct kiri_
                             int n_msgs, int add_generation_prompt, char **text, size_t *len,
                             struct kiri_status_info *info);
 
+/* The same for a conversation given as JSON, with tools (kiri_chat_template_render_json: messages
+ * may carry tool_calls and tool results; tools may be NULL). */
+int kiri_chat_prompt_render_json(const struct kiri_chat_prompt *p, const char *messages, size_t messages_len,
+                                 const char *tools, size_t tools_len, int add_generation_prompt, char **text,
+                                 size_t *len, struct kiri_status_info *info);
+
 /* Tokenizes rendered text text[0..len), special-token text included (the template writes them),
  * with the BOS token in front when the model asks for one and the text does not already start
  * with the BOS token's text (templates usually write it themselves). On success *ids

@@ -80,6 +80,21 @@ int kiri_chat_template_render(const struct kiri_chat_template *t,
                               int add_generation_prompt, const struct kiri_chat_limits *limits,
                               char **out, size_t *out_len, struct kiri_status_info *info);
 
+/* Renders a conversation given as JSON, with tools, as transformers' apply_chat_template passes
+ * them: messages[0..messages_len) is a JSON array of message objects taken as they are (role,
+ * content, tool_calls with arguments as objects, tool_call_id, name, ... whatever keys they have),
+ * tools[0..tools_len) a JSON array of {"type":"function","function":{name, description,
+ * parameters}} objects, or tools NULL (or the text null) for none. JSON objects reach the template
+ * as dicts in their key order, numbers as ints or floats, null as none. The other arguments, the
+ * result and the errors are kiri_chat_template_render's; text that is not JSON, messages that are
+ * not a list of objects and JSON nested deeper than 64 levels are KIRI_E_INVALID_ARG with field
+ * "messages" or "tools". Available when kiri is built with Jansson (with the server). */
+int kiri_chat_template_render_json(const struct kiri_chat_template *t, const char *messages,
+                                   size_t messages_len, const char *tools, size_t tools_len,
+                                   const char *bos_token, const char *eos_token, int add_generation_prompt,
+                                   const struct kiri_chat_limits *limits, char **out, size_t *out_len,
+                                   struct kiri_status_info *info);
+
 /* The ChatML template (<|im_start|>role\ncontent<|im_end|>\n), the fallback for a model that has
  * no template or whose template kiri refuses. A static string. */
 const char *kiri_chat_template_chatml(void);

@@ -24,4 +24,26 @@ int kiri_chat_eval_run(struct kiri_chat_render *r, const struct kiri_chat_templa
                        const struct kiri_chat_binding *vars, size_t n_vars,
                        struct kiri_chat_buf *out);
 
+/* ---- one render, shared by the entry points (chat_template.c, chat_template_json.c) ---- */
+
+#define KIRI_CHAT_MAX_BINDINGS 8
+
+struct kiri_chat_limits;
+struct kiri_status_info;
+
+/* Writes the template's variables into vars (room for KIRI_CHAT_MAX_BINDINGS), making values in
+ * r; returns how many, or -1 with the error recorded in r. */
+typedef int (*kiri_chat_bind_fn)(struct kiri_chat_render *r, void *user, struct kiri_chat_binding *vars);
+
+/* The render behind kiri_chat_template_render and kiri_chat_template_render_json: limits
+ * (NULL: defaults), the variables from bind, the text in *out (owned) on success. */
+int kiri_chat_template_run(const struct kiri_chat_template *t, const struct kiri_chat_limits *limits,
+                           kiri_chat_bind_fn bind, void *user, char **out, size_t *out_len,
+                           struct kiri_status_info *info);
+
+/* The variables every entry passes besides messages and tools: add_generation_prompt,
+ * documents (none), bos_token and eos_token (only when not NULL). Returns how many (at most 4). */
+int kiri_chat_bind_common(const char *bos, const char *eos, int add_generation_prompt,
+                          struct kiri_chat_binding *vars);
+
 #endif

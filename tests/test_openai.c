@@ -20,6 +20,7 @@
 #include "mem.h"
 #include "openai.h"
 #include "responses.h"
+#include "tools.h"
 #include "test.h"
 
 static const struct kiri_api_limits lim = {4096, 32000, 16};
@@ -166,7 +167,11 @@ static const struct bad_case bad_cases[] = {
     {"H09", H,
      MSG1("{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":null,"
           "\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\"}]}"),
-     0, "messages[1].tool_calls", "unsupported_parameter"},
+     0, "messages[1].tool_calls[0]", NULL},
+    {"H09", H,
+     MSG1("{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":\"1\","
+          "\"tool_call_id\":\"nope\"}"),
+     0, "messages[1].tool_call_id", NULL},
     /* H21 sampling ranges */
     {"H21", H, CHAT(",\"temperature\":-0.1"), 0, "temperature", NULL},
     {"H21", H, CHAT(",\"temperature\":2.0001"), 0, "temperature", NULL},
@@ -266,7 +271,12 @@ static const struct bad_case bad_cases[] = {
     {"H27", H, CHAT(",\"response_format\":\"json\""), 0, "response_format", NULL},
     {"H27", H, CHAT(",\"response_format\":{}"), 0, "response_format", NULL},
     /* unsupported features */
-    {"tools", H, CHAT(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), 0,
+    {"tools", H, CHAT(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f g\"}}]"), 0,
+     "tools[0].function.name", NULL},
+    {"tools", H, CHAT(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                      "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}"), 0,
+     "tool_choice", NULL},
+    {"tools", C, CMPL(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), 0,
      "tools", "unsupported_parameter"},
     {"tools", H, CHAT(",\"tools\":{}"), 0, "tools", NULL},
     {"tools", H, CHAT(",\"functions\":[{\"name\":\"f\"}]"), 0, "functions", NULL},
@@ -405,6 +415,37 @@ static int parse_ok(int kind, const char *body, struct kiri_api_request *r)
     return rc;
 }
 
+/* tools, tool_choice, parallel_tool_calls and a conversation with a call and its result: the
+ * template's messages carry the call with its arguments parsed to an object. */
+static void test_chat_tools(void)
+{
+    const char *body =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"strict\":true,"
+        "\"parameters\":{\"type\":\"object\"}}}],"
+        "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},"
+        "\"parallel_tool_calls\":false}";
+    struct kiri_api_request r;
+    if (parse_ok(KIRI_API_CHAT, body, &r) != KIRI_OK) {
+        CHECK(0);
+        return;
+    }
+    CHECK_STR(r.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                       "\"parameters\":{\"type\":\"object\"}}}]");
+    CHECK_STR(r.messages_json,
+              "[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\",\"content\":\"\","
+              "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+              "\"arguments\":{\"city\":\"Paris\"}}}]},{\"role\":\"tool\",\"content\":\"sunny\","
+              "\"tool_call_id\":\"call_1\"}]");
+    CHECK_EQ_INT(r.tool_choice, KIRI_TOOL_CHOICE_NAMED);
+    CHECK_STR(r.tool_choice_name, "get_weather");
+    CHECK_EQ_INT(r.parallel_tool_calls, 0);
+    kiri_api_request_free(&r);
+}
+
 static void test_chat_full(void)
 {
     const char *body =
@@ -413,7 +454,7 @@ static void test_chat_full(void)
         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hello, \"},"
         "{\"type\":\"text\",\"text\":\"w\\u00f6rld \\ud83d\\ude00\"}]},"
         "{\"role\":\"assistant\",\"content\":null},"
-        "{\"role\":\"tool\",\"content\":\"42\",\"tool_call_id\":\"c1\"},"
+        "{\"role\":\"tool\",\"content\":\"42\"},"
         "{\"role\":\"user\",\"content\":\"\\\"q\\\"\\n\",\"name\":\"bob\"}],"
         "\"max_completion_tokens\":128,\"temperature\":0.25,\"top_p\":0.9,\"top_k\":40,"
         "\"min_p\":0.05,\"presence_penalty\":-0.5,\"frequency_penalty\":1,"
@@ -1479,7 +1520,7 @@ static void test_responses_alloc_failures(void)
     CHECK(done);
 }
 
-TEST_MAIN(test_bad_table, test_depth, test_big_bodies, test_chat_full, test_defaults,
+TEST_MAIN(test_bad_table, test_depth, test_big_bodies, test_chat_full, test_chat_tools, test_defaults,
           test_good_table, test_prompts, test_tokenize, test_bad_arguments, test_error_json,
           test_chat_response, test_chat_logprobs, test_legacy_logprobs, test_chunks,
           test_small_builders, test_alloc_failures_parse, test_alloc_failures_build, test_structured,

@@ -3,8 +3,12 @@
  *
  * Usage: render_template TEMPLATE_FILE [--bos S] [--eos S] [--gen] [--max-output N]
  *                        [--max-steps N] [--max-memory N] [--none ROLE] [ROLE CONTENT]...
+ *        render_template TEMPLATE_FILE --json CONVERSATION_FILE [--tools TOOLS_FILE] [--bos S]
+ *                        [--eos S] [--gen]
  * TEMPLATE_FILE "-chatml" uses the built-in ChatML template. Each ROLE CONTENT pair is one
- * message; "--none ROLE" adds a message whose content is none. The rendered text goes to stdout
+ * message; "--none ROLE" adds a message whose content is none. With --json the messages are a
+ * JSON list in a file (tool calls, tool results) and --tools a JSON list of tools, rendered with
+ * kiri_chat_template_render_json. The rendered text goes to stdout
  * as is; on failure, "STATUS_NAME field: message" goes to stderr and the exit status is 1.
  */
 #include <stdio.h>
@@ -48,7 +52,7 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
-    const char *bos = NULL, *eos = NULL;
+    const char *bos = NULL, *eos = NULL, *json_path = NULL, *tools_path = NULL;
     int gen = 0, n_msgs = 0;
     struct kiri_chat_limits limits = {0, 0, 0};
     struct kiri_chat_message *msgs = calloc((size_t)argc, sizeof *msgs);
@@ -67,6 +71,10 @@ int main(int argc, char **argv)
             limits.max_steps = strtoull(argv[++i], NULL, 10);
         } else if (i + 1 < argc && !strcmp(argv[i], "--max-memory")) {
             limits.max_memory = strtoull(argv[++i], NULL, 10);
+        } else if (i + 1 < argc && !strcmp(argv[i], "--json")) {
+            json_path = argv[++i];
+        } else if (i + 1 < argc && !strcmp(argv[i], "--tools")) {
+            tools_path = argv[++i];
         } else if (i + 1 < argc && !strcmp(argv[i], "--none")) {
             msgs[n_msgs].role = argv[++i];
             msgs[n_msgs++].content = NULL;
@@ -96,7 +104,20 @@ int main(int argc, char **argv)
     size_t out_len;
     kiri_error_clear(&info);
     int rc = kiri_chat_template_init(src, len, &t, &info);
-    if (rc == KIRI_OK) {
+    if (rc == KIRI_OK && json_path) {
+        size_t mlen = 0, tlen = 0;
+        char *m = read_file(json_path, &mlen);
+        char *tools = tools_path ? read_file(tools_path, &tlen) : NULL;
+        if (!m || (tools_path && !tools)) {
+            fprintf(stderr, "cannot read %s\n", !m ? json_path : tools_path);
+            return 2;
+        }
+        rc = kiri_chat_template_render_json(t, m, mlen, tools, tlen, bos, eos, gen, &limits, &out, &out_len,
+                                            &info);
+        free(m);
+        free(tools);
+        kiri_chat_template_free(t);
+    } else if (rc == KIRI_OK) {
         rc = kiri_chat_template_render(t, msgs, n_msgs, bos, eos, gen, &limits, &out, &out_len, &info);
         kiri_chat_template_free(t);
     }
