@@ -128,7 +128,7 @@ static int item_content(json_t *item, size_t i, const char *key, json_t **out, s
 
 /* tools: Responses' flat function tools ({"type":"function","name","description","parameters",
  * "strict"}) as chat's {"type":"function","function":{...}}. The chat reader then checks names and
- * schemas; its errors are renamed back (responses_param). strict is accepted and changes nothing:
+ * schemas; its errors are renamed back (kiri_responses_param). strict is accepted and changes nothing:
  * the grammar always holds the arguments to the schema. */
 static int rewrite_tools(json_t *body, json_t *chat, struct kiri_api_error *err)
 {
@@ -182,11 +182,9 @@ static int rewrite_tool_choice(json_t *body, json_t *chat, struct kiri_api_error
     return !c || json_object_set_new(chat, "tool_choice", c) ? oom(err) : 0;
 }
 
-/* A chat reader's param for the tools as the Responses field: "tools[1].function.name" was
- * "tools[1].name". */
-static void responses_param(struct kiri_api_error *err)
+void kiri_responses_param(char *param)
 {
-    char *fn = strncmp(err->param, "tools[", 6) == 0 ? strstr(err->param, "].function") : NULL;
+    char *fn = param && strncmp(param, "tools[", 6) == 0 ? strstr(param, "].function") : NULL;
     if (fn)
         memmove(fn + 1, fn + 10, strlen(fn + 10) + 1);
 }
@@ -409,7 +407,7 @@ int kiri_responses_parse(const char *body, size_t len, const struct kiri_api_lim
     if (!rc && (rc = kiri_api_parse_value(chat, KIRI_API_CHAT, lim, &r, err)) != 0) {
         if (strncmp(err->param, "messages", 8) == 0)
             snprintf(err->param, sizeof err->param, "input"); /* not reached for items checked above */
-        responses_param(err);
+        kiri_responses_param(err->param);
     }
     if (!rc && (rc = read_text(root, &r, err)) == 0) {
         json_t *instr = field(root, "instructions");

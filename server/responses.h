@@ -51,6 +51,10 @@ struct kiri_tool_call;
 int kiri_responses_parse(const char *body, size_t len, const struct kiri_api_limits *lim,
                          struct kiri_api_request *out, struct kiri_api_error *err);
 
+/* A chat request's error field as the Responses field it came from, in place:
+ * "tools[1].function.parameters/properties/x" becomes "tools[1].parameters/properties/x". */
+void kiri_responses_param(char *param);
+
 enum kiri_responses_status {
     KIRI_RESPONSES_IN_PROGRESS,
     KIRI_RESPONSES_COMPLETED,

@@ -1028,6 +1028,8 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         if (prc != KIRI_OK) {
             char param[sizeof pinfo.field];
             memcpy(param, pinfo.field, sizeof param);
+            if (kind == KIRI_API_RESPONSES)
+                kiri_responses_param(param);
             kiri_tools_plan_free(&plan);
             gen_free(g);
             prompts_free(prompts, n_prompts);
