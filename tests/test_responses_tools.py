@@ -5,13 +5,13 @@ stream assembler) and run by the OpenAI Agents SDK's default Responses-API model
 
 Run: ~/.cache/kiri/venv/bin/python -m pytest -q tests/test_responses_tools.py
 """
-import asyncio
 import json
 
 import jsonschema
 import openai
 import pytest
 
+from agents_loop import run_two_tool_agent
 from conftest import KiriServer
 
 # Responses tools are flat: {"type": "function", "name", "description", "parameters", "strict"}.
@@ -126,30 +126,10 @@ def test_raw_stream_through_create(served):
 
 def test_agents_sdk_responses_model(served):
     """The Agents SDK's default model (the Responses API) runs a two-tool loop to an answer."""
-    agents = pytest.importorskip("agents")
+    import agents
     s, _, model = served
-    agents.set_tracing_disabled(True)
-    called = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """Current weather in a city."""
-        called.append(("get_weather", city))
-        return f"sunny and 21 C in {city}"
-
-    @agents.function_tool
-    def get_time(zone: str) -> str:
-        """The local time in a time zone."""
-        called.append(("get_time", zone))
-        return "18:04"
-
     client = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300)
-    agent = agents.Agent(
-        name="helper", instructions="Answer with the tools' help.", tools=[get_weather, get_time],
-        model=agents.OpenAIResponsesModel(model=model, openai_client=client),
-        model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=96))
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris, and the time in Europe/Paris?",
-                                           max_turns=8))
+    called, result = run_two_tool_agent(agents, agents.OpenAIResponsesModel(model=model, openai_client=client))
     assert called, "the agent called no tool"
     assert {name for name, _ in called} <= {"get_weather", "get_time"}
     assert isinstance(result.final_output, str) and result.final_output.strip()
