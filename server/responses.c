@@ -539,9 +539,11 @@ static json_t *tools_json(const struct kiri_api_request *r)
         json_t *t = json_pack("{s:s,s:O,s:O,s:b}", "type", "function", "name", json_object_get(fn, "name"),
                               "parameters", field(fn, "parameters") ? field(fn, "parameters") : json_null(),
                               "strict", 1);
-        if (!t || (field(fn, "description") && json_object_set(t, "description", field(fn, "description"))) ||
-            json_array_append_new(out, t)) {
+        if (!t || (field(fn, "description") && json_object_set(t, "description", field(fn, "description")))) {
             json_decref(t);
+            t = NULL;
+        }
+        if (!t || json_array_append_new(out, t)) { /* which consumed t */
             json_decref(out);
             out = NULL;
         }
@@ -618,12 +620,9 @@ static json_t *response_object(const struct kiri_responses_state *st)
 {
     const struct kiri_api_request *r = st->r;
     const int finished = st->status != KIRI_RESPONSES_IN_PROGRESS;
-    json_t *o = json_object(), *output = finished ? output_json(st) : json_array();
-    if (!o || !output) {
-        json_decref(o);
-        json_decref(output);
+    json_t *o = json_object();
+    if (!o)
         return NULL;
-    }
     if (json_object_set_new(o, "id", jstr(st->id)) || json_object_set_new(o, "object", json_string("response")) ||
         json_object_set_new(o, "created_at", json_integer(st->created)) ||
         json_object_set_new(o, "status", json_string(status_name(st->status))) ||
@@ -633,7 +632,7 @@ static json_t *response_object(const struct kiri_responses_state *st)
         json_object_set_new(o, "max_output_tokens",
                             r && r->max_tokens > 0 ? json_integer(r->max_tokens) : json_null()) ||
         json_object_set_new(o, "model", jstr(st->model ? st->model : "")) ||
-        json_object_set_new(o, "output", output) ||
+        json_object_set_new(o, "output", finished ? output_json(st) : json_array()) ||
         json_object_set_new(o, "parallel_tool_calls", json_boolean(r && r->tools && r->parallel_tool_calls)) ||
         json_object_set_new(o, "previous_response_id", json_null()) ||
         json_object_set_new(o, "store", json_false()) ||
