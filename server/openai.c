@@ -663,8 +663,9 @@ static int parse_tool(struct parser *p, json_t *t, size_t i, json_t *names, json
         return bad(p, param, "", "%s must be a JSON Schema object", param);
     json_t *f = json_pack("{s:O}", "name", name);
     json_t *entry = f ? json_pack("{s:s,s:o}", "type", "function", "function", f) : NULL;
-    if (!entry || (desc && json_object_set(f, "description", desc)) ||
-        (params && json_object_set(f, "parameters", params)) || json_array_append_new(out, entry) ||
+    if (!entry || json_array_append_new(out, entry)) /* out owns entry (and f) from here */
+        return oom(p);
+    if ((desc && json_object_set(f, "description", desc)) || (params && json_object_set(f, "parameters", params)) ||
         json_object_set_new(names, json_string_value(name), json_true()))
         return oom(p);
     return 0;

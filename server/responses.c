@@ -16,14 +16,17 @@
 #include <string.h>
 
 #include "mem.h"
+#include "tools.h"
 
 /* Fields read by the chat reader under the same name (kiri's extensions included). */
 static const char *const pass_through[] = {
     "model", "temperature", "top_p", "stream", "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-    "repeat_penalty", "repetition_penalty", "repeat_last_n", "priority",
+    "repeat_penalty", "repetition_penalty", "repeat_last_n", "priority", "parallel_tool_calls",
 };
 
 #define DEFAULT_MAX_ITEMS 1024
+/* Function calls joined into one assistant message (the chat reader's cap on a message's). */
+#define MAX_CALLS_PER_TURN 64
 
 /* ---------------------------------------------------------------------------------------------
  * Reading
@@ -74,12 +77,13 @@ static int is_role(const char *role)
     return 0;
 }
 
-/* A message item's content: a string, or input_text / output_text parts, as chat content. */
-static int item_content(json_t *item, size_t i, json_t **out, struct kiri_api_error *err)
+/* A message item's content (or a function_call_output's output, by key): a string, or input_text
+ * / output_text parts, as chat content. */
+static int item_content(json_t *item, size_t i, const char *key, json_t **out, struct kiri_api_error *err)
 {
     char param[64];
-    snprintf(param, sizeof param, "input[%zu].content", i);
-    json_t *c = field(item, "content");
+    snprintf(param, sizeof param, "input[%zu].%s", i, key);
+    json_t *c = field(item, key);
     if (!c)
         return refuse(err, param, "", "%s is required", param);
     if (json_is_string(c)) {
@@ -93,7 +97,7 @@ static int item_content(json_t *item, size_t i, json_t **out, struct kiri_api_er
         return oom(err);
     for (size_t j = 0; j < json_array_size(c); j++) {
         json_t *part = json_array_get(c, j), *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
-        snprintf(param, sizeof param, "input[%zu].content[%zu].type", i, j);
+        snprintf(param, sizeof param, "input[%zu].%s[%zu].type", i, key, j);
         int rc = 0;
         if (!json_is_string(type))
             rc = refuse(err, param, "", "%s must be a string", param);
@@ -103,7 +107,7 @@ static int item_content(json_t *item, size_t i, json_t **out, struct kiri_api_er
                         "output_text)", json_string_value(type));
         json_t *text = rc ? NULL : json_object_get(part, "text");
         if (!rc && !json_is_string(text)) {
-            snprintf(param, sizeof param, "input[%zu].content[%zu].text", i, j);
+            snprintf(param, sizeof param, "input[%zu].%s[%zu].text", i, key, j);
             rc = refuse(err, param, "", "%s must be a string", param);
         }
         json_t *p = rc ? NULL : json_object();
@@ -122,20 +126,129 @@ static int item_content(json_t *item, size_t i, json_t **out, struct kiri_api_er
     return 0;
 }
 
-/* The tools hook: function tools ({"type":"function","name","parameters",...}) and the
- * function_call / function_call_output items become the chat request's tools, assistant
- * tool_calls and tool messages once the tools module reads them. Until then they are refused. */
-static int responses_tools(json_t *body, struct kiri_api_error *err)
+/* tools: Responses' flat function tools ({"type":"function","name","description","parameters",
+ * "strict"}) as chat's {"type":"function","function":{...}}. The chat reader then checks names and
+ * schemas; its errors are renamed back (kiri_responses_param). strict is accepted and changes nothing:
+ * the grammar always holds the arguments to the schema. */
+static int rewrite_tools(json_t *body, json_t *chat, struct kiri_api_error *err)
 {
     json_t *tools = field(body, "tools");
-    if (tools && (!json_is_array(tools) || json_array_size(tools) > 0))
-        return refuse(err, "tools", "unsupported_parameter", "tools are not supported on /v1/responses yet");
+    if (!tools)
+        return 0;
+    if (!json_is_array(tools))
+        return refuse(err, "tools", "", "tools must be an array of {\"type\": \"function\", \"name\", ...}");
+    json_t *list = json_array();
+    if (!list || json_object_set_new(chat, "tools", list))
+        return oom(err);
+    char param[64];
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        json_t *t = json_array_get(tools, i), *type = json_is_object(t) ? json_object_get(t, "type") : NULL;
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        if (!json_is_object(t))
+            return refuse(err, param, "", "%s must be {\"type\": \"function\", \"name\", \"parameters\", ...}", param);
+        snprintf(param, sizeof param, "tools[%zu].type", i);
+        if (!json_is_string(type))
+            return refuse(err, param, "", "%s must be a string", param);
+        if (strcmp(json_string_value(type), "function") != 0)
+            return refuse(err, param, "unsupported_value", "tool type '%.32s' is not supported (only \"function\")",
+                          json_string_value(type));
+        json_t *fn = json_object();
+        if (!fn || json_array_append_new(list, json_pack("{s:s,s:o}", "type", "function", "function", fn)))
+            return oom(err);
+        static const char *const keys[] = {"name", "description", "parameters"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            json_t *v = json_object_get(t, keys[k]);
+            if (v && json_object_set(fn, keys[k], v))
+                return oom(err);
+        }
+    }
     return 0;
 }
 
-/* input (and instructions before it) as chat messages. */
-static int input_messages(json_t *body, const struct kiri_api_limits *lim, json_t *messages,
-                          struct kiri_api_error *err)
+/* tool_choice: "none", "auto", "required" or {"type":"function","name"}, as chat's. */
+static int rewrite_tool_choice(json_t *body, json_t *chat, struct kiri_api_error *err)
+{
+    json_t *tc = field(body, "tool_choice");
+    if (!tc)
+        return 0;
+    if (json_is_string(tc))
+        return json_object_set(chat, "tool_choice", tc) ? oom(err) : 0;
+    json_t *type = json_object_get(tc, "type"), *name = json_object_get(tc, "name");
+    if (!json_is_object(tc) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
+        !json_is_string(name))
+        return refuse(err, "tool_choice", "", "tool_choice must be \"none\", \"auto\", \"required\" or "
+                      "{\"type\": \"function\", \"name\": ...}");
+    json_t *c = json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", name);
+    return !c || json_object_set_new(chat, "tool_choice", c) ? oom(err) : 0;
+}
+
+void kiri_responses_param(char *param)
+{
+    char *fn = param && strncmp(param, "tools[", 6) == 0 ? strstr(param, "].function") : NULL;
+    if (fn)
+        memmove(fn + 1, fn + 10, strlen(fn + 10) + 1);
+}
+
+/* A function_call item: the call in chat's form, appended to the assistant message just before
+ * (consecutive calls, and a message item followed by calls, are one assistant turn) or to a new
+ * one. Its call_id is remembered in call_ids for the outputs that answer it. */
+static int function_call_item(json_t *item, size_t i, json_t *messages, json_t *call_ids,
+                              struct kiri_api_error *err)
+{
+    char param[64];
+    json_t *id = field(item, "call_id"), *name = field(item, "name"), *args = field(item, "arguments");
+    snprintf(param, sizeof param, "input[%zu].call_id", i);
+    if (!json_is_string(id) || json_string_length(id) == 0)
+        return refuse(err, param, "", "%s must be a non-empty string", param);
+    snprintf(param, sizeof param, "input[%zu].name", i);
+    if (!json_is_string(name) || json_string_length(name) == 0)
+        return refuse(err, param, "", "%s must be a non-empty string", param);
+    snprintf(param, sizeof param, "input[%zu].arguments", i);
+    if (!json_is_string(args))
+        return refuse(err, param, "", "%s must be a string of JSON", param);
+    json_t *last = json_array_get(messages, json_array_size(messages) - 1);
+    json_t *calls = json_object_get(last, "tool_calls");
+    if (!calls || json_array_size(calls) >= MAX_CALLS_PER_TURN) {
+        const char *role = json_string_value(json_object_get(last, "role"));
+        if (!role || strcmp(role, "assistant") != 0 || calls) {
+            int rc = add_message(messages, "assistant", json_string(""), err);
+            if (rc)
+                return rc;
+            last = json_array_get(messages, json_array_size(messages) - 1);
+        }
+        if (!(calls = json_array()) || json_object_set_new(last, "tool_calls", calls))
+            return oom(err);
+    }
+    json_t *c = json_pack("{s:O,s:s,s:{s:O,s:O}}", "id", id, "type", "function", "function", "name", name,
+                          "arguments", args);
+    if (!c || json_array_append_new(calls, c) || json_object_set_new(call_ids, json_string_value(id), json_true()))
+        return oom(err);
+    return 0;
+}
+
+/* A function_call_output item: a tool message answering a call made earlier in input. */
+static int function_output_item(json_t *item, size_t i, json_t *messages, json_t *call_ids,
+                                struct kiri_api_error *err)
+{
+    char param[64];
+    json_t *id = field(item, "call_id");
+    snprintf(param, sizeof param, "input[%zu].call_id", i);
+    if (!json_is_string(id))
+        return refuse(err, param, "", "%s must be a string", param);
+    if (!json_object_get(call_ids, json_string_value(id)))
+        return refuse(err, param, "", "%s '%.64s' matches no function_call item earlier in input", param,
+                      json_string_value(id));
+    json_t *content = NULL;
+    int rc = item_content(item, i, "output", &content, err);
+    if (rc || (rc = add_message(messages, "tool", content, err)))
+        return rc;
+    json_t *m = json_array_get(messages, json_array_size(messages) - 1);
+    return json_object_set(m, "tool_call_id", id) ? oom(err) : 0;
+}
+
+/* input (and instructions before it) as chat messages; call_ids collects the function calls'. */
+static int input_items(json_t *body, const struct kiri_api_limits *lim, json_t *messages, json_t *call_ids,
+                       struct kiri_api_error *err)
 {
     json_t *instr = field(body, "instructions");
     if (instr && !json_is_string(instr))
@@ -172,8 +285,13 @@ static int input_messages(json_t *body, const struct kiri_api_limits *lim, json_
         if (strcmp(t, "item_reference") == 0)
             return refuse(err, param, "unsupported_parameter",
                           "item references need stored responses; this server is stateless: send the items");
-        if (strcmp(t, "function_call") == 0 || strcmp(t, "function_call_output") == 0)
-            return refuse(err, param, "unsupported_value", "%s items are not supported on /v1/responses yet", t);
+        if (strcmp(t, "function_call") == 0 || strcmp(t, "function_call_output") == 0) {
+            rc = t[13] ? function_output_item(item, i, messages, call_ids, err)
+                       : function_call_item(item, i, messages, call_ids, err);
+            if (rc)
+                return rc;
+            continue;
+        }
         if (strcmp(t, "message") != 0)
             return refuse(err, param, "unsupported_value", "unsupported input item type '%.32s'", t);
         json_t *role = field(item, "role");
@@ -184,13 +302,22 @@ static int input_messages(json_t *body, const struct kiri_api_limits *lim, json_
             return refuse(err, param, "", "unknown role '%.32s' (user, system, developer or assistant)",
                           json_string_value(role));
         json_t *content = NULL;
-        if ((rc = item_content(item, i, &content, err)) ||
+        if ((rc = item_content(item, i, "content", &content, err)) ||
             (rc = add_message(messages, json_string_value(role), content, err)))
             return rc;
     }
     if (json_array_size(messages) == 0)
         return refuse(err, "input", "", "input holds no message");
     return 0;
+}
+
+static int input_messages(json_t *body, const struct kiri_api_limits *lim, json_t *messages,
+                          struct kiri_api_error *err)
+{
+    json_t *call_ids = json_object();
+    const int rc = call_ids ? input_items(body, lim, messages, call_ids, err) : oom(err);
+    json_decref(call_ids);
+    return rc;
 }
 
 /* The stateless server's refusals: nothing is stored, so nothing can be continued. */
@@ -231,8 +358,8 @@ static int output_limit(json_t *body, const struct kiri_api_limits *lim, json_t 
 static int rewrite(json_t *body, const struct kiri_api_limits *lim, json_t *chat, struct kiri_api_error *err)
 {
     int rc;
-    if ((rc = check_stateless(body, err)) || (rc = responses_tools(body, err)) ||
-        (rc = output_limit(body, lim, chat, err)))
+    if ((rc = check_stateless(body, err)) || (rc = rewrite_tools(body, chat, err)) ||
+        (rc = rewrite_tool_choice(body, chat, err)) || (rc = output_limit(body, lim, chat, err)))
         return rc;
     for (size_t i = 0; i < sizeof pass_through / sizeof pass_through[0]; i++) {
         json_t *v = json_object_get(body, pass_through[i]);
@@ -277,9 +404,11 @@ int kiri_responses_parse(const char *body, size_t len, const struct kiri_api_lim
     rc = chat ? rewrite(root, lim, chat, err) : oom(err);
     struct kiri_api_request r;
     memset(&r, 0, sizeof r);
-    if (!rc && (rc = kiri_api_parse_value(chat, KIRI_API_CHAT, lim, &r, err)) != 0 &&
-        strncmp(err->param, "messages", 8) == 0)
-        snprintf(err->param, sizeof err->param, "input"); /* not reached for items checked above */
+    if (!rc && (rc = kiri_api_parse_value(chat, KIRI_API_CHAT, lim, &r, err)) != 0) {
+        if (strncmp(err->param, "messages", 8) == 0)
+            snprintf(err->param, sizeof err->param, "input"); /* not reached for items checked above */
+        kiri_responses_param(err->param);
+    }
     if (!rc && (rc = read_text(root, &r, err)) == 0) {
         json_t *instr = field(root, "instructions");
         if (instr && !(r.instructions = kiri_mem_strndup(json_string_value(instr), json_string_length(instr))))
@@ -357,6 +486,81 @@ static json_t *message_item(const struct kiri_responses_state *st, int with_text
     return m;
 }
 
+/* Call k's output_index: after the message item when that comes first. */
+static int call_index(const struct kiri_responses_state *st, int k)
+{
+    return k + (!st->no_message && st->message_index <= k);
+}
+
+/* {"type":"function_call","id":"fc_...","call_id","name","arguments","status"}; in_progress: as
+ * first streamed, with no arguments yet. */
+static json_t *call_item(const struct kiri_responses_state *st, int k, int in_progress)
+{
+    const struct kiri_tool_call *tc = &st->calls[k];
+    const char *suffix = strncmp(tc->id, "call_", 5) == 0 ? tc->id + 5 : tc->id;
+    char id[sizeof tc->id + 4];
+    snprintf(id, sizeof id, "fc_%s", suffix);
+    json_t *o = json_object();
+    if (!o || json_object_set_new(o, "type", json_string("function_call")) ||
+        json_object_set_new(o, "id", jstr(id)) || json_object_set_new(o, "call_id", jstr(tc->id)) ||
+        json_object_set_new(o, "name", jstr(tc->name)) ||
+        json_object_set_new(o, "arguments", jstr(in_progress ? "" : tc->arguments)) ||
+        json_object_set_new(o, "status", json_string(in_progress ? "in_progress" : "completed"))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* The output items of a finished response, in output_index order. */
+static json_t *output_json(const struct kiri_responses_state *st)
+{
+    json_t *out = json_array();
+    const int n_calls = st->calls ? st->n_calls : 0;
+    for (int k = 0; out && k <= n_calls; k++) {
+        if (!st->no_message && st->message_index == k && json_array_append_new(out, message_item(st, 1)))
+            goto fail;
+        if (k < n_calls && json_array_append_new(out, call_item(st, k, 0)))
+            goto fail;
+    }
+    return out;
+fail:
+    json_decref(out);
+    return NULL;
+}
+
+/* The request's tools in the Responses form (they were read as chat's nested form). */
+static json_t *tools_json(const struct kiri_api_request *r)
+{
+    json_t *out = json_array();
+    json_t *chat = r && r->tools ? json_loadb(r->tools, r->tools_len, 0, NULL) : NULL;
+    for (size_t i = 0; out && i < json_array_size(chat); i++) {
+        json_t *fn = json_object_get(json_array_get(chat, i), "function");
+        json_t *t = json_pack("{s:s,s:O,s:O,s:b}", "type", "function", "name", json_object_get(fn, "name"),
+                              "parameters", field(fn, "parameters") ? field(fn, "parameters") : json_null(),
+                              "strict", 1);
+        if (!t || (field(fn, "description") && json_object_set(t, "description", field(fn, "description")))) {
+            json_decref(t);
+            t = NULL;
+        }
+        if (!t || json_array_append_new(out, t)) { /* which consumed t */
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    json_decref(chat);
+    return out;
+}
+
+static json_t *tool_choice_json(const struct kiri_api_request *r)
+{
+    if (!r || !r->tools || r->tool_choice == KIRI_TOOL_CHOICE_NONE)
+        return json_string("none");
+    if (r->tool_choice == KIRI_TOOL_CHOICE_NAMED)
+        return json_pack("{s:s,s:s}", "type", "function", "name", r->tool_choice_name ? r->tool_choice_name : "");
+    return json_string(r->tool_choice == KIRI_TOOL_CHOICE_REQUIRED ? "required" : "auto");
+}
+
 /* A new object set as o[key]; returns it (borrowed from o) or NULL when out of memory. */
 static json_t *add_object(json_t *o, const char *key)
 {
@@ -416,7 +620,7 @@ static json_t *response_object(const struct kiri_responses_state *st)
 {
     const struct kiri_api_request *r = st->r;
     const int finished = st->status != KIRI_RESPONSES_IN_PROGRESS;
-    json_t *o = json_object(), *output;
+    json_t *o = json_object();
     if (!o)
         return NULL;
     if (json_object_set_new(o, "id", jstr(st->id)) || json_object_set_new(o, "object", json_string("response")) ||
@@ -427,15 +631,15 @@ static json_t *response_object(const struct kiri_responses_state *st)
         json_object_set_new(o, "instructions", jstr(r ? r->instructions : NULL)) ||
         json_object_set_new(o, "max_output_tokens",
                             r && r->max_tokens > 0 ? json_integer(r->max_tokens) : json_null()) ||
-        json_object_set_new(o, "model", jstr(st->model ? st->model : "")) || !(output = json_array()) ||
-        json_object_set_new(o, "output", output) || (finished && json_array_append_new(output, message_item(st, 1))) ||
-        json_object_set_new(o, "parallel_tool_calls", json_false()) ||
+        json_object_set_new(o, "model", jstr(st->model ? st->model : "")) ||
+        json_object_set_new(o, "output", finished ? output_json(st) : json_array()) ||
+        json_object_set_new(o, "parallel_tool_calls", json_boolean(r && r->tools && r->parallel_tool_calls)) ||
         json_object_set_new(o, "previous_response_id", json_null()) ||
         json_object_set_new(o, "store", json_false()) ||
         json_object_set_new(o, "temperature", jreal(r ? r->sampling.temperature : 1.0)) ||
         json_object_set_new(o, "top_p", jreal(r ? r->sampling.top_p : 1.0)) ||
         json_object_set_new(o, "text", r ? text_json(r) : json_object()) ||
-        json_object_set_new(o, "tool_choice", json_string("none")) || json_object_set_new(o, "tools", json_array()) ||
+        json_object_set_new(o, "tool_choice", tool_choice_json(r)) || json_object_set_new(o, "tools", tools_json(r)) ||
         json_object_set_new(o, "truncation", json_string("disabled")) ||
         json_object_set_new(o, "metadata", json_object()) ||
         json_object_set_new(o, "usage", finished && st->has_usage ? usage_json(&st->usage) : json_null()))
@@ -481,13 +685,13 @@ char *kiri_responses_event_json(int event, int64_t sequence, const struct kiri_r
         break;
     case KIRI_RESPONSES_EV_ITEM_ADDED:
     case KIRI_RESPONSES_EV_ITEM_DONE:
-        rc = json_object_set_new(o, "output_index", json_integer(0)) ||
+        rc = json_object_set_new(o, "output_index", json_integer(st->message_index)) ||
              json_object_set_new(o, "item", message_item(st, event == KIRI_RESPONSES_EV_ITEM_DONE));
         break;
     default:
         /* The part and text events point at the one part of the one item. */
         rc = json_object_set_new(o, "item_id", jstr(st->item_id)) ||
-             json_object_set_new(o, "output_index", json_integer(0)) ||
+             json_object_set_new(o, "output_index", json_integer(st->message_index)) ||
              json_object_set_new(o, "content_index", json_integer(0));
         if (rc)
             break;
@@ -507,6 +711,42 @@ char *kiri_responses_event_json(int event, int64_t sequence, const struct kiri_r
         goto fail;
     return kiri_api_json_dump(o);
 fail:
+    json_decref(o);
+    return NULL;
+}
+
+char *kiri_responses_call_event_json(int event, int64_t sequence, const struct kiri_responses_state *st, int k,
+                                     const char **type)
+{
+    static const char *const names[] = {
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+    };
+    if (!st || !st->calls || k < 0 || k >= st->n_calls || event < 0 || event > KIRI_RESPONSES_EV_CALL_DONE)
+        return NULL;
+    if (type)
+        *type = names[event];
+    const struct kiri_tool_call *tc = &st->calls[k];
+    json_t *o = json_object(), *item = call_item(st, k, event == KIRI_RESPONSES_EV_CALL_ADDED);
+    if (!o || !item || json_object_set_new(o, "type", json_string(names[event])) ||
+        json_object_set_new(o, "sequence_number", json_integer(sequence)) ||
+        json_object_set_new(o, "output_index", json_integer(call_index(st, k))))
+        goto fail;
+    int rc;
+    if (event == KIRI_RESPONSES_EV_CALL_ADDED || event == KIRI_RESPONSES_EV_CALL_DONE) {
+        rc = json_object_set_new(o, "item", item);
+        item = NULL;
+    } else {
+        rc = json_object_set(o, "item_id", json_object_get(item, "id")) ||
+             json_object_set_new(o, event == KIRI_RESPONSES_EV_CALL_ARGS_DELTA ? "delta" : "arguments",
+                                 jstr(tc->arguments));
+    }
+    if (rc)
+        goto fail;
+    json_decref(item);
+    return kiri_api_json_dump(o);
+fail:
+    json_decref(item);
     json_decref(o);
     return NULL;
 }

@@ -9,22 +9,31 @@
  * system message before the input. `max_output_tokens`, `temperature`, `top_p`, `stream` and
  * kiri's sampling extensions (top_k, min_p, seed, penalties, priority) read as in a chat
  * completion; `text.format` is {"type":"text"}, {"type":"json_object"} or {"type":
- * "json_schema","name","schema","strict"} (the flat form of response_format). Nothing is stored:
+ * "json_schema","name","schema","strict"} (the flat form of response_format). Function tools are
+ * flat ({"type":"function","name","description","parameters","strict"}; other tool types are a 400
+ * naming tools[i].type); tool_choice is "none", "auto", "required" or {"type":"function","name"};
+ * parallel_tool_calls as in a chat completion. A function_call item ({"call_id","name",
+ * "arguments"}) becomes an assistant tool call (consecutive ones, and a message item just before
+ * them, one assistant message); a function_call_output item ({"call_id","output"}) a tool message
+ * that must answer an earlier function_call (else a 400 naming input[i].call_id). Nothing is stored:
  * `store` is accepted and every response says "store": false; `previous_response_id`,
  * `conversation`, `background` and item references are refused (400, code
- * "unsupported_parameter"), so a client never believes a conversation was kept. Function tools
- * and function_call / function_call_output items are refused until the tools module reads them
- * (the hook is responses_tools in responses.c). Errors name the Responses field
- * ("input[2].content[0].type", "text.format.schema/properties/x").
+ * "unsupported_parameter"), so a client never believes a conversation was kept. Errors name the
+ * Responses field ("input[2].content[0].type", "text.format.schema/properties/x", "tools[0].name").
  *
- * Writing: the response object {"id","object":"response","created_at","status","output":[one
- * message item with one output_text part],"usage":{"input_tokens","output_tokens",
+ * Writing: the response object {"id","object":"response","created_at","status","output":[a
+ * message item with one output_text part, at output_index message_index, and a function_call item
+ * {"type":"function_call","id":"fc_...","call_id","name","arguments","status"} per call; no
+ * message item when no_message],"usage":{"input_tokens","output_tokens",
  * "total_tokens",...},...}; status "completed", "incomplete" (incomplete_details.reason
  * "max_output_tokens") or "failed". A stream is the event sequence response.created,
  * response.in_progress, response.output_item.added, response.content_part.added,
  * response.output_text.delta (one per piece of text), response.output_text.done,
  * response.content_part.done, response.output_item.done and response.completed (or
- * response.incomplete / response.failed), each with its sequence_number.
+ * response.incomplete / response.failed), each with its sequence_number. A call streams as
+ * response.output_item.added (arguments "", status in_progress),
+ * response.function_call_arguments.delta, response.function_call_arguments.done and
+ * response.output_item.done (kiri_responses_call_event_json).
  */
 #ifndef KIRI_SERVER_RESPONSES_H
 #define KIRI_SERVER_RESPONSES_H
@@ -34,11 +43,17 @@
 
 #include "openai.h"
 
+struct kiri_tool_call;
+
 /* Parses a /v1/responses body into *out (kind KIRI_API_RESPONSES, messages as a chat request's,
  * instructions kept), as kiri_api_parse does: KIRI_OK, or KIRI_E_INVALID_ARG / KIRI_E_NOMEM with
  * err filled and *out left empty. The caller frees *out with kiri_api_request_free. */
 int kiri_responses_parse(const char *body, size_t len, const struct kiri_api_limits *lim,
                          struct kiri_api_request *out, struct kiri_api_error *err);
+
+/* A chat request's error field as the Responses field it came from, in place:
+ * "tools[1].function.parameters/properties/x" becomes "tools[1].parameters/properties/x". */
+void kiri_responses_param(char *param);
 
 enum kiri_responses_status {
     KIRI_RESPONSES_IN_PROGRESS,
@@ -59,6 +74,12 @@ struct kiri_responses_state {
     size_t text_len;
     int has_usage;
     struct kiri_api_usage usage;
+    /* Items: the message item sits at output_index message_index among the calls (0: first);
+     * no_message: there is none (calls and no text). */
+    int no_message;
+    int message_index;
+    const struct kiri_tool_call *calls;   /* n_calls of them, contiguous */
+    int n_calls;
 };
 
 /* The response object (owned JSON text, NULL when out of memory). */
@@ -80,5 +101,16 @@ enum kiri_responses_event {
  * the SSE "event:" line. */
 char *kiri_responses_event_json(int event, int64_t sequence, const struct kiri_responses_state *st,
                                 const char *delta, size_t delta_len, const char **type);
+
+enum kiri_responses_call_event {
+    KIRI_RESPONSES_EV_CALL_ADDED,       /* response.output_item.added, arguments "" */
+    KIRI_RESPONSES_EV_CALL_ARGS_DELTA,  /* response.function_call_arguments.delta: all of them */
+    KIRI_RESPONSES_EV_CALL_ARGS_DONE,   /* response.function_call_arguments.done */
+    KIRI_RESPONSES_EV_CALL_DONE         /* response.output_item.done */
+};
+
+/* One event of call k (< st->n_calls), as kiri_responses_event_json. */
+char *kiri_responses_call_event_json(int event, int64_t sequence, const struct kiri_responses_state *st, int k,
+                                     const char **type);
 
 #endif

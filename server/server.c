@@ -452,11 +452,9 @@ static void stream_send(struct stream *st, char *json)
     kiri_mem_free(json);
 }
 
-/* One event of the Responses API's stream: "event: type" and its data. */
-static void stream_event(struct stream *st, int event, const char *delta, size_t len)
+/* An event of the Responses API's stream: "event: type" and its data (json, consumed). */
+static void stream_typed(struct stream *st, const char *type, char *json)
 {
-    const char *type = "error";
-    char *json = kiri_responses_event_json(event, st->seq++, st->resp, delta, len, &type);
     if (json) {
         stream_write(st, "event: ", 7);
         stream_write(st, type, strlen(type));
@@ -465,10 +463,24 @@ static void stream_event(struct stream *st, int event, const char *delta, size_t
     stream_send(st, json);
 }
 
+static void stream_event(struct stream *st, int event, const char *delta, size_t len)
+{
+    const char *type = "error";
+    char *json = kiri_responses_event_json(event, st->seq++, st->resp, delta, len, &type);
+    stream_typed(st, type, json);
+}
+
 static void stream_text(struct stream *st, struct gen *g, struct choice *ch, const char *text, size_t len,
                         const char *finish)
 {
     if (st->resp) {
+        if (len && st->resp->no_message) {
+            /* With tools the message item opens at its first text, after the calls before it. */
+            st->resp->no_message = 0;
+            st->resp->message_index = st->resp->n_calls;
+            stream_event(st, KIRI_RESPONSES_EV_ITEM_ADDED, NULL, 0);
+            stream_event(st, KIRI_RESPONSES_EV_PART_ADDED, NULL, 0);
+        }
         if (len)
             stream_event(st, KIRI_RESPONSES_EV_TEXT_DELTA, text, len);
         return;
@@ -483,8 +495,21 @@ static void stream_text(struct stream *st, struct gen *g, struct choice *ch, con
     ch->started = 1;
 }
 
+/* A Responses stream's events for call k, which the parser has just completed. */
+static void stream_call_events(struct stream *st, const struct choice *ch, int k)
+{
+    st->resp->calls = kiri_tools_parser_call(ch->tools, 0);
+    st->resp->n_calls = k + 1;
+    for (int ev = KIRI_RESPONSES_EV_CALL_ADDED; ev <= KIRI_RESPONSES_EV_CALL_DONE; ev++) {
+        const char *type = "error";
+        char *json = kiri_responses_call_event_json(ev, st->seq++, st->resp, k, &type);
+        stream_typed(st, type, json);
+    }
+}
+
 /* Streams what a choice's tool parser has decided since the last time: new content, then each new
- * call as OpenAI streams one (a chunk with its id, type and name, then its arguments). */
+ * call as OpenAI streams one (a chunk with its id, type and name, then its arguments; for
+ * /v1/responses the call item's events). */
 static void stream_tools(struct stream *st, struct gen *g, struct choice *ch)
 {
     size_t len;
@@ -493,7 +518,11 @@ static void stream_tools(struct stream *st, struct gen *g, struct choice *ch)
         stream_text(st, g, ch, content + ch->content_sent, len - ch->content_sent, NULL);
         ch->content_sent = len;
     }
-    for (; !st->resp && ch->calls_sent < kiri_tools_parser_n_calls(ch->tools); ch->calls_sent++) {
+    for (; ch->calls_sent < kiri_tools_parser_n_calls(ch->tools); ch->calls_sent++) {
+        if (st->resp) {
+            stream_call_events(st, ch, ch->calls_sent);
+            continue;
+        }
         const struct kiri_tool_call *tc = kiri_tools_parser_call(ch->tools, ch->calls_sent);
         struct kiri_api_choice c;
         memset(&c, 0, sizeof c);
@@ -999,6 +1028,8 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         if (prc != KIRI_OK) {
             char param[sizeof pinfo.field];
             memcpy(param, pinfo.field, sizeof param);
+            if (kind == KIRI_API_RESPONSES)
+                kiri_responses_param(param);
             kiri_tools_plan_free(&plan);
             gen_free(g);
             prompts_free(prompts, n_prompts);
@@ -1096,8 +1127,11 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      "%s\r\nX-Accel-Buffering: no\r\nX-Kiri-Served-By: local\r\n\r\n",
                   st.raw ? "Connection: close" : "Transfer-Encoding: chunked");
+        /* With tools the message item waits for text (stream_text). */
+        rs.no_message = g->ch[0].tools != NULL;
         if (st.resp)
-            for (int ev = KIRI_RESPONSES_EV_CREATED; ev <= KIRI_RESPONSES_EV_PART_ADDED; ev++)
+            for (int ev = KIRI_RESPONSES_EV_CREATED; ev <= (rs.no_message ? KIRI_RESPONSES_EV_IN_PROGRESS
+                                                                           : KIRI_RESPONSES_EV_PART_ADDED); ev++)
                 stream_event(&st, ev, NULL, 0);
     }
     echo_prompts(g, &r, prompts, r.stream ? &st : NULL);
@@ -1118,11 +1152,19 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
     rs.status = responses_status(g->ch[0].finish);
     rs.text = g->ch[0].text.data ? g->ch[0].text.data : "";
     rs.text_len = g->ch[0].text.len;
+    if (g->ch[0].tools) {
+        rs.text = kiri_tools_parser_content(g->ch[0].tools, &rs.text_len);
+        rs.calls = kiri_tools_parser_call(g->ch[0].tools, 0);
+        rs.n_calls = kiri_tools_parser_n_calls(g->ch[0].tools);
+        if (!r.stream)
+            rs.no_message = rs.text_len == 0 && rs.n_calls > 0; /* the message item comes first */
+    }
     rs.has_usage = 1;
     rs.usage = usage;
     if (r.stream) {
         if (st.resp) {
-            for (int ev = KIRI_RESPONSES_EV_TEXT_DONE; ev <= KIRI_RESPONSES_EV_FINISHED; ev++)
+            for (int ev = rs.no_message ? KIRI_RESPONSES_EV_FINISHED : KIRI_RESPONSES_EV_TEXT_DONE;
+                 ev <= KIRI_RESPONSES_EV_FINISHED; ev++)
                 stream_event(&st, ev, NULL, 0);
         } else {
             if (r.include_usage)

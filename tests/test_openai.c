@@ -1339,7 +1339,32 @@ static const struct responses_bad responses_bad_cases[] = {
     {"{\"input\":[\"a\",{\"role\":\"user\",\"content\":[{\"type\":\"input_text\"}]}]}", "input[0]", NULL},
     {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\"}]}]}", "input[0].content[0].text", NULL},
     {"{\"input\":[{\"type\":\"item_reference\",\"id\":\"msg_1\"}]}", "input[0].type", "unsupported_parameter"},
-    {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"x\"}]}", "input[0].type", NULL},
+    {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"x\"}]}", "input[0].call_id", NULL},
+    {"{\"input\":[\"a\"]}", "input[0]", NULL},
+    {"{\"input\":[{\"role\":\"user\",\"content\":\"q\"},{\"type\":\"function_call\",\"call_id\":\"c1\","
+     "\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":\"c2\","
+     "\"output\":\"x\"}]}", "input[2].call_id", NULL},
+    {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c1\",\"arguments\":\"{}\"}]}", "input[0].name", NULL},
+    {"{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}", "input[0].call_id", NULL},
+    {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":{}}]}",
+     "input[0].arguments", NULL},
+    {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"},"
+     "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":5}]}", "input[1].output", NULL},
+    {"{\"input\":\"a\",\"tools\":[{\"type\":\"web_search\"}]}", "tools[0].type", "unsupported_value"},
+    {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"},{\"type\":\"file_search\"}]}",
+     "tools[1].type", "unsupported_value"},
+    {"{\"input\":\"a\",\"tools\":[5]}", "tools[0]", NULL},
+    {"{\"input\":\"a\",\"tools\":{}}", "tools", NULL},
+    {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"bad name\"}]}", "tools[0].name", NULL},
+    {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":5}]}",
+     "tools[0].parameters", NULL},
+    {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":"
+     "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", "tool_choice", NULL},
+    {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":"
+     "{\"type\":\"function\",\"name\":\"g\"}}", "tool_choice", NULL},
+    {"{\"input\":\"a\",\"tool_choice\":\"required\"}", "tool_choice", NULL},
+    {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"parallel_tool_calls\":1}",
+     "parallel_tool_calls", NULL},
     {"{\"input\":[{\"type\":5}]}", "input[0].type", NULL},
     {"{\"input\":\"a\",\"instructions\":5}", "instructions", NULL},
     {"{\"input\":\"a\",\"previous_response_id\":\"resp_1\"}", "previous_response_id", "unsupported_parameter"},
@@ -1357,7 +1382,6 @@ static const struct responses_bad responses_bad_cases[] = {
     {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\","
      "\"schema\":{\"properties\":{\"x\":{\"not\":{}}}}}}}",
      "text.format.schema/properties/x", "unsupported_schema"},
-    {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{}}]}", "tools", NULL},
     {"{\"input\":\"a\",\"x\":"
      "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[}", "x", NULL},
     {"[\"input\"]", "", NULL},
@@ -1477,6 +1501,200 @@ static void test_responses_json(void)
     kiri_api_request_free(&r);
 }
 
+static const char responses_tools_body[] =
+    "{\"input\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+    "{\"type\":\"function_call\",\"id\":\"fc_1\",\"call_id\":\"call_1\",\"name\":\"weather\","
+    "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\",\"status\":\"completed\"},"
+    "{\"type\":\"function_call\",\"call_id\":\"call_2\",\"name\":\"time\",\"arguments\":\"{}\"},"
+    "{\"type\":\"function_call_output\",\"call_id\":\"call_1\",\"output\":\"sunny\"},"
+    "{\"type\":\"function_call_output\",\"call_id\":\"call_2\",\"output\":[{\"type\":\"input_text\","
+    "\"text\":\"noon\"}]}],"
+    "\"tools\":[{\"type\":\"function\",\"name\":\"weather\",\"description\":\"Weather of a city\","
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}},\"strict\":true},"
+    "{\"type\":\"function\",\"name\":\"time\"}],"
+    "\"tool_choice\":{\"type\":\"function\",\"name\":\"time\"},\"parallel_tool_calls\":false}";
+
+/* Function tools and call items read as the chat request they stand for. */
+static void test_responses_tools_parse(void)
+{
+    struct kiri_api_request r;
+    if (responses_ok(responses_tools_body, &r) != KIRI_OK) {
+        CHECK(0);
+        return;
+    }
+    CHECK_EQ_INT(r.n_messages, 4); /* user, one assistant turn with both calls, two tool results */
+    CHECK_STR(r.messages[1].role, "assistant");
+    CHECK_STR(r.messages[2].role, "tool");
+    CHECK_STR(r.messages[3].content, "noon");
+    CHECK_EQ_INT(r.tool_choice, KIRI_TOOL_CHOICE_NAMED);
+    CHECK_STR(r.tool_choice_name, "time");
+    CHECK_EQ_INT(r.parallel_tool_calls, 0);
+    json_t *tools = json_loadb(r.tools, r.tools_len, 0, NULL);
+    CHECK_EQ_INT(json_array_size(tools), 2);
+    CHECK_STR(jget_str(json_object_get(json_array_get(tools, 0), "function"), "name"), "weather");
+    CHECK_STR(jget_str(json_object_get(json_array_get(tools, 0), "function"), "description"), "Weather of a city");
+    CHECK(json_is_object(json_object_get(json_object_get(json_array_get(tools, 0), "function"), "parameters")));
+    CHECK(json_object_get(json_object_get(json_array_get(tools, 0), "function"), "strict") == NULL);
+    json_decref(tools);
+    json_t *msgs = json_loadb(r.messages_json, r.messages_json_len, 0, NULL);
+    json_t *calls = json_object_get(json_array_get(msgs, 1), "tool_calls");
+    CHECK_EQ_INT(json_array_size(calls), 2);
+    CHECK_STR(jget_str(json_array_get(calls, 0), "id"), "call_1");
+    json_t *fn = json_object_get(json_array_get(calls, 0), "function");
+    CHECK_STR(jget_str(fn, "name"), "weather");
+    CHECK_STR(jget_str(json_object_get(fn, "arguments"), "city"), "Paris");
+    CHECK_STR(jget_str(json_array_get(msgs, 2), "tool_call_id"), "call_1");
+    CHECK_STR(jget_str(json_array_get(msgs, 3), "tool_call_id"), "call_2");
+    json_decref(msgs);
+    kiri_api_request_free(&r);
+
+    /* An assistant message item followed by a call is one assistant turn; a later call a new one. */
+    if (responses_ok("{\"input\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
+                     "\"content\":\"Let me look.\"},{\"type\":\"function_call\",\"call_id\":\"a\",\"name\":\"f\","
+                     "\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":\"a\",\"output\":\"1\"},"
+                     "{\"type\":\"function_call\",\"call_id\":\"b\",\"name\":\"f\",\"arguments\":\"{}\"}]}",
+                     &r) == KIRI_OK) {
+        CHECK_EQ_INT(r.n_messages, 4);
+        CHECK_STR(r.messages[1].content, "Let me look.");
+        CHECK_STR(r.messages[3].role, "assistant");
+        CHECK(r.tools == NULL);
+        kiri_api_request_free(&r);
+    } else {
+        CHECK(0);
+    }
+}
+
+/* Call items in the response object and the events of a streamed call. */
+static void test_responses_tools_json(void)
+{
+    struct kiri_api_request r;
+    if (responses_ok(responses_tools_body, &r) != KIRI_OK) {
+        CHECK(0);
+        return;
+    }
+    char name0[] = "weather", args0[] = "{\"city\":\"Oslo\"}", name1[] = "time", args1[] = "{}";
+    struct kiri_tool_call calls[2];
+    memset(calls, 0, sizeof calls);
+    snprintf(calls[0].id, sizeof calls[0].id, "call_abc");
+    calls[0].name = name0;
+    calls[0].arguments = args0;
+    snprintf(calls[1].id, sizeof calls[1].id, "call_def");
+    calls[1].name = name1;
+    calls[1].arguments = args1;
+    struct kiri_responses_state st;
+    memset(&st, 0, sizeof st);
+    st.id = "resp_1";
+    st.item_id = "msg_1";
+    st.r = &r;
+    st.status = KIRI_RESPONSES_COMPLETED;
+    st.text = "";
+    st.no_message = 1;
+    st.calls = calls;
+    st.n_calls = 2;
+    json_t *j = reparse(kiri_responses_json(&st));
+    json_t *out = json_object_get(j, "output");
+    CHECK_EQ_INT(json_array_size(out), 2);
+    json_t *item = json_array_get(out, 0);
+    CHECK_STR(jget_str(item, "type"), "function_call");
+    CHECK_STR(jget_str(item, "id"), "fc_abc");
+    CHECK_STR(jget_str(item, "call_id"), "call_abc");
+    CHECK_STR(jget_str(item, "name"), "weather");
+    CHECK_STR(jget_str(item, "arguments"), "{\"city\":\"Oslo\"}");
+    CHECK_STR(jget_str(item, "status"), "completed");
+    CHECK_STR(jget_str(json_array_get(out, 1), "call_id"), "call_def");
+    json_t *tool = json_array_get(json_object_get(j, "tools"), 0);
+    CHECK_STR(jget_str(tool, "type"), "function");
+    CHECK_STR(jget_str(tool, "name"), "weather");
+    CHECK(json_is_object(json_object_get(tool, "parameters")));
+    CHECK(json_is_null(json_object_get(json_array_get(json_object_get(j, "tools"), 1), "parameters")));
+    CHECK_STR(jget_str(json_object_get(j, "tool_choice"), "name"), "time");
+    CHECK(json_is_false(json_object_get(j, "parallel_tool_calls")));
+    json_decref(j);
+
+    /* With text: the message item first, the calls after it. */
+    st.no_message = 0;
+    st.text = "Sure.";
+    st.text_len = 5;
+    j = reparse(kiri_responses_json(&st));
+    out = json_object_get(j, "output");
+    CHECK_EQ_INT(json_array_size(out), 3);
+    CHECK_STR(jget_str(json_array_get(out, 0), "type"), "message");
+    CHECK_STR(jget_str(json_array_get(out, 2), "call_id"), "call_def");
+    json_decref(j);
+
+    /* The message streamed after the first call: it sits at output_index 1. */
+    st.message_index = 1;
+    j = reparse(kiri_responses_json(&st));
+    out = json_object_get(j, "output");
+    CHECK_STR(jget_str(json_array_get(out, 0), "type"), "function_call");
+    CHECK_STR(jget_str(json_array_get(out, 1), "type"), "message");
+    json_decref(j);
+    const char *type = NULL;
+    j = reparse(kiri_responses_event_json(KIRI_RESPONSES_EV_TEXT_DELTA, 3, &st, "S", 1, &type));
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "output_index")), 1);
+    json_decref(j);
+    j = reparse(kiri_responses_call_event_json(KIRI_RESPONSES_EV_CALL_ADDED, 5, &st, 1, &type));
+    CHECK_STR(type, "response.output_item.added");
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "output_index")), 2);
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "sequence_number")), 5);
+    CHECK_STR(jget_str(json_object_get(j, "item"), "arguments"), "");
+    CHECK_STR(jget_str(json_object_get(j, "item"), "status"), "in_progress");
+    json_decref(j);
+
+    st.no_message = 1;
+    j = reparse(kiri_responses_call_event_json(KIRI_RESPONSES_EV_CALL_ARGS_DELTA, 6, &st, 0, &type));
+    CHECK_STR(type, "response.function_call_arguments.delta");
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "output_index")), 0);
+    CHECK_STR(jget_str(j, "item_id"), "fc_abc");
+    CHECK_STR(jget_str(j, "delta"), "{\"city\":\"Oslo\"}");
+    json_decref(j);
+    j = reparse(kiri_responses_call_event_json(KIRI_RESPONSES_EV_CALL_ARGS_DONE, 7, &st, 0, &type));
+    CHECK_STR(type, "response.function_call_arguments.done");
+    CHECK_STR(jget_str(j, "arguments"), "{\"city\":\"Oslo\"}");
+    json_decref(j);
+    j = reparse(kiri_responses_call_event_json(KIRI_RESPONSES_EV_CALL_DONE, 8, &st, 1, &type));
+    CHECK_STR(type, "response.output_item.done");
+    CHECK_EQ_INT(json_integer_value(json_object_get(j, "output_index")), 1);
+    CHECK_STR(jget_str(json_object_get(j, "item"), "status"), "completed");
+    json_decref(j);
+    CHECK(kiri_responses_call_event_json(KIRI_RESPONSES_EV_CALL_DONE, 8, &st, 2, &type) == NULL);
+    CHECK(kiri_responses_call_event_json(9, 8, &st, 0, &type) == NULL);
+
+    for (int ev = KIRI_RESPONSES_EV_CALL_ADDED; ev <= KIRI_RESPONSES_EV_CALL_DONE; ev++) {
+        int built = 0;
+        for (long k = 0; k < 2000 && !built; k++) {
+            kiri_mem_fail_after(k);
+            char *s = kiri_responses_call_event_json(ev, 1, &st, 0, NULL);
+            kiri_mem_fail_after(-1);
+            built = s != NULL;
+            kiri_mem_free(s);
+        }
+        CHECK(built);
+    }
+    int built = 0;
+    for (long k = 0; k < 4000 && !built; k++) {
+        kiri_mem_fail_after(k);
+        char *s = kiri_responses_json(&st);
+        kiri_mem_fail_after(-1);
+        built = s != NULL;
+        kiri_mem_free(s);
+    }
+    CHECK(built);
+    for (long n = 0; n < 4000; n++) {
+        struct kiri_api_request r2;
+        struct kiri_api_error e;
+        kiri_mem_fail_after(n);
+        const int rc = kiri_responses_parse(responses_tools_body, strlen(responses_tools_body), &lim, &r2, &e);
+        kiri_mem_fail_after(-1);
+        if (rc == KIRI_OK) {
+            kiri_api_request_free(&r2);
+            break;
+        }
+        CHECK_EQ_INT(rc, KIRI_E_NOMEM);
+    }
+    kiri_api_request_free(&r);
+}
+
 /* Parsing a Responses body and writing its events with the Nth allocation failing. */
 static void test_responses_alloc_failures(void)
 {
@@ -1525,4 +1743,4 @@ TEST_MAIN(test_bad_table, test_depth, test_big_bodies, test_chat_full, test_chat
           test_chat_response, test_chat_logprobs, test_legacy_logprobs, test_chunks,
           test_small_builders, test_alloc_failures_parse, test_alloc_failures_build, test_structured,
           test_prompt_caps, test_echo_logprobs_and_fingerprint, test_responses_parse, test_responses_bad,
-          test_responses_json, test_responses_alloc_failures)
+          test_responses_json, test_responses_alloc_failures, test_responses_tools_parse, test_responses_tools_json)

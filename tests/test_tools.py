@@ -308,6 +308,7 @@ def test_generic_messages(tmp_path):
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
+from agents_loop import run_two_tool_agent  # noqa: E402
 from conftest import KiriServer  # noqa: E402
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -447,30 +448,9 @@ def test_two_turns_with_the_tool_result(served):
 def test_agents_sdk_two_tool_loop(served):
     """The OpenAI Agents SDK runs an agent with two tools against kiri serve to completion."""
     agents = pytest.importorskip("agents")
-    import asyncio
     s, _, model = served
-    agents.set_tracing_disabled(True)
-    called = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """Current weather in a city."""
-        called.append(("get_weather", city))
-        return f"sunny and 21 C in {city}"
-
-    @agents.function_tool
-    def get_time(zone: str) -> str:
-        """The local time in a time zone."""
-        called.append(("get_time", zone))
-        return "18:04"
-
     client = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300)
-    agent = agents.Agent(
-        name="helper", instructions="Answer with the tools' help.", tools=[get_weather, get_time],
-        model=agents.OpenAIChatCompletionsModel(model=model, openai_client=client),
-        model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=96))
-    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris, and the time in Europe/Paris?",
-                                           max_turns=8))
+    called, result = run_two_tool_agent(agents, agents.OpenAIChatCompletionsModel(model=model, openai_client=client))
     assert called, "the agent called no tool"
     assert {name for name, _ in called} <= {"get_weather", "get_time"}
     assert isinstance(result.final_output, str) and result.final_output.strip()
