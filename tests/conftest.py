@@ -291,6 +291,16 @@ def smollm2_instruct():
     return real_model("smollm2-135m-instruct-q4_1")
 
 
+def serve_with_client(kiri_bin, model_path, log_dir):
+    """Starts `kiri serve` on model_path (2048-token context, 2 threads) and returns the server,
+    an `openai` client for it and the served model's id; the caller stops the server."""
+    import openai
+    s = KiriServer(kiri_bin, log_dir, ["-m", str(model_path), "--ctx", "2048", "--threads", "2"], model=False)
+    s.start()
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    return s, client, client.models.list().data[0].id
+
+
 # ---- Fault-case figures --------------------------------------------------------------------------
 
 _FIGURES = []

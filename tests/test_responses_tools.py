@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from agents_loop import run_two_tool_agent
-from conftest import KiriServer
+from conftest import serve_with_client
 
 # Responses tools are flat: {"type": "function", "name", "description", "parameters", "strict"}.
 FLAT = [
@@ -30,11 +30,7 @@ ASK = "What is the weather in Paris?"
 
 @pytest.fixture(scope="module")
 def served(kiri_bin, smollm2_instruct, tmp_path_factory):
-    s = KiriServer(kiri_bin, tmp_path_factory.mktemp("resptools"), ["-m", str(smollm2_instruct), "--ctx", "2048",
-                                                                     "--threads", "2"], model=False)
-    s.start()
-    client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300)
-    model = client.models.list().data[0].id
+    s, client, model = serve_with_client(kiri_bin, smollm2_instruct, tmp_path_factory.mktemp("resptools"))
     yield s, client, model
     s.stop()
 

@@ -309,7 +309,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 from agents_loop import run_two_tool_agent  # noqa: E402
-from conftest import KiriServer  # noqa: E402
+from conftest import serve_with_client  # noqa: E402
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -317,11 +317,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 @pytest.fixture(scope="module")
 def served(kiri_bin, smollm2_instruct, tmp_path_factory):
-    s = KiriServer(kiri_bin, tmp_path_factory.mktemp("tools"), ["-m", str(smollm2_instruct), "--ctx", "2048",
-                                                                 "--threads", "2"], model=False)
-    s.start()
-    client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300)
-    model = client.models.list().data[0].id
+    s, client, model = serve_with_client(kiri_bin, smollm2_instruct, tmp_path_factory.mktemp("tools"))
     yield s, client, model
     s.stop()
 
