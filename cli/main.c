@@ -285,29 +285,6 @@ static int print_text(void *user, int32_t token, const char *text, size_t len)
     return 0;
 }
 
-/* Reads a whole text file of at most max bytes into *out (NUL-terminated, kiri_mem_free). */
-static int read_text_file(const char *path, size_t max, char **out, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "kiri: error: cannot open %s\n", path);
-        return 1;
-    }
-    char *buf = kiri_mem_alloc(max + 2);
-    const size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    const int bad = !buf || ferror(f) || n > max;
-    fclose(f);
-    if (bad) {
-        fprintf(stderr, "kiri: error: cannot read %s%s\n", path, n > max ? " (too large)" : "");
-        kiri_mem_free(buf);
-        return 1;
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 /* The prompt through the model's chat template: a user message (after the system one), ready
  * for the answer. Tokens in *ids (kiri_mem_free); with --show-prompt the text is printed instead
  * and *ids stays NULL. */
@@ -377,10 +354,12 @@ static int load_grammar(const struct options *o, char **gbnf, size_t *len)
         return 0;
     char *text = NULL;
     size_t text_len = 0;
-    if (read_text_file(path, KIRI_GRAMMAR_MAX_SIZE, &text, &text_len) != 0)
-        return 1;
     struct kiri_status_info info;
     memset(&info, 0, sizeof info);
+    if (kiri_platform_read_file(path, KIRI_GRAMMAR_MAX_SIZE, &text, &text_len, &info) != KIRI_OK) {
+        fprintf(stderr, "kiri: error: %s\n", info.message);
+        return 1;
+    }
     int rc = KIRI_OK;
     if (o->json_schema) {
 #ifdef KIRI_WITH_SCHEMA
