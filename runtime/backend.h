@@ -204,7 +204,14 @@ enum kiri_op {
                            cache src[1] (D*Hkv, slots) and value cache src[2] (D*Hkv, slots);
                            src[3] (2, n) I32 gives per token (number of keys to attend, offset of its
                            block table in src[4]); src[4] I32 block tables; key j of a token lives in
-                           slot table[j / p.attn.block_size] * block_size + j % block_size; p.attn */
+                           slot table[j / p.attn.block_size] * block_size + j % block_size; p.attn.
+                           With p.attn.window > 0 a token with n keys attends only keys
+                           [max(0, n - window), n): table entries of earlier blocks are never read */
+    KIRI_OP_GEGLU,      /* dst (F, n) = gelu(src[0] (F, n)) * src[1] (F, n), gelu by its tanh approximation
+                           0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); in place allowed */
+    KIRI_OP_SCALE,      /* dst (E, R) = src[0] (E, R) * p.scale; in place allowed */
+    KIRI_OP_SOFTCAP,    /* dst (E, R) = p.softcap * tanh(src[0] (E, R) / p.softcap), p.softcap > 0;
+                           in place allowed */
     KIRI_OP_COUNT
 };
 
@@ -218,6 +225,7 @@ struct kiri_rope_params {
     int n_rot;              /* rotated dimensions per head, <= D, even */
     float freq_base;
     float freq_scale;       /* linear position scaling: 1 / scaling factor */
+    float attn_factor;      /* multiplies cos and sin (LongRoPE's magnitude correction); 1 for none */
 };
 
 struct kiri_attn_params {
@@ -226,6 +234,7 @@ struct kiri_attn_params {
     int head_dim;
     int block_size;         /* KV cache slots per block */
     float scale;            /* usually 1/sqrt(head_dim) */
+    int window;             /* sliding window in keys; 0 attends every key */
 };
 
 #define KIRI_OP_MAX_SRC 5
@@ -236,6 +245,8 @@ struct kiri_node {
     struct kiri_tensor *src[KIRI_OP_MAX_SRC]; /* borrowed; unused are NULL */
     union {
         float eps;
+        float scale;                        /* KIRI_OP_SCALE */
+        float softcap;                      /* KIRI_OP_SOFTCAP */
         struct kiri_rope_params rope;
         struct kiri_attn_params attn;
     } p;
@@ -310,7 +321,8 @@ static inline int kiri_node_attention_ok(const struct kiri_node *nd)
     return s1 && nd->src[2] && nd->src[3] && nd->src[4] && nd->src[2]->type == t &&
            (t == KIRI_TYPE_F32 || t == KIRI_TYPE_F16 || (t == KIRI_TYPE_Q8_0 && p->head_dim % 32 == 0)) &&
            nd->src[0]->type == KIRI_TYPE_F32 && nd->dst->type == KIRI_TYPE_F32 && p->head_dim > 0 &&
-           p->head_dim <= 1024 && p->n_head_kv > 0 && p->n_head % p->n_head_kv == 0 && p->block_size > 0;
+           p->head_dim <= 1024 && p->n_head_kv > 0 && p->n_head % p->n_head_kv == 0 && p->block_size > 0 &&
+           p->window >= 0;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -285,9 +285,9 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
     struct kiri_tensor *v = &s->t[T_V], *att = &s->t[T_ATT], *gate = &s->t[T_GATE], *up = &s->t[T_UP];
     struct kiri_tensor *pos = &s->t[T_POS], *slots = &s->t[T_SLOTS], *meta = &s->t[T_META];
     struct kiri_tensor *tables = &s->t[T_TABLES];
-    const struct kiri_rope_params rope = {hp->rope_mode, hp->n_rot, hp->rope_freq_base, hp->rope_freq_scale};
+    const struct kiri_rope_params rope = {hp->rope_mode, hp->n_rot, hp->rope_freq_base, hp->rope_freq_scale, 1.0f};
     const struct kiri_attn_params attn = {(int)H, (int)Hkv, (int)D, kiri_kvcache_block_size(kv),
-                                          1.0f / sqrtf((float)D)};
+                                          1.0f / sqrtf((float)D), 0};
     struct kiri_node *nd;
 
     for (int l = l0; l < l1; l++) {

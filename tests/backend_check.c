@@ -588,7 +588,7 @@ static void test_rope(struct backend_check *b)
                 if (use_ff)
                     SRC(2, &ff);
                 const struct kiri_rope_params rp = {mode_, partial ? 32 : 64, partial ? 500000.0f : 10000.0f,
-                                                    partial ? 0.25f : 1.0f};
+                                                    partial ? 0.25f : 1.0f, 1.0f};
                 hn[k].p.rope = dn[k].p.rope = rp;
                 run(b, hn, dn, 1);
                 float *got = pair_download(b, &x);
@@ -700,7 +700,7 @@ static void check_attention(struct backend_check *b, int type, int64_t d)
     SRC(2, &vc);
     SRC(3, &meta);
     SRC(4, &tables);
-    const struct kiri_attn_params ap = {(int)h, (int)hkv, (int)d, (int)bs, 1.0f / sqrtf((float)d)};
+    const struct kiri_attn_params ap = {(int)h, (int)hkv, (int)d, (int)bs, 1.0f / sqrtf((float)d), 0};
     hn[k].p.attn = dn[k].p.attn = ap;
     run(b, hn, dn, 1);
     float *got = pair_download(b, &y);

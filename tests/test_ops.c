@@ -78,7 +78,7 @@ static void test_rope(void)
         for (int use_ff = 0; use_ff < 2; use_ff++) {
             fill(x, D * H, 1.0f);
             memcpy(y, x, sizeof x);
-            const struct kiri_rope_params p = {mode, 48, 10000.0f, 0.5f};
+            const struct kiri_rope_params p = {mode, 48, 10000.0f, 0.5f, 1.0f};
             const int32_t pos = 37;
             kiri_cpu_rope_token(y, H, D, pos, &p, use_ff ? ff : NULL);
             for (int h = 0; h < H; h++) {
@@ -162,7 +162,7 @@ static void attention_case(int kv_type, int n_threads)
     tensor2(&tt, KIRI_TYPE_I32, (void *)tables, 5, 1);
     tensor2(&to, KIRI_TYPE_F32, out, D * H, NTOK);
     struct kiri_node nd = {.op = KIRI_OP_ATTENTION, .dst = &to, .src = {&tq, &tk, &tv, &tm, &tt}};
-    nd.p.attn = (struct kiri_attn_params){H, HKV, D, BS, 0.125f};
+    nd.p.attn = (struct kiri_attn_params){H, HKV, D, BS, 0.125f, 0};
     struct env e;
     CHECK_EQ_INT(env_init(&e, n_threads), 0);
     CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
