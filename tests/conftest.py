@@ -277,6 +277,16 @@ def start_server(kiri_bin, tmp_path):
             s.check_clean_exit()
 
 
+def llama_cpp_source() -> Path:
+    """The llama.cpp tree llama-cpp-python vendors (scripts/llama_cpp_source.py: the sdist through
+    pip, cached, sha256 checked): its vocabularies, tokenizer vectors and chat templates."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "llama_cpp_source.py")],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.fail("cannot fetch the llama.cpp source: %s" % r.stderr.strip())
+    return Path(r.stdout.strip())
+
+
 def real_model(name: str) -> Path:
     """The cached path of one of scripts/real_models.py's models, fetched when missing."""
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "real_models.py"), name],
