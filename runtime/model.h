@@ -46,6 +46,7 @@ struct kiri_hparams {
     float rope_freq_base;
     float rope_freq_scale;
     float rms_eps;
+    int32_t swa_window;       /* keys a sliding-window layer attends (gemma3); 0: no such layers */
 };
 
 struct kiri_layer {
@@ -60,6 +61,7 @@ struct kiri_layer {
     struct kiri_tensor *w_gate;      /* (n_embd, n_ff) */
     struct kiri_tensor *w_up;        /* (n_embd, n_ff) */
     struct kiri_tensor *w_down;      /* (n_ff, n_embd) */
+    int swa;                         /* 1: attends the last hp.swa_window keys only */
 };
 
 struct kiri_model {
