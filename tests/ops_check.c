@@ -390,7 +390,7 @@ void ops_check_attend_tile(struct ops_check *o)
             CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.v + at, d) > 0);
             free(nan_inf);
         }
-        k->attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots, n_kv,
+        k->attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots, NULL, n_kv,
                        d, scale, scratch, out, out_tok, out_head);
         const double tol = tolerance(o, tc->kv_type, d, tc->same_keys);
         int bad = 0;
