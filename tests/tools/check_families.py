@@ -3,7 +3,9 @@
 random models of each (and variants: sliding-window patterns, RoPE bases, soft-capping, the
 granite multipliers), evaluates a prompt longer than the sliding window in llama.cpp
 (llama-cpp-python, logits for every position) and in kiri (build/dump_logits) one token per call
-and in chunks, and prints max_v |kiri - llama.cpp| / (logit range) per model and mode.
+and in chunks, and prints max_v |kiri - llama.cpp| / (logit range) per model and mode. For gemma3 with an F32
+cache it also prints both runtimes' distance from a float64 forward pass written here from the
+family's definition (llama.cpp's GELU goes through an F16 table, which is most of its 1e-4).
 
 Not a test of the suite (tests/ has the permanent family tests); run it by hand:
   ~/.cache/kiri/venv/bin/python tests/tools/check_families.py [--kv f32|f16] [NAME ...]
@@ -136,6 +138,61 @@ def write(path, name, arch, o, seed):
     wr.close()
 
 
+def rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def gemma3_ref(path, tokens):
+    """Gemma 3's logits (n_tokens, n_vocab) in float64, from its definition: embeddings times
+    sqrt(n_embd), per-head q/k norms, RoPE at the local or global base, a causal mask that also
+    hides keys window or more positions back on sliding layers, post-norms, tanh-GELU GeGLU, the
+    optional soft-cap."""
+    meta, t = mtm.read_gguf(path)
+
+    def hp(key, default=None):
+        return meta.get(f"gemma3.{key}", default)
+
+    H, Hkv = hp("attention.head_count"), hp("attention.head_count_kv")
+    E, L = hp("embedding_length"), hp("block_count")
+    D, eps = hp("attention.key_length", E // H), hp("attention.layer_norm_rms_epsilon")
+    window, pattern = hp("attention.sliding_window", 0), hp("attention.sliding_window_pattern", 6)
+    if not window:
+        swa = [False] * L
+    elif isinstance(pattern, list):
+        swa = [bool(x) for x in pattern]
+    else:
+        swa = [pattern == 0 or i % pattern < pattern - 1 for i in range(L)]
+    base, base_swa = hp("rope.freq_base"), hp("rope.freq_base_swa", 10000.0)
+    scale, cap = 1.0 / hp("rope.scaling.factor", 1.0), hp("final_logit_softcapping", 0.0)
+    toks = np.asarray(tokens)
+    n = len(toks)
+    pos = np.arange(n, dtype=np.float64)
+    i_q, i_k = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    x = t["token_embd.weight"][toks] * math.sqrt(E)
+    for i in range(L):
+        p = f"blk.{i}."
+        h = rms(x, t[p + "attn_norm.weight"], eps)
+        q = rms((h @ t[p + "attn_q.weight"].T).reshape(n, H, D), t[p + "attn_q_norm.weight"], eps)
+        k = rms((h @ t[p + "attn_k.weight"].T).reshape(n, Hkv, D), t[p + "attn_k_norm.weight"], eps)
+        v = (h @ t[p + "attn_v.weight"].T).reshape(n, Hkv, D)
+        b, sc = (base_swa, 1.0) if swa[i] else (base, scale)
+        q, k = mtm._rope(q, pos * sc, b, None, True), mtm._rope(k, pos * sc, b, None, True)
+        hidden = (i_k > i_q) | ((i_q - i_k >= window) if swa[i] else False)
+        mask = np.where(hidden, -np.inf, 0.0)
+        out = np.empty((n, H, D))
+        for hh in range(H):
+            s = q[:, hh] @ k[:, hh * Hkv // H].T / math.sqrt(D) + mask
+            s = np.exp(s - s.max(-1, keepdims=True))
+            out[:, hh] = (s / s.sum(-1, keepdims=True)) @ v[:, hh * Hkv // H]
+        x = x + rms(out.reshape(n, H * D) @ t[p + "attn_output.weight"].T, t[p + "post_attention_norm.weight"], eps)
+        h = rms(x, t[p + "ffn_norm.weight"], eps)
+        gate, up = h @ t[p + "ffn_gate.weight"].T, h @ t[p + "ffn_up.weight"].T
+        gelu = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+        x = x + rms((gelu * up) @ t[p + "ffn_down.weight"].T, t[p + "post_ffw_norm.weight"], eps)
+    logits = rms(x, t["output_norm.weight"], eps) @ t.get("output.weight", t["token_embd.weight"]).T
+    return cap * np.tanh(logits / cap) if cap else logits
+
+
 def llama_logits(path, tokens, kv):
     import llama_cpp
     t = 0 if kv == "f32" else 1
@@ -194,6 +251,10 @@ def main():
                 w = o.get("window", 0)
                 if chunk == 1 and 0 < w < len(tokens):
                     line += f" (before the window's edge {e[:w].max():.2e})"
+            if arch == "gemma3" and args.kv == "f32":
+                ex = gemma3_ref(path, tokens)
+                k = kiri_rows(path, tokens, args.kv, 1).astype(np.float64)
+                line += f"  | float64 reference: kiri {rel_err(k, ex).max():.2e}, llama.cpp {rel_err(ref, ex).max():.2e}"
             print(line, flush=True)
     print(f"worst {worst:.2e}")
     return 0
