@@ -59,8 +59,8 @@ struct kiri_hparams {
     float logit_scale;        /* multiplies the logits: 1 / granite's logit_scale */
     float final_softcap;      /* logits = c * tanh(logits / c) when > 0 (gemma3's final_logit_softcapping) */
     float rope_freq_base_swa; /* the RoPE base of sliding-window layers (gemma3) */
-    int32_t swa_pattern;      /* gemma3: every swa_pattern-th layer is global; 0: the file lists the
-                                 layers; for descriptions */
+    int32_t swa_pattern;      /* gemma3, for descriptions: one layer in every swa_pattern is global; 0:
+                                 every layer slides, or the file lists them */
     int ffn_gelu;             /* 1: the feed-forward gate is GELU (GeGLU, gemma3); 0: SiLU (SwiGLU) */
 };
 
