@@ -425,8 +425,9 @@ void ops_check_attend_tile(struct ops_check *o)
 
 /* A few ulp of silu(g) u; where e^g is below the smallest normal float (g < -87.3) the kernels'
  * exp flushes to 0, leaving results under 1e-35 instead of tiny values. */
-static double swiglu_tol(float want)
+static double swiglu_tol(float g, float want)
 {
+    (void)g;
     return 4e-7 * fabs((double)want) + 1e-35;
 }
 
@@ -436,34 +437,127 @@ static double rms_norm_tol(float want)
     return 2.5e-7 * fabs((double)want);
 }
 
+/* Compares n results of a row kernel with the reference's within tol(x, want); returns the worst
+ * error relative to the reference's value (where that is above 1e-30). */
+static double compare_row(const char *what, const float *x, const float *got, const float *want, int64_t n,
+                          double (*tol)(float x, float want))
+{
+    double worst = 0.0;
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - (double)want[i]);
+        if (fabs((double)want[i]) > 1e-30)
+            worst = fmax(worst, e / fabs((double)want[i]));
+        if (!(e <= tol(x[i], want[i])) && bad++ < 3) {
+            fprintf(stderr, "  %s: value %lld (x %.9g)\n", what, (long long)i, (double)x[i]);
+            CHECK_NEAR(got[i], want[i], tol(x[i], want[i]));
+        }
+    }
+    return worst;
+}
+
+/* n values evenly spaced over [lo, hi]. */
+static float *sweep(float lo, float hi, int n)
+{
+    float *x = test_xmalloc((size_t)n * sizeof *x);
+    for (int i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * (float)i / (float)(n - 1);
+    return x;
+}
+
 /* The SwiGLU sweep: gates evenly spaced from -100 to 100, which walks the kernels' exp over its
  * whole range. Returns the worst relative error. */
 static double swiglu_sweep(const struct kiri_cpu_kernels *k)
 {
     enum { N_SWEEP = 200001 };
-    float *g = test_xmalloc(N_SWEEP * sizeof *g), *u = test_xmalloc(N_SWEEP * sizeof *u);
+    float *g = sweep(-100.0f, 100.0f, N_SWEEP), *u = sweep(1.0f, 1.0f, N_SWEEP);
     float *a = test_xmalloc(N_SWEEP * sizeof *a), *b = test_xmalloc(N_SWEEP * sizeof *b);
-    for (int i = 0; i < N_SWEEP; i++) {
-        g[i] = -100.0f + 200.0f * (float)i / (float)(N_SWEEP - 1);
-        u[i] = 1.0f;
-    }
     kiri_cpu_swiglu_row(g, u, a, N_SWEEP);
     k->swiglu_row(g, u, b, N_SWEEP);
-    double worst = 0.0;
-    int bad = 0;
-    for (int i = 0; i < N_SWEEP; i++) {
-        if (fabs((double)a[i]) > 1e-30)
-            worst = fmax(worst, fabs((double)b[i] - (double)a[i]) / fabs((double)a[i]));
-        if (!(fabs((double)b[i] - (double)a[i]) <= swiglu_tol(a[i])) && bad++ < 3) {
-            fprintf(stderr, "  swiglu sweep: g %.9g\n", (double)g[i]);
-            CHECK_NEAR(b[i], a[i], swiglu_tol(a[i]));
-        }
-    }
+    const double worst = compare_row("swiglu sweep", g, b, a, N_SWEEP, swiglu_tol);
     free(g);
     free(u);
     free(a);
     free(b);
     return worst;
+}
+
+/* GeGLU, scaling and soft-capping against the reference. GeGLU: the kernels form 2z as the
+ * reference does and differ in exp (2 ulp) and the sigmoid's division, so a few ulp, growing with
+ * |2z| where x < 0 (e^-2z carries its argument's rounding |2z| times over: at x = -10, 2z = -87);
+ * results under 1e-35 may flush to 0. Soft-capping: tanh within a few ulp of tanhf; scaling: the
+ * same product. */
+static double geglu_tol(float x, float want)
+{
+    const double z2 = fabs(2.0 * 0.7978845608 * ((double)x + 0.044715 * (double)x * x * x));
+    return fabs((double)want) * (4e-7 + (x < 0 ? z2 * 1.2e-7 : 0.0)) + 1e-35;
+}
+
+static double softcap_tol(float x, float want)
+{
+    (void)x;
+    return 6e-7 * fabs((double)want) + 1e-38;
+}
+
+static double exact_tol(float x, float want)
+{
+    (void)x;
+    (void)want;
+    return 0.0;
+}
+
+/* The rows of lengths around the vector widths (nothing written past n; in place where the
+ * contract allows), then sweeps of x over [-20, 20] (GeGLU: both tails of the sigmoid and the
+ * flush to 0; soft-capping at caps 1 and 30: tanh's polynomial, its switch at 0.4 and its
+ * saturation). Returns the worst relative errors of GeGLU and soft-capping. */
+static void check_glu_caps(const struct kiri_cpu_kernels *k, double *worst_geglu, double *worst_softcap)
+{
+    static const int64_t lens[] = {1, 3, 4, 5, 7, 8, 9, 16, 29, 2048, 5632};
+    *worst_geglu = *worst_softcap = 0.0;
+    for (size_t li = 0; li < COUNT(lens); li++) {
+        const int64_t n = lens[li];
+        float *x = random_floats((size_t)n, 8.0f), *u = random_floats((size_t)n, 1.0f);
+        float *a = test_xmalloc((size_t)n * sizeof *a), *b = nan_floats((size_t)n + 4);
+        kiri_cpu_geglu_row(x, u, a, n);
+        k->geglu_row(x, u, b, n);
+        *worst_geglu = fmax(*worst_geglu, compare_row("geglu", x, b, a, n, geglu_tol));
+        check_nan(b + n, 4);
+        float *c = test_xmalloc((size_t)n * sizeof *c);
+        memcpy(c, x, (size_t)n * sizeof *c);
+        k->geglu_row(c, u, c, n); /* in place */
+        compare_row("geglu in place", x, c, a, n, geglu_tol);
+        kiri_cpu_softcap_row(x, a, n, 5.0f);
+        k->softcap_row(x, b, n, 5.0f);
+        *worst_softcap = fmax(*worst_softcap, compare_row("softcap", x, b, a, n, softcap_tol));
+        memcpy(c, x, (size_t)n * sizeof *c);
+        k->softcap_row(c, c, n, 5.0f);
+        compare_row("softcap in place", x, c, a, n, softcap_tol);
+        kiri_cpu_scale_row(x, a, n, 0.37f);
+        k->scale_row(x, b, n, 0.37f);
+        compare_row("scale", x, b, a, n, exact_tol);
+        check_nan(b + n, 4);
+        free(x);
+        free(u);
+        free(a);
+        free(b);
+        free(c);
+    }
+    enum { N_SWEEP = 400001 };
+    float *x = sweep(-20.0f, 20.0f, N_SWEEP), *u = sweep(1.0f, 1.0f, N_SWEEP);
+    float *a = test_xmalloc(N_SWEEP * sizeof *a), *b = test_xmalloc(N_SWEEP * sizeof *b);
+    kiri_cpu_geglu_row(x, u, a, N_SWEEP);
+    k->geglu_row(x, u, b, N_SWEEP);
+    *worst_geglu = fmax(*worst_geglu, compare_row("geglu sweep", x, b, a, N_SWEEP, geglu_tol));
+    for (int ci = 0; ci < 2; ci++) {
+        const float cap = ci ? 30.0f : 1.0f;
+        kiri_cpu_softcap_row(x, a, N_SWEEP, cap);
+        k->softcap_row(x, b, N_SWEEP, cap);
+        *worst_softcap = fmax(*worst_softcap, compare_row("softcap sweep", x, b, a, N_SWEEP, softcap_tol));
+    }
+    free(x);
+    free(u);
+    free(a);
+    free(b);
 }
 
 /* SwiGLU and RMS norm rows against the reference, with lengths around the vector widths of 4 and
@@ -474,7 +568,10 @@ void ops_check_rows(struct ops_check *o)
     const struct kiri_cpu_kernels *k = o->k;
     CHECK(k->swiglu_row != NULL && k->swiglu_row != kiri_cpu_swiglu_row);
     CHECK(k->rms_norm_row != NULL && k->rms_norm_row != kiri_cpu_rms_norm_row);
-    if (!k->swiglu_row || !k->rms_norm_row) {
+    CHECK(k->geglu_row != NULL && k->geglu_row != kiri_cpu_geglu_row);
+    CHECK(k->scale_row != NULL && k->scale_row != kiri_cpu_scale_row);
+    CHECK(k->softcap_row != NULL && k->softcap_row != kiri_cpu_softcap_row);
+    if (!k->swiglu_row || !k->rms_norm_row || !k->geglu_row || !k->scale_row || !k->softcap_row) {
         hand_over(o);
         return;
     }
@@ -490,10 +587,10 @@ void ops_check_rows(struct ops_check *o)
             k->swiglu_row(g, u, b, n);
             int bad = 0;
             for (int64_t i = 0; i < n; i++)
-                if (!(fabs((double)b[i] - (double)a[i]) <= swiglu_tol(a[i])) && bad++ < 3) {
+                if (!(fabs((double)b[i] - (double)a[i]) <= swiglu_tol(g[i], a[i])) && bad++ < 3) {
                     fprintf(stderr, "  swiglu n %lld spread %g: value %lld (g %.9g)\n", (long long)n,
                             (double)spreads[si], (long long)i, (double)g[i]);
-                    CHECK_NEAR(b[i], a[i], swiglu_tol(a[i]));
+                    CHECK_NEAR(b[i], a[i], swiglu_tol(g[i], a[i]));
                 }
             for (int with_w = 0; with_w < 2; with_w++) {
                 kiri_cpu_rms_norm_row(g, with_w ? w : NULL, a, n, 1e-5f);
@@ -513,8 +610,10 @@ void ops_check_rows(struct ops_check *o)
             free(b);
         }
     const double worst = swiglu_sweep(k);
-    fprintf(stderr, "%s: swiglu (%zu lengths x %zu spreads) and rms_norm checked against the reference "
-                    "(swiglu sweep: worst %.2g relative)\n",
-            o->name, COUNT(lens), COUNT(spreads), worst);
+    double worst_geglu, worst_softcap;
+    check_glu_caps(k, &worst_geglu, &worst_softcap);
+    fprintf(stderr, "%s: swiglu (%zu lengths x %zu spreads), rms_norm, geglu, scale and softcap checked against "
+                    "the reference (worst relative: swiglu sweep %.2g, geglu %.2g, softcap %.2g)\n",
+            o->name, COUNT(lens), COUNT(spreads), worst, worst_geglu, worst_softcap);
     hand_over(o);
 }
