@@ -324,31 +324,43 @@ struct tile_case {
     int kv_type, head_dim, n_t, n_q, n_kv0; /* token i sees n_kv0 + i keys */
     float q_scale;
     int same_keys;
+    int window; /* > 0: token i sees only the last `window` of its keys */
 };
 
 /* Tiles of 1 to 16 rows (one or two vectors of 8 lanes), n_kv0 = 0 for a first token that sees
  * nothing, head sizes above 256 (one head at a time inside the kernels). */
 static const struct tile_case tile_cases[] = {
-    {KIRI_TYPE_F16, 64, 5, 3, 1, 1.0f, 0},     {KIRI_TYPE_F16, 64, 5, 3, 300, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 2, 8, 37, 1.0f, 0},    {KIRI_TYPE_F16, 64, 4, 4, 9, 30.f, 0},
-    {KIRI_TYPE_F16, 128, 2, 7, 50, 1.0f, 0},   {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0},    {KIRI_TYPE_F16, 64, 3, 5, 0, 1.0f, 0},
-    {KIRI_TYPE_F16, 72, 3, 3, 12, 1.0f, 0},    {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 0},
-    {KIRI_TYPE_F16, 8, 8, 2, 0, 1.0f, 0},      {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 1, 1, 8, 1.0f, 0},     {KIRI_TYPE_F16, 64, 2, 1, 7, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 3, 2, 5, 1.0f, 0},     {KIRI_TYPE_F16, 64, 6, 2, 2, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 13, 1, 0, 1.0f, 0},    {KIRI_TYPE_F16, 260, 3, 2, 6, 1.0f, 0},
-    {KIRI_TYPE_F16, 264, 3, 2, 6, 1.0f, 0},    {KIRI_TYPE_F16, 6, 4, 2, 3, 1.0f, 0},
-    {KIRI_TYPE_F32, 64, 5, 3, 130, 1.0f, 0},   {KIRI_TYPE_F32, 96, 2, 6, 7, 2.0f, 0},
-    {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0},     {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 3, 5, 2, 1.0f, 1},     {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 1},
-    {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 1},
+    {KIRI_TYPE_F16, 64, 5, 3, 1, 1.0f, 0, 0},     {KIRI_TYPE_F16, 64, 5, 3, 300, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 2, 8, 37, 1.0f, 0, 0},    {KIRI_TYPE_F16, 64, 4, 4, 9, 30.f, 0, 0},
+    {KIRI_TYPE_F16, 128, 2, 7, 50, 1.0f, 0, 0},   {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0, 0},    {KIRI_TYPE_F16, 64, 3, 5, 0, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 72, 3, 3, 12, 1.0f, 0, 0},    {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 8, 8, 2, 0, 1.0f, 0, 0},      {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 1, 1, 8, 1.0f, 0, 0},     {KIRI_TYPE_F16, 64, 2, 1, 7, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 3, 2, 5, 1.0f, 0, 0},     {KIRI_TYPE_F16, 64, 6, 2, 2, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 13, 1, 0, 1.0f, 0, 0},    {KIRI_TYPE_F16, 260, 3, 2, 6, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 264, 3, 2, 6, 1.0f, 0, 0},    {KIRI_TYPE_F16, 6, 4, 2, 3, 1.0f, 0, 0},
+    {KIRI_TYPE_F32, 64, 5, 3, 130, 1.0f, 0, 0},   {KIRI_TYPE_F32, 96, 2, 6, 7, 2.0f, 0, 0},
+    {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0, 0},     {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 3, 5, 2, 1.0f, 1, 0},     {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 1, 0},
+    {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 1, 0},
+    /* Sliding windows: every token past it (first keys 4 .. 8), a prompt that grows into it,
+     * a window of 1, windows around the vector widths, cases the kernels hand on. */
+    {KIRI_TYPE_F16, 64, 5, 3, 9, 1.0f, 0, 5},  {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0, 4},
+    {KIRI_TYPE_F32, 64, 5, 3, 130, 1.0f, 0, 7}, {KIRI_TYPE_F16, 128, 2, 7, 50, 1.0f, 0, 1},
+    {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 0, 3},  {KIRI_TYPE_F16, 64, 4, 4, 9, 30.f, 0, 8},
+    {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f, 0, 9}, {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0, 2},
+    {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0, 5}, {KIRI_TYPE_F16, 260, 3, 2, 6, 1.0f, 0, 2},
+    {KIRI_TYPE_F16, 64, 3, 5, 12, 1.0f, 1, 2},  {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 0, 6},
 };
 
 /* Runs of tokens times heads against the reference one (token, head) at a time, token i seeing
- * n_kv0 + i keys (a prompt's causal mask). The key and value only the last token sees hold NaN
- * and infinities: an earlier token's result must not depend on them. Output padding stays
- * untouched, the scratch within its KIRI_ATTEND_TILE_ROWS floats per key. */
+ * n_kv0 + i keys (a prompt's causal mask), or with a window only the last of them (the reference
+ * then runs on just those). The key and value only the last token sees hold NaN and infinities:
+ * an earlier token's result must not depend on them. With a window whose start moves between the
+ * first two tokens, so do the key and value only the first token sees, and every key before it
+ * (which no token sees). Output padding stays untouched, the scratch within its
+ * KIRI_ATTEND_TILE_ROWS floats per key. */
 void ops_check_attend_tile(struct ops_check *o)
 {
     const struct kiri_cpu_kernels *k = o->k;
@@ -362,9 +374,11 @@ void ops_check_attend_tile(struct ops_check *o)
         struct cache kv;
         cache_init(&kv, tc->kv_type, d, n_rows, kiri_row_bytes(tc->kv_type, d) * 2, tc->same_keys);
         int32_t *slots = pick_slots(n_max, 2, n_rows);
-        int32_t n_kv[KIRI_ATTEND_TILE_ROWS];
-        for (int i = 0; i < tc->n_t && i < KIRI_ATTEND_TILE_ROWS; i++)
+        int32_t n_kv[KIRI_ATTEND_TILE_ROWS], first[KIRI_ATTEND_TILE_ROWS];
+        for (int i = 0; i < tc->n_t && i < KIRI_ATTEND_TILE_ROWS; i++) {
             n_kv[i] = tc->n_kv0 + i;
+            first[i] = tc->window > 0 && n_kv[i] > tc->window ? n_kv[i] - tc->window : 0;
+        }
         const size_t q_head = (size_t)d + 8, q_tok = q_head * (size_t)tc->n_q + 24;
         const size_t out_head = (size_t)d + 16, out_tok = out_head * (size_t)tc->n_q + 8;
         float *q = random_floats(q_tok * (size_t)tc->n_t, tc->q_scale);
@@ -378,30 +392,34 @@ void ops_check_attend_tile(struct ops_check *o)
          * token's last key turn into NaN and infinity, which only that token sees. */
         for (int r = 0; r < rows; r++)
             kiri_cpu_attend_head(q + (size_t)(r / tc->n_q) * q_tok + (size_t)(r % tc->n_q) * q_head, kv.k, kv.stride,
-                                 kv.v, kv.stride, tc->kv_type, slots, n_kv[r / tc->n_q], d, scale, s_ref,
-                                 o_ref + (size_t)r * (size_t)d);
+                                 kv.v, kv.stride, tc->kv_type, slots + first[r / tc->n_q],
+                                 n_kv[r / tc->n_q] - first[r / tc->n_q], d, scale, s_ref, o_ref + (size_t)r * (size_t)d);
         const int poisoned = tc->n_t > 1 && tc->kv_type != KIRI_TYPE_Q8_0;
+        const int poisoned_first = poisoned && first[0] < first[1];
         if (poisoned) {
-            const size_t at = (size_t)slots[n_max - 1] * kv.stride;
             float *nan_inf = test_xmalloc((size_t)d * sizeof *nan_inf);
             for (int i = 0; i < d; i++)
                 nan_inf[i] = i % 2 ? NAN : INFINITY;
-            CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.k + at, d) > 0);
-            CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.v + at, d) > 0);
+            for (int j = poisoned_first ? 0 : n_max - 1; j < n_max; j = j == first[0] ? n_max - 1 : j + 1) {
+                const size_t at = (size_t)slots[j] * kv.stride;
+                CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.k + at, d) > 0);
+                CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.v + at, d) > 0);
+            }
             free(nan_inf);
         }
-        k->attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots, NULL, n_kv,
-                       d, scale, scratch, out, out_tok, out_head);
+        k->attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots,
+                       tc->window > 0 ? first : NULL, n_kv, d, scale, scratch, out, out_tok, out_head);
         const double tol = tolerance(o, tc->kv_type, d, tc->same_keys);
         int bad = 0;
         for (int r = 0; r < rows; r++) {
             const int i_t = r / tc->n_q, h = r % tc->n_q;
             const float *got = out + (size_t)i_t * out_tok + (size_t)h * out_head;
-            if (poisoned && i_t == tc->n_t - 1)
-                continue; /* sees the poisoned key: no reference to compare with */
+            if ((poisoned && i_t == tc->n_t - 1) || (poisoned_first && i_t == 0))
+                continue; /* sees a poisoned key: no reference to compare with */
             char what[160];
-            snprintf(what, sizeof what, "tile case %zu (%s, d %d, %d tokens x %d heads, n_kv0 %d): token %d head %d",
-                     c, kiri_type_name(tc->kv_type), d, tc->n_t, tc->n_q, tc->n_kv0, i_t, h);
+            snprintf(what, sizeof what,
+                     "tile case %zu (%s, d %d, %d tokens x %d heads, n_kv0 %d, window %d): token %d head %d", c,
+                     kiri_type_name(tc->kv_type), d, tc->n_t, tc->n_q, tc->n_kv0, tc->window, i_t, h);
             compare(o, tc->kv_type, got, o_ref + (size_t)r * (size_t)d, d, tol, &bad, what);
             check_nan(got + d, out_head - (size_t)d);
         }
