@@ -1,7 +1,8 @@
 /* AVX2 (with FMA and F16C) versions of the row operations of ops.c that cost time in a step:
  * attention over an F16 or F32 key/value cache, one head or a group of heads sharing a key/value
  * head (the per-token cost of decoding grows with the context through it, and prefill's with the
- * square of the prompt).
+ * square of the prompt), and the element-wise rows: RMS norm, SwiGLU, GeGLU, scaling and
+ * soft-capping (the logits of a large vocabulary, once per token).
  *
  * What must stay true: the same numerics as kiri_cpu_attend_head in ops.c (the query rounded to
  * F16 for an F16 cache, scores scaled after the dot product, the softmax denominator summed in
@@ -394,22 +395,85 @@ AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, con
  * Element-wise rows
  * ------------------------------------------------------------------------------------------- */
 
+/* sigmoid(z) from t = e^-|z| (never overflows): 1/(1+t) for z >= 0, t/(1+t) below. */
+AVX2 static inline __m256 sigmoid(__m256 z)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 t = exp_neg(_mm256_or_ps(z, _mm256_set1_ps(-0.0f)));
+    const __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+    return _mm256_div_ps(_mm256_blendv_ps(one, t, neg), _mm256_add_ps(one, t));
+}
+
 /* y = silu(g) u with silu(g) = g sigmoid(g); sigmoid from t = e^-|g| (never overflows) as 1/(1+t)
  * for g >= 0 and t/(1+t) below: within a few ulp of the reference's g / (1 + expf(-g)). */
 AVX2 static void swiglu_row_avx2(const float *g, const float *u, float *y, int64_t n)
 {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 gv = _mm256_loadu_ps(g + i);
-        const __m256 t = exp_neg(_mm256_or_ps(gv, sign)); /* e^-|g| */
-        const __m256 den = _mm256_add_ps(one, t);
-        const __m256 neg = _mm256_cmp_ps(gv, _mm256_setzero_ps(), _CMP_LT_OQ);
-        const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, t, neg), den);
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid(gv)), _mm256_loadu_ps(u + i)));
     }
     if (i < n)
         kiri_cpu_swiglu_row(g + i, u + i, y + i, n - i);
+}
+
+/* y = gelu(g) u as the reference computes it, g sigmoid(2z) with 2z formed by the same float
+ * operations in the same order (no contraction): within a few ulp of kiri_cpu_geglu_row, and
+ * exactly 0 where its e^-2z is below the smallest normal float (results under 1e-35). */
+AVX2 static void geglu_row_avx2(const float *g, const float *u, float *y, int64_t n)
+{
+    const __m256 c = _mm256_set1_ps(0.044715f), k2 = _mm256_set1_ps(2.0f * 0.797884560802865355f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(c, x), x), x);
+        const __m256 z2 = _mm256_mul_ps(k2, _mm256_add_ps(x, x3));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid(z2)), _mm256_loadu_ps(u + i)));
+    }
+    if (i < n)
+        kiri_cpu_geglu_row(g + i, u + i, y + i, n - i);
+}
+
+AVX2 static void scale_row_avx2(const float *x, float *y, int64_t n, float s)
+{
+    const __m256 sv = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
+    for (; i < n; i++)
+        y[i] = x[i] * s;
+}
+
+/* tanh(x): below |x| = 0.4 its Taylor polynomial to x^15 (truncation under 3e-10 relative), above
+ * it (1 - t) / (1 + t) with t = e^-2|x| (no cancellation there), the sign put back. Within a few
+ * ulp of tanhf; NaN propagates. */
+AVX2 static inline __m256 tanh_avx2(__m256 x)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 a = _mm256_andnot_ps(sign, x);
+    const __m256 a2 = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_set1_ps(-929569.0f / 638512875.0f);
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(21844.0f / 6081075.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1382.0f / 155925.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(62.0f / 2835.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-17.0f / 315.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(2.0f / 15.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1.0f / 3.0f));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, a2), a, a);
+    const __m256 t = exp_neg(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+    const __m256 large = _mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t));
+    const __m256 r = _mm256_blendv_ps(large, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.4f), _CMP_LT_OQ));
+    return _mm256_or_ps(r, _mm256_and_ps(sign, x));
+}
+
+AVX2 static void softcap_row_avx2(const float *x, float *y, int64_t n, float cap)
+{
+    const __m256 cv = _mm256_set1_ps(cap);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(cv, tanh_avx2(_mm256_div_ps(_mm256_loadu_ps(x + i), cv))));
+    if (i < n)
+        kiri_cpu_softcap_row(x + i, y + i, n - i, cap);
 }
 
 /* The reference's numerics: squares in float, their sum in double, the scale in float. */
@@ -449,6 +513,9 @@ void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k)
     k->attend_tile = attend_tile_avx2;
     k->swiglu_row = swiglu_row_avx2;
     k->rms_norm_row = rms_norm_row_avx2;
+    k->geglu_row = geglu_row_avx2;
+    k->scale_row = scale_row_avx2;
+    k->softcap_row = softcap_row_avx2;
 }
 
 #else

@@ -1,6 +1,7 @@
 /* ARM NEON versions of the row operations of ops.c that cost time in a step: attention over an
  * F16 or F32 key/value cache (one head, a group of heads sharing a key/value head, and a tile of
- * a prompt's tokens times such heads), the RMS norm and SwiGLU rows. The attention of decoding
+ * a prompt's tokens times such heads), the RMS norm, SwiGLU, GeGLU, scaling and soft-capping
+ * rows. The attention of decoding
  * grows with the context, prefill's with the square of the prompt.
  *
  * What must stay true: the same numerics as kiri_cpu_attend_head in ops.c (the query rounded to
@@ -515,24 +516,84 @@ static void attend_tile_neon(const float *q, size_t q_tok, size_t q_head, int n_
  * Element-wise rows
  * ------------------------------------------------------------------------------------------- */
 
-/* y = silu(g) u with silu(g) = g sigmoid(g); sigmoid from t = e^-|g| (never overflows) as 1/(1+t)
- * for g >= 0 and t/(1+t) below: within a few ulp of the reference's g / (1 + expf(-g)). */
-static void swiglu_row_neon(const float *g, const float *u, float *y, int64_t n)
+/* sigmoid(z) from t = e^-|z| (never overflows): 1/(1+t) for z >= 0, t/(1+t) below. */
+INLINE float32x4_t sigmoid(float32x4_t z)
 {
     const float32x4_t one = vdupq_n_f32(1.0f);
-    const uint32x4_t sign = vdupq_n_u32(0x80000000u);
+    const float32x4_t t = exp_neg(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(z), vdupq_n_u32(0x80000000u))));
+    const uint32x4_t neg = vcltq_f32(z, vdupq_n_f32(0.0f));
+    return vdivq_f32(vbslq_f32(neg, t, one), vaddq_f32(one, t));
+}
+
+/* y = silu(g) u with silu(g) = g sigmoid(g): within a few ulp of the reference's
+ * g / (1 + expf(-g)). */
+static void swiglu_row_neon(const float *g, const float *u, float *y, int64_t n)
+{
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
         const float32x4_t gv = vld1q_f32(g + i);
-        const float32x4_t t =
-            exp_neg(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(gv), sign))); /* e^-|g| */
-        const float32x4_t den = vaddq_f32(one, t);
-        const uint32x4_t neg = vcltq_f32(gv, vdupq_n_f32(0.0f));
-        const float32x4_t sig = vdivq_f32(vbslq_f32(neg, t, one), den);
-        vst1q_f32(y + i, vmulq_f32(vmulq_f32(gv, sig), vld1q_f32(u + i)));
+        vst1q_f32(y + i, vmulq_f32(vmulq_f32(gv, sigmoid(gv)), vld1q_f32(u + i)));
     }
     if (i < n)
         kiri_cpu_swiglu_row(g + i, u + i, y + i, n - i);
+}
+
+/* y = gelu(g) u as the reference computes it, g sigmoid(2z) with 2z formed by the same float
+ * operations in the same order (separate multiplies and adds, no fused ones): within a few ulp of
+ * kiri_cpu_geglu_row, and exactly 0 where its e^-2z is below the smallest normal float. */
+static void geglu_row_neon(const float *g, const float *u, float *y, int64_t n)
+{
+    const float32x4_t c = vdupq_n_f32(0.044715f), k2 = vdupq_n_f32(2.0f * 0.797884560802865355f);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t x = vld1q_f32(g + i);
+        const float32x4_t x3 = vmulq_f32(vmulq_f32(vmulq_f32(c, x), x), x);
+        const float32x4_t z2 = vmulq_f32(k2, vaddq_f32(x, x3));
+        vst1q_f32(y + i, vmulq_f32(vmulq_f32(x, sigmoid(z2)), vld1q_f32(u + i)));
+    }
+    if (i < n)
+        kiri_cpu_geglu_row(g + i, u + i, y + i, n - i);
+}
+
+static void scale_row_neon(const float *x, float *y, int64_t n, float s)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(y + i, vmulq_n_f32(vld1q_f32(x + i), s));
+    for (; i < n; i++)
+        y[i] = x[i] * s;
+}
+
+/* tanh(x): below |x| = 0.4 its Taylor polynomial to x^15 (truncation under 3e-10 relative), above
+ * it (1 - t) / (1 + t) with t = e^-2|x| (no cancellation there), the sign put back. Within a few
+ * ulp of tanhf; NaN propagates. */
+INLINE float32x4_t tanh_neon(float32x4_t x)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    const float32x4_t a = vabsq_f32(x), a2 = vmulq_f32(a, a);
+    float32x4_t p = vdupq_n_f32(-929569.0f / 638512875.0f);
+    p = vfmaq_f32(vdupq_n_f32(21844.0f / 6081075.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(-1382.0f / 155925.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(62.0f / 2835.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(-17.0f / 315.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(2.0f / 15.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(-1.0f / 3.0f), p, a2);
+    const float32x4_t small = vfmaq_f32(a, vmulq_f32(p, a2), a);
+    const float32x4_t t = exp_neg(vmulq_n_f32(a, -2.0f));
+    const float32x4_t large = vdivq_f32(vsubq_f32(one, t), vaddq_f32(one, t));
+    const float32x4_t r = vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.4f)), small, large);
+    const uint32x4_t sign = vdupq_n_u32(0x80000000u);
+    return vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(r), vandq_u32(sign, vreinterpretq_u32_f32(x))));
+}
+
+static void softcap_row_neon(const float *x, float *y, int64_t n, float cap)
+{
+    const float32x4_t cv = vdupq_n_f32(cap);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(y + i, vmulq_f32(cv, tanh_neon(vdivq_f32(vld1q_f32(x + i), cv))));
+    if (i < n)
+        kiri_cpu_softcap_row(x + i, y + i, n - i, cap);
 }
 
 /* The reference's numerics: squares in float, their sum in double, the scale in float. */
@@ -568,6 +629,9 @@ void kiri_cpu_kernels_init_ops_neon(struct kiri_cpu_kernels *k)
     k->attend_tile = attend_tile_neon;
     k->swiglu_row = swiglu_row_neon;
     k->rms_norm_row = rms_norm_row_neon;
+    k->geglu_row = geglu_row_neon;
+    k->scale_row = scale_row_neon;
+    k->softcap_row = softcap_row_neon;
 }
 
 #else
