@@ -137,7 +137,7 @@ static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
                      hp->swa_pattern);
         else
             snprintf(pattern, sizeof pattern, "%s", n_swa == hp->n_layer ? "every layer slides" : "listed per layer");
-        kiri_buf_printf(text, "sliding window: %d keys on %d of %d layers (%s); rope base %g there, %g on the global "
+        kiri_buf_printf(text, "sliding window: %d keys on %d of %d layers (%s); rope base %g (scale 1) there, %g on the global "
                         "layers\n", hp->swa_window, n_swa, hp->n_layer, pattern, (double)hp->rope_freq_base_swa,
                         (double)hp->rope_freq_base);
     }
