@@ -316,6 +316,8 @@ struct kiri_batcher_stats {
     uint64_t generated_tokens;
     uint64_t kv_bytes;            /* the KV pool's keys and values: the kv_blocks of the global
                                      layers, plus the sliding-window layers' own pool */
+    int32_t kv_window_blocks_total; /* that pool's blocks (0 without one) */
+    int32_t kv_window_blocks_used;
 };
 
 int kiri_batcher_init(struct kiri_model *model, const struct kiri_batcher_params *params,

@@ -208,6 +208,7 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->stats.kv_blocks_total = (int32_t)n_blocks;
     b->stats.kv_block_size = BLOCK_SIZE;
     b->stats.kv_bytes = kiri_kvcache_bytes(b->kv);
+    b->stats.kv_window_blocks_total = (int32_t)n_swa_blocks;
     *out = b;
     return KIRI_OK;
 }
@@ -859,6 +860,15 @@ static int end_sequences(struct kiri_batcher *b)
     return n;
 }
 
+/* The pool's figures in the stats. Lock held. */
+static void kv_stats(struct kiri_batcher *b)
+{
+    b->stats.kv_blocks_used = b->stats.kv_blocks_total - kiri_kvcache_n_available(b->kv);
+    b->stats.kv_blocks_cached = kiri_kvcache_n_cached(b->kv);
+    if (b->swa_blocks_per_seq)
+        b->stats.kv_window_blocks_used = b->stats.kv_window_blocks_total - kiri_kvcache_n_available_window(b->kv);
+}
+
 /* One forward step over every running sequence. Returns 1 if it did work. */
 static int step(struct kiri_batcher *b)
 {
@@ -919,8 +929,7 @@ static int step(struct kiri_batcher *b)
     }
     kiri_platform_mutex_lock(b->lock);
     b->stats.steps++;
-    b->stats.kv_blocks_used = b->stats.kv_blocks_total - kiri_kvcache_n_available(b->kv);
-    b->stats.kv_blocks_cached = kiri_kvcache_n_cached(b->kv);
+    kv_stats(b);
     b->stats.prefix_hit_blocks = kiri_kvcache_prefix_hits(b->kv);
     b->stats.last_batch_tokens = n_tok;
     b->stats.last_batch_seqs = n_planned;
@@ -965,8 +974,7 @@ static void batcher_main(void *arg)
     for (;;) {
         kiri_platform_mutex_lock(b->lock);
         while (!b->stop && !b->waiting && b->n_running == 0) {
-            b->stats.kv_blocks_used = b->stats.kv_blocks_total - kiri_kvcache_n_available(b->kv);
-            b->stats.kv_blocks_cached = kiri_kvcache_n_cached(b->kv);
+            kv_stats(b);
             b->is_idle = 1;
             kiri_platform_cond_broadcast(b->idle);
             kiri_platform_cond_wait(b->wake, b->lock);
@@ -1017,8 +1025,11 @@ void kiri_batcher_run(struct kiri_batcher *b, const _Atomic int *cancel)
         }
         admit(b);
         if (!step(b))
-            return;
+            break;
     }
+    kiri_platform_mutex_lock(b->lock);
+    kv_stats(b); /* what the last step's ends returned */
+    kiri_platform_mutex_unlock(b->lock);
 }
 
 int kiri_batcher_wait_idle(struct kiri_batcher *b, double timeout_seconds)
