@@ -134,7 +134,8 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
      * so swa_blocks_per_seq for each of max_seqs sequences means that pool never limits
      * admission and never preempts; the rest of a memory budget goes to the global layers. */
     const size_t global_token = kiri_model_kv_bytes_per_token(m, p.kv_type);
-    const size_t swa_token = m->hp.swa_window > 0 ? kiri_model_kv_bytes_window(m, p.kv_type) / (size_t)m->hp.swa_window : 0;
+    const size_t swa_token =
+        m->hp.swa_window > 0 ? kiri_model_kv_bytes_window(m, p.kv_type) / (size_t)m->hp.swa_window : 0;
     const int32_t blocks_per_seq = (p.n_ctx + BLOCK_SIZE - 1) / BLOCK_SIZE;
     int32_t swa_blocks_per_seq = 0;
     if (swa_token && !p.swa_full) {
@@ -145,16 +146,17 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     const size_t per_token = swa_blocks_per_seq ? global_token : global_token + swa_token;
     const int64_t n_swa_blocks = (int64_t)swa_blocks_per_seq * p.max_seqs;
     const size_t swa_bytes = (size_t)n_swa_blocks * BLOCK_SIZE * swa_token;
+    if (p.kv_memory && p.kv_memory < swa_bytes)
+        return kiri_error_set(info, KIRI_E_INVALID_ARG,
+                              "a KV budget of %zu bytes is less than the %zu the sliding-window layers need for %d "
+                              "sequences", p.kv_memory, swa_bytes, p.max_seqs);
+    /* With every layer windowed there is no per-token cost: the budget only has to hold the
+     * windows, and the global table keeps one context per sequence of (layerless) blocks. */
     int64_t n_blocks;
     if (p.kv_memory && per_token)
-        n_blocks = p.kv_memory > swa_bytes ? (int64_t)((p.kv_memory - swa_bytes) / (per_token * BLOCK_SIZE)) : 0;
+        n_blocks = (int64_t)((p.kv_memory - swa_bytes) / (per_token * BLOCK_SIZE));
     else
         n_blocks = (int64_t)blocks_per_seq * p.max_seqs;
-    if (n_blocks < blocks_per_seq && swa_bytes)
-        return kiri_error_set(info, KIRI_E_INVALID_ARG,
-                              "a KV budget of %zu bytes holds %lld tokens after the sliding-window layers' %zu, "
-                              "less than one %d-token context",
-                              p.kv_memory, (long long)n_blocks * BLOCK_SIZE, swa_bytes, p.n_ctx);
     if (n_blocks < blocks_per_seq)
         return kiri_error_set(info, KIRI_E_INVALID_ARG,
                               "a KV budget of %zu bytes holds %lld tokens, less than one %d-token context",

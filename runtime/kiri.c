@@ -153,9 +153,8 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     const size_t kv_window = kiri_model_kv_bytes_window(m, KIRI_TYPE_F16);
     const int n_swa = kiri_model_n_swa_layers(m);
     /* Sliding-window layers keep at most their window, or the whole context when it is shorter. */
-    const double kv_ctx = (double)kv_tok * hp->n_ctx_train +
-                          (n_swa ? (double)kv_window * (hp->n_ctx_train < hp->swa_window ? hp->n_ctx_train : hp->swa_window) /
-                                       hp->swa_window : 0.0);
+    const int32_t kept = n_swa && hp->n_ctx_train < hp->swa_window ? hp->n_ctx_train : hp->swa_window;
+    const double kv_ctx = (double)kv_tok * hp->n_ctx_train + (n_swa ? (double)kv_window * kept / hp->swa_window : 0.0);
     kiri_buf_printf(&text, "weights:       %.2f MiB mapped from the file (shared page cache, not copied)\n",
             (double)m->weight_bytes / mib);
     if (n_swa)

@@ -795,6 +795,11 @@ static void test_window_memory(void)
     CHECK_EQ_INT((long long)st[2].kv_bytes, 4LL * 512 * (long long)(global + windowed));
     fprintf(stderr, "windowed model, 4 x 512 tokens: %llu KV bytes (every token in every layer: %llu)\n",
             (unsigned long long)st[1].kv_bytes, (unsigned long long)st[2].kv_bytes);
+    /* kiri info: the global layers' cost per token and the windows' fixed cost. */
+    static char text[1 << 14];
+    kiri_model_describe(swmodel, text, sizeof text);
+    CHECK(strstr(text, "0.2 KiB per token (F16) in the 2 global layers, plus 0.01 MiB for the 3 sliding-window "
+                       "layers' 37-token window") != NULL);
 }
 
 static void test_teardown(void)
