@@ -325,7 +325,7 @@ static void run_attention_tiles(struct kiri_backend *be, const struct kiri_node 
 
 static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
 {
-    if (be->k.attend_tile && !nd->p.attn.window && attention_has_prompt(nd->src[3]->data, nd->src[0]->ne[2])) {
+    if (be->k.attend_tile && attention_has_prompt(nd->src[3]->data, nd->src[0]->ne[2])) {
         run_attention_tiles(be, nd, ith, nth);
         return;
     }
@@ -352,15 +352,8 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
         const int64_t t = j / p->n_head;
         const int h = (int)(j % p->n_head);
         if (t != built_for) {
-            /* With a window only keys [n - window, n) are read: n itself may pass the slots of a
-             * windowed pool, the keys read may not. */
-            n_kv = p->window > 0 ? meta[2 * t] : attention_n_kv(meta, t, (int64_t)slots_cap);
-            int lo = p->window > 0 && n_kv > p->window ? n_kv - p->window : 0;
-            if (n_kv < 0 || n_kv - lo > (int)slots_cap)
-                n_kv = lo = 0;
-            for (int i = lo; i < n_kv; i++)
-                slots[i - lo] = tables[meta[2 * t + 1] + i / p->block_size] * p->block_size + i % p->block_size;
-            n_kv -= lo;
+            n_kv = attention_n_kv(meta, t, (int64_t)slots_cap);
+            attention_slots(slots, tables + meta[2 * t + 1], n_kv, p->block_size);
             built_for = t;
         }
         const int hk = h / group;
