@@ -234,7 +234,9 @@ void kiri_context_cancel(struct kiri_context *ctx);
 struct kiri_batcher;
 
 struct kiri_batcher_params {
-    size_t kv_memory;         /* bytes for the KV block pool; 0: n_ctx tokens for each of max_seqs */
+    size_t kv_memory;         /* bytes for the KV block pool; 0: n_ctx tokens for each of max_seqs.
+                                 Sliding-window layers take their windows (and a chunk) for each
+                                 of max_seqs first; the rest holds the global layers' tokens */
     int32_t n_ctx;            /* most tokens one sequence may hold (prompt + generated); 0: trained */
     int32_t max_seqs;         /* sequences running at once (>= 1) */
     int32_t chunk;            /* prompt tokens per step across all sequences (chunked prefill) */
