@@ -192,14 +192,24 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     kiri_buf_printf(&text, "%s\n", m->output == m->tok_embd ? " (tied embeddings)" : "");
     const double mib = 1024.0 * 1024.0;
     const size_t kv_tok = kiri_model_kv_bytes_per_token(m, KIRI_TYPE_F16);
+    const size_t kv_window = kiri_model_kv_bytes_window(m, KIRI_TYPE_F16);
+    const int n_swa = kiri_model_n_swa_layers(m);
+    /* Sliding-window layers keep at most their window, or the whole context when it is shorter. */
+    const int32_t kept = n_swa && hp->n_ctx_train < hp->swa_window ? hp->n_ctx_train : hp->swa_window;
+    const double kv_ctx = (double)kv_tok * hp->n_ctx_train + (n_swa ? (double)kv_window * kept / hp->swa_window : 0.0);
     kiri_buf_printf(&text, "weights:       %.2f MiB mapped from the file (shared page cache, not copied)\n",
             (double)m->weight_bytes / mib);
-    kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
-            (double)kv_tok / 1024.0, (double)kv_tok * hp->n_ctx_train / mib);
+    if (n_swa)
+        kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16) in the %d global layers, plus %.2f MiB for the "
+                "%d sliding-window layers' %d-token window (per sequence, whatever its length); %.2f MiB at the "
+                "trained context\n", (double)kv_tok / 1024.0, hp->n_layer - n_swa, (double)kv_window / mib, n_swa,
+                hp->swa_window, kv_ctx / mib);
+    else
+        kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
+                (double)kv_tok / 1024.0, kv_ctx / mib);
     const uint64_t scratch = kiri_graph_scratch_bytes(m, 512, 1, 4096);
     kiri_buf_printf(&text, "memory needed: %.2f MiB resident at the trained context (weights + kv + %.2f MiB scratch)\n",
-            ((double)m->weight_bytes + (double)kv_tok * hp->n_ctx_train + (double)scratch) / mib,
-            (double)scratch / mib);
+            ((double)m->weight_bytes + kv_ctx + (double)scratch) / mib, (double)scratch / mib);
     char placement[320];
     kiri_model_describe_placement(m, placement, sizeof placement);
     kiri_buf_printf(&text, "placement:     %s\n", placement);
