@@ -654,11 +654,14 @@ static int load_flag(const struct kiri_gguf *g, const char *key, int *v,
     return rc < 0 ? rc : KIRI_OK;
 }
 
-/* Texts of CONTROL tokens that end a turn in common chat formats, so generation stops on them
- * even when the file names only the base model's EOS. */
+/* Texts of tokens that end a turn in common chat formats, so generation stops on them even when
+ * the file names only the base model's EOS. Such a token that is not CONTROL in the file is made
+ * CONTROL (as llama.cpp does): plain text then never matches it. */
 static const char *const eog_texts[] = {
     "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-    "<|end_of_text|>", "<EOT>", "<|return|>", "<|call|>",
+    "<|end_of_text|>", "<EOT>", "_<EOT>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "</s>", "[EOT]", "[EOS]", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>", "[e~[",
 };
 
 static int load_specials(struct kiri_tokenizer *t, const struct kiri_gguf *g,
@@ -708,8 +711,10 @@ static int load_specials(struct kiri_tokenizer *t, const struct kiri_gguf *g,
         t->flags[t->eom] |= FLAG_EOG;
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         int32_t id = vocab_find(t, eog_texts[i], strlen(eog_texts[i]));
-        if (id >= 0 && t->type[id] == TT_CONTROL)
-            t->flags[id] |= FLAG_EOG;
+        if (id < 0)
+            continue;
+        t->flags[id] |= FLAG_EOG;
+        t->type[id] = TT_CONTROL;
     }
     return KIRI_OK;
 }

@@ -22,8 +22,9 @@
  *   convention).
  * - merges ("gpt2" only, required) must each be "left right" with exactly one space, both parts
  *   and their concatenation known tokens; a repeated pair keeps its first (best) rank.
- * - End of generation: eos, eot and eom ids, plus CONTROL tokens whose text is a well-known
- *   end-of-turn marker (<|eot_id|>, <|im_end|>, <|endoftext|>, <end_of_turn>, ...).
+ * - End of generation: eos, eot and eom ids, plus tokens whose text is a well-known end-of-turn
+ *   marker (<|eot_id|>, <|im_end|>, <|endoftext|>, <end_of_turn>, </s>, ...); such a token is
+ *   made CONTROL when the file has it otherwise, as llama.cpp does.
  * - Encoding: CONTROL and UNKNOWN token texts in the input become their ids only when
  *   parse_special is set; USER_DEFINED token texts always do (as in Hugging Face tokenizers and
  *   llama.cpp). Overlapping matches resolve leftmost, then longest. Plain text never produces a
