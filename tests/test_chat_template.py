@@ -487,6 +487,18 @@ SMALL = [
     "{{ raise_exception('boom: ' ~ 42) }}",
     "{% if messages|length > 1 %}{{ raise_exception('too many') }}{% endif %}",
     "{{ dict(a=1) == {'a': 1} }} {{ [1, [2]] == [1, [2]] }} {{ (1,) == [1] }} {{ {'a': 1} == {'a': 1.0} }}",
+    # macros (top level), dictsort
+    "{% macro f(a, b=2, c='x') %}[{{ a }}{{ b }}{{ c }}]{% endmacro %}{{ f(1) }}{{ f(1, 3) }}{{ f(1, c='y') }}{{ f(b=5, a=0) }}{{ f() }}",
+    "{% macro down(n) %}{{ n }}{% if n > 0 %},{{ down(n - 1) }}{% endif %}{% endmacro %}{{ down(4) }}|{{ down(2) ~ '!' }}|{{ down(1)|length }}",
+    "{% macro g(x) %}{% set y = x * 2 %}{{ y }}{% endmacro %}{% set y = 'top' %}{{ g(3) }}{{ y }}{{ g is callable }}",
+    "{% macro h(a) %}{% for i in a %}{{ loop.index }}{{ i }}{% endfor %}{% endmacro %}{% for j in [1] %}{{ h('ab') }}{{ loop.index }}{% endfor %}",
+    "{% macro k(a) %}{{ a }}{% endmacro %}{{ k(1, 2) }}",
+    "{% macro k(a) %}{{ a }}{% endmacro %}{{ k(b=1) }}",
+    "{% macro k(a) %}{{ messages[0].content }}{{ a|default('none') }}{% endmacro %}{{ k() }}",
+    "{% for k, v in {'b': 1, 'A': 2, 'a': 3, 'C': 0}|dictsort %}{{ k }}{{ v }};{% endfor %}",
+    "{{ {'b': 1, 'A': 2, 'a': 3}|dictsort(true) }} {{ {'x': 2, 'y': 1, 'z': 2}|dictsort(by='value') }} {{ {'x': 1, 'y': 2}|dictsort(reverse=true) }}",
+    "{{ [1]|dictsort }}",
+    "{{ {'a': 1}|dictsort(by='nope') }}",
     # generation tag (transformers)
     "{% generation %}{{ messages[0].content }}{% endgeneration %}!",
 ]
