@@ -83,7 +83,7 @@ static int encode(const struct kiri_tokenizer *t, const char *text, size_t len, 
 static char *decode(const struct kiri_tokenizer *t, const int32_t *ids, int n, int render_special,
                     size_t *len)
 {
-    size_t cap = (size_t)n * KIRI_TOKENIZER_MAX_TOKEN_LEN + 1, o = 0;
+    size_t cap = (size_t)n * kiri_tokenizer_max_piece(t) + 1, o = 0;
     char *s = malloc(cap);
     for (int i = 0; i < n; i++) {
         int k = kiri_tokenizer_piece(t, ids[i], render_special, s + o, cap - o);
