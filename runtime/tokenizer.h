@@ -34,7 +34,7 @@
  *   byte tokens, then to the unknown token. In byte-level BPE a byte whose character is not a
  *   token becomes the unknown token, or nothing when there is none.
  * - Pre-tokenizers (tokenizer.ggml.pre, absent = "default"): the names llama.cpp knows, each with
- *   the split regexes it stands for (tokenizer.c's pre_table: GPT-2, Llama 3, Qwen2/3.5,
+ *   the split regexes it stands for (tokenizer_pre.c's table: GPT-2, Llama 3, Qwen2/3.5,
  *   DeepSeek LLM/Coder/V3, Falcon, StarCoder/Refact/Command-R/SmolLM, GPT-4o, Tekken, Bloom,
  *   Chameleon, ...), applied in sequence, each splitting what the previous one left. As in
  *   llama.cpp, the Llama 3 family (not dbrx/smaug-bpe), Tekken, YouTu and MiniCPM5 take a whole
