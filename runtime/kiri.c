@@ -241,18 +241,28 @@ int64_t kiri_detokenize(const struct kiri_model *m, const int32_t *tokens, int32
     if (!m || n < 0 || (n && !tokens) || (cap && !buf))
         return KIRI_E_INVALID_ARG;
     struct kiri_detok_stream ds = {0};
-    char piece[KIRI_DETOK_CAP];
+    char stack[KIRI_DETOK_CAP];
+    const size_t piece_cap = KIRI_DETOK_CAP_FOR(kiri_tokenizer_max_piece(m->tokenizer));
+    char *piece = piece_cap <= sizeof stack ? stack : kiri_mem_alloc(piece_cap);
+    if (!piece)
+        return KIRI_E_NOMEM;
+    const size_t pcap = piece_cap <= sizeof stack ? sizeof stack : piece_cap;
     uint64_t len = 0;
+    int64_t rc = 0;
     for (int32_t i = 0; i <= n; i++) {
-        const int k = i < n ? kiri_detok_push(m->tokenizer, &ds, tokens[i], 0, piece, sizeof piece)
-                            : kiri_detok_flush(&ds, piece, sizeof piece);
-        if (k < 0)
-            return k;
+        const int k = i < n ? kiri_detok_push(m->tokenizer, &ds, tokens[i], 0, piece, pcap)
+                            : kiri_detok_flush(&ds, piece, pcap);
+        if (k < 0) {
+            rc = k;
+            break;
+        }
         if (k > 0 && len + (uint64_t)k <= cap) /* buf may be NULL when cap is 0 */
             memcpy(buf + len, piece, (size_t)k);
         len += (uint64_t)k;
     }
-    return (int64_t)len;
+    if (piece != stack)
+        kiri_mem_free(piece);
+    return rc < 0 ? rc : (int64_t)len;
 }
 
 /* ---------------------------------------------------------------------------------------------
