@@ -177,7 +177,7 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
     int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks, &b->kv);
     if (rc == 0)
-        rc = kiri_graph_init(m, max_tok, p.max_seqs, (int32_t)tables, &b->graph);
+        rc = kiri_graph_init(m, max_tok, p.max_seqs, (int32_t)tables, p.n_ctx, &b->graph);
     if (rc == 0) {
         b->running = kiri_mem_calloc((size_t)p.max_seqs, sizeof *b->running);
         b->b_tokens = kiri_mem_array((size_t)max_tok, sizeof(int32_t));

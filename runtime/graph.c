@@ -56,6 +56,8 @@ struct kiri_graph {
     struct side main, off;
     struct kiri_node *nodes;              /* owned */
     int max_nodes;
+    struct kiri_tensor *rope_main, *rope_off; /* borrowed from the model: the RoPE frequency factors
+                                             for this graph's context size on each side, or NULL */
     float *logits_host;                   /* owned copy when the main scratch is not host-visible */
     int32_t *meta_host;                   /* owned (2, max_tokens) staging for a scratch that is not
                                              host-visible, else NULL */
@@ -131,9 +133,9 @@ static int side_init(struct side *s, const struct kiri_backend_iface *iface, str
 }
 
 int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_outputs, int32_t max_table_entries,
-                    struct kiri_graph **out)
+                    int32_t n_ctx, struct kiri_graph **out)
 {
-    if (max_tokens < 1 || max_outputs < 1 || max_outputs > max_tokens || max_table_entries < 1)
+    if (max_tokens < 1 || max_outputs < 1 || max_outputs > max_tokens || max_table_entries < 1 || n_ctx < 1)
         return KIRI_E_INVALID_ARG;
     struct kiri_graph *g = kiri_mem_calloc(1, sizeof *g);
     if (!g)
@@ -142,10 +144,12 @@ int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_output
     g->max_tokens = max_tokens;
     g->max_outputs = max_outputs;
     g->max_table_entries = max_table_entries;
+    g->rope_main = kiri_model_rope_factors(m, n_ctx, 0);
+    g->rope_off = m->n_offload ? kiri_model_rope_factors(m, n_ctx, 1) : NULL;
     struct layout l;
     const int swa = kiri_model_n_swa_layers(m) > 0;
     plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, swa, &l);
-    g->max_nodes = m->hp.n_layer * 32 + 16;
+    g->max_nodes = m->hp.n_layer * 48 + 16;
     g->nodes = kiri_mem_calloc((size_t)g->max_nodes, sizeof *g->nodes);
     int rc = g->nodes ? side_init(&g->main, m->iface, m->be, &l) : KIRI_E_NOMEM;
     if (rc == KIRI_OK && m->n_offload) {
@@ -305,6 +309,20 @@ static void block_out(const struct kiri_hparams *hp, struct kiri_tensor *post_no
     add(b, KIRI_OP_ADD, x, x, out);
 }
 
+/* A projection (see model.h): dst = scale * (w src) + bias, or with bias_first (the
+ * feed-forward's order) dst = scale * (w src + bias). A scale of 1 adds no node. */
+static void project(struct builder *b, struct kiri_tensor *dst, struct kiri_tensor *w, struct kiri_tensor *bias,
+                    float scale, int bias_first, struct kiri_tensor *src)
+{
+    add(b, KIRI_OP_MATMUL, dst, w, src);
+    if (bias && bias_first)
+        add(b, KIRI_OP_ADD, dst, dst, bias);
+    if (scale != 1.0f)
+        add(b, KIRI_OP_SCALE, dst, dst, NULL)->p.scale = scale;
+    if (bias && !bias_first)
+        add(b, KIRI_OP_ADD, dst, dst, bias);
+}
+
 /* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared.
  * A sliding-window layer attends its last hp.swa_window keys, in the cache's windowed pool when it
  * has one (its own slots and tables). */
@@ -323,20 +341,15 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
 
     for (int l = l0; l < l1; l++) {
         const struct kiri_layer *L = &m->layers[l];
-        const struct kiri_rope_params rope = {hp->rope_mode, hp->n_rot, L->rope_freq_base, L->rope_freq_scale, 1.0f};
+        const struct kiri_rope_params rope = {hp->rope_mode, hp->n_rot, L->rope_freq_base, L->rope_freq_scale,
+                                              hp->rope_attn_factor};
         const struct kiri_attn_params attn = {(int)H, (int)Hkv, (int)D, kiri_kvcache_block_size(kv), hp->attn_scale,
                                               L->swa ? hp->swa_window : 0};
         nd = add(b, KIRI_OP_RMS_NORM, xn, x, L->attn_norm);
         nd->p.eps = hp->rms_eps;
-        add(b, KIRI_OP_MATMUL, q, L->wq, xn);
-        add(b, KIRI_OP_MATMUL, k, L->wk, xn);
-        add(b, KIRI_OP_MATMUL, v, L->wv, xn);
-        if (L->bq)
-            add(b, KIRI_OP_ADD, q, q, L->bq);
-        if (L->bk)
-            add(b, KIRI_OP_ADD, k, k, L->bk);
-        if (L->bv)
-            add(b, KIRI_OP_ADD, v, v, L->bv);
+        project(b, q, L->wq, L->bq, L->wq_scale, 0, xn);
+        project(b, k, L->wk, L->bk, L->wk_scale, 0, xn);
+        project(b, v, L->wv, L->bv, L->wv_scale, 0, xn);
         if (L->q_norm) {
             nd = add(b, KIRI_OP_RMS_NORM, qh, qh, L->q_norm);
             nd->p.eps = hp->rms_eps;
@@ -361,14 +374,14 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
         nd->src[3] = meta;
         nd->src[4] = windowed ? swa_tables : tables;
         nd->p.attn = attn;
-        add(b, KIRI_OP_MATMUL, xn, L->wo, att);
+        project(b, xn, L->wo, L->bo, L->wo_scale, 0, att);
         block_out(hp, L->attn_post_norm, x, xn, b);
         nd = add(b, KIRI_OP_RMS_NORM, xn, x, L->ffn_norm);
         nd->p.eps = hp->rms_eps;
-        add(b, KIRI_OP_MATMUL, gate, L->w_gate, xn);
-        add(b, KIRI_OP_MATMUL, up, L->w_up, xn);
+        project(b, gate, L->w_gate, L->b_gate, L->w_gate_scale, 1, xn);
+        project(b, up, L->w_up, L->b_up, L->w_up_scale, 1, xn);
         add(b, hp->ffn_gelu ? KIRI_OP_GEGLU : KIRI_OP_SWIGLU, gate, gate, up);
-        add(b, KIRI_OP_MATMUL, xn, L->w_down, gate);
+        project(b, xn, L->w_down, L->b_down, L->w_down_scale, 1, gate);
         block_out(hp, L->ffn_post_norm, x, xn, b);
     }
 }
@@ -381,7 +394,7 @@ static void build_head(const struct kiri_model *m, struct side *s, struct builde
     struct kiri_node *nd = add(b, KIRI_OP_RMS_NORM, xo, xo, m->output_norm);
     nd->p.eps = m->hp.rms_eps;
     struct kiri_tensor *logits = &s->t[T_LOGITS];
-    add(b, KIRI_OP_MATMUL, logits, m->output, xo);
+    project(b, logits, m->output, m->output_b, m->output_scale, 0, xo);
     if (m->hp.logit_scale != 1.0f) {
         nd = add(b, KIRI_OP_SCALE, logits, logits, NULL);
         nd->p.scale = m->hp.logit_scale;
@@ -437,9 +450,9 @@ static int run_step(struct kiri_graph *g, struct kiri_kvcache *kv, const struct 
     }
     const int n_embed = bl.n;
     if (n_off)
-        build_layers(m, &g->off, kv, m->rope_freqs ? &m->rope_freqs_off : NULL, 0, n_off, &bl);
+        build_layers(m, &g->off, kv, g->rope_off, 0, n_off, &bl);
     const int n_first = bl.n;
-    build_layers(m, &g->main, kv, m->rope_freqs, n_off, n_layer, &bl);
+    build_layers(m, &g->main, kv, g->rope_main, n_off, n_layer, &bl);
     build_head(m, &g->main, &bl);
     if (rc != 0 || !n_off)
         return rc != 0 ? rc : run_nodes(&g->main, g->nodes, bl.n);

@@ -38,8 +38,10 @@ struct kiri_batch {
     const int32_t *swa_tables;
 };
 
+/* n_ctx is the longest sequence the graph will run (the batcher's per-sequence context): it
+ * picks LongRoPE's factor set (kiri_model_rope_factors). */
 int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_outputs,
-                    int32_t max_table_entries, struct kiri_graph **out);
+                    int32_t max_table_entries, int32_t n_ctx, struct kiri_graph **out);
 void kiri_graph_free(struct kiri_graph *g);
 /* Scratch bytes a graph of these limits takes (for memory reports). */
 uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens, int32_t max_outputs,

@@ -26,21 +26,31 @@ struct arch_info {
     const char *name;
     int arch;
     int rope_mode;
-    int has_qkv_bias;     /* attention biases expected (qwen2) */
-    int has_qk_norm;      /* per-head q/k RMS norms (qwen3, gemma3) */
+    int has_qk_norm;      /* per-head q/k RMS norms, required (qwen3, gemma3) */
     int has_post_norms;   /* post_attention_norm and post_ffw_norm (gemma3) */
     int rope_freqs;       /* the graph applies rope_freqs.weight when the file has it */
+    int fused_ffn_up;     /* ffn_up.weight holds the gate's rows, then the up projection's (phi3) */
+    int longrope;         /* LongRoPE factor sets whatever rope.scaling.type says (phi3) */
+    int attn_scale_key;   /* the family reads attention.scale itself (granite) */
     /* The family's own hyperparameters and per-layer settings, after the weights; NULL: none. */
     int (*family)(struct kiri_model *m, struct kiri_status_info *info);
 };
 
+/* Biases, per-tensor scales and fused Q/K/V are optional on every projection of every
+ * architecture (see load_proj); what an architecture requires beyond the llama layout is here. */
 static const struct arch_info archs[] = {
-    {"llama", KIRI_ARCH_LLAMA, KIRI_ROPE_NORMAL, 0, 0, 0, 1, NULL},
-    {"qwen2", KIRI_ARCH_QWEN2, KIRI_ROPE_NEOX, 1, 0, 0, 1, NULL},
-    {"qwen3", KIRI_ARCH_QWEN3, KIRI_ROPE_NEOX, 0, 1, 0, 1, NULL},
-    {"gemma3", KIRI_ARCH_GEMMA3, KIRI_ROPE_NEOX, 0, 1, 1, 0, gemma3_hparams},
-    {"smollm3", KIRI_ARCH_SMOLLM3, KIRI_ROPE_NORMAL, 0, 0, 0, 0, smollm3_hparams},
-    {"granite", KIRI_ARCH_GRANITE, KIRI_ROPE_NORMAL, 0, 0, 0, 1, granite_hparams},
+    {.name = "llama", .arch = KIRI_ARCH_LLAMA, .rope_mode = KIRI_ROPE_NORMAL, .rope_freqs = 1},
+    {.name = "qwen2", .arch = KIRI_ARCH_QWEN2, .rope_mode = KIRI_ROPE_NEOX, .rope_freqs = 1},
+    {.name = "qwen3", .arch = KIRI_ARCH_QWEN3, .rope_mode = KIRI_ROPE_NEOX, .has_qk_norm = 1, .rope_freqs = 1},
+    {.name = "gemma3", .arch = KIRI_ARCH_GEMMA3, .rope_mode = KIRI_ROPE_NEOX, .has_qk_norm = 1,
+     .has_post_norms = 1, .family = gemma3_hparams},
+    {.name = "smollm3", .arch = KIRI_ARCH_SMOLLM3, .rope_mode = KIRI_ROPE_NORMAL, .family = smollm3_hparams},
+    {.name = "granite", .arch = KIRI_ARCH_GRANITE, .rope_mode = KIRI_ROPE_NORMAL, .rope_freqs = 1,
+     .attn_scale_key = 1, .family = granite_hparams},
+    /* Phi-3/3.5-mini, Phi-4-mini. Their files may set attention.sliding_window; llama.cpp
+     * disables the window for phi3 (the converters do not say which layers have it), and so does
+     * kiri: every layer attends the whole context. */
+    {.name = "phi3", .arch = KIRI_ARCH_PHI3, .rope_mode = KIRI_ROPE_NEOX, .fused_ffn_up = 1, .longrope = 1},
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -71,6 +81,66 @@ static int bad_hparam(struct kiri_status_info *info, const struct kiri_gguf *g, 
     const int64_t i = kiri_gguf_find_key(g, key);
     return kiri_error_at(info, KIRI_E_MODEL_INVALID, key, i >= 0 ? (int64_t)kiri_gguf_kv_offset(g, i) : -1,
                          "hyperparameter %s %s", key, why);
+}
+
+/* rope.scaling.type and its factor, read as llama.cpp reads them: no type means linear; "none"
+ * never scales; the factor (rope.scaling.factor, or the older rope.scale_linear) scales positions
+ * linearly, and 0, which llama.cpp's model saver writes for "unset", means no scaling. longrope
+ * switches the frequency factors from rope_freqs to LongRoPE's two sets. Other types (yarn, ...)
+ * are refused by name. */
+static int load_rope_scaling(const struct kiri_gguf *g, const char *a, float *factor, int *longrope,
+                             struct kiri_status_info *info)
+{
+    char key[128];
+    struct kiri_gguf_str st = {0};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    int rc = kiri_gguf_get_str(g, key, 0, &st, info);
+    if (rc < 0)
+        return rc;
+    const int has_type = rc == KIRI_OK;
+#define IS(lit) (st.len == sizeof lit - 1 && memcmp(st.ptr, lit, sizeof lit - 1) == 0)
+    const int none = has_type && IS("none");
+    if (has_type && !none && !IS("linear") && !IS("longrope"))
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, key, (int64_t)kiri_gguf_kv_offset(g, kiri_gguf_find_key(g, key)),
+                             "rope scaling type '%.*s' is not supported (kiri runs none, linear and longrope)",
+                             (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    if (has_type && IS("longrope"))
+        *longrope = 1;
+#undef IS
+    const char *which = "rope.scaling.factor";
+    *factor = 0.0f;
+    if ((rc = get_f32_key(g, a, which, 0, factor, info)) < 0)
+        return rc;
+    if (rc == 1) {
+        which = "rope.scale_linear";
+        if ((rc = get_f32_key(g, a, which, 0, factor, info)) < 0)
+            return rc;
+    }
+    if (*factor < 0.0f || !isfinite(*factor))
+        return bad_hparam(info, g, a, which, "must be positive, finite or 0 (no scaling)");
+    if (*factor == 0.0f || none)
+        *factor = 1.0f;
+    return KIRI_OK;
+}
+
+/* attention.scale: llama.cpp does not read it for most architectures here (their graphs scale
+ * scores by 1/sqrt(head size)), and its saver writes 0 for "unset". 0 and the default load;
+ * another value is a variant kiri would have to guess at, so it is refused by name. */
+static int check_attention_scale(const struct kiri_gguf *g, const char *a, uint32_t head_dim,
+                                 struct kiri_status_info *info)
+{
+    float scale = 0.0f;
+    const int rc = get_f32_key(g, a, "attention.scale", 0, &scale, info);
+    if (rc < 0)
+        return rc;
+    const float def = 1.0f / sqrtf((float)head_dim);
+    if (scale == 0.0f || fabsf(scale - def) <= 1e-6f * def)
+        return KIRI_OK;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.scale", a);
+    return kiri_error_at(info, KIRI_E_UNSUPPORTED, key, (int64_t)kiri_gguf_kv_offset(g, kiri_gguf_find_key(g, key)),
+                         "%s %g is not supported for %s (its graph scales attention by 1/sqrt(head size) = %g)",
+                         key, (double)scale, a, (double)def);
 }
 
 static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, struct kiri_hparams *hp,
@@ -130,22 +200,24 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     if (!(base > 0.0f) || !isfinite(base))
         return bad_hparam(info, g, a, "rope.freq_base", "must be positive and finite");
 
-    char key[128];
-    struct kiri_gguf_str st = {0};
-    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    if ((rc = kiri_gguf_get_str(g, key, 0, &st, info)) < 0)
+    int longrope = ai->longrope;
+    if ((rc = load_rope_scaling(g, a, &factor, &longrope, info)) < 0)
         return rc;
-    const int has_type = rc == KIRI_OK;
-    if ((rc = get_f32_key(g, a, "rope.scaling.factor", 0, &factor, info)) < 0)
+    float attn_factor = 1.0f;
+    if ((rc = get_f32_key(g, a, "rope.scaling.attn_factor", 0, &attn_factor, info)) < 0)
         return rc;
-    if (has_type && !(st.len == 4 && memcmp(st.ptr, "none", 4) == 0) &&
-        !(st.len == 6 && memcmp(st.ptr, "linear", 6) == 0))
-        return kiri_error_at(info, KIRI_E_UNSUPPORTED, key, -1, "rope scaling type '%.*s' is not supported",
-                             (int)(st.len > 32 ? 32 : st.len), st.ptr);
-    if (has_type && st.len == 4)
-        factor = 1.0f;
-    if (!(factor > 0.0f) || !isfinite(factor))
-        return bad_hparam(info, g, a, "rope.scaling.factor", "must be positive and finite");
+    if (!(attn_factor > 0.0f) || !isfinite(attn_factor))
+        return bad_hparam(info, g, a, "rope.scaling.attn_factor", "must be positive and finite");
+    /* 0 (what llama.cpp's saver writes when unset) means the training context, as in llama.cpp. */
+    uint32_t ctx_orig = 0;
+    if ((rc = get_u32_key(g, a, "rope.scaling.original_context_length", 0, &ctx_orig, info)) < 0)
+        return rc;
+    if (ctx_orig == 0)
+        ctx_orig = ctx;
+    if (ctx_orig > (1u << 24))
+        return bad_hparam(info, g, a, "rope.scaling.original_context_length", "must be at most 2^24");
+    if (!ai->attn_scale_key && (rc = check_attention_scale(g, a, key_len, info)) < 0)
+        return rc;
 
     hp->arch = ai->arch;
     hp->n_ctx_train = (int32_t)ctx;
@@ -159,6 +231,9 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     hp->rope_mode = ai->rope_mode;
     hp->rope_freq_base = base;
     hp->rope_freq_scale = 1.0f / factor;
+    hp->rope_attn_factor = attn_factor;
+    hp->rope_longrope = longrope;
+    hp->n_ctx_orig = (int32_t)ctx_orig;
     hp->rms_eps = eps;
     hp->attn_scale = 1.0f / sqrtf((float)key_len);
     hp->embd_scale = 1.0f;
@@ -205,6 +280,11 @@ static int check_unsupported_layout(const struct kiri_gguf *g, const struct arch
 
 enum weight_kind { WEIGHT_MATRIX, WEIGHT_VECTOR, WEIGHT_EMBEDDING };
 
+/* Room in the descriptor table: per layer, and for the weights outside the layers. */
+#define TENSORS_PER_LAYER 32
+#define TENSORS_GLOBAL 16
+#define MAX_PARTS 3
+
 static int supported_matrix_type(int type)
 {
     switch (type) {
@@ -217,63 +297,263 @@ static int supported_matrix_type(int type)
     }
 }
 
-/* Finds a tensor, checks its shape and type, and fills the next descriptor. *out is NULL for an
- * absent optional tensor. */
-static int take_weight(struct kiri_model *m, const char *name, int64_t ne0, int64_t ne1,
-                       enum weight_kind kind, int required, struct kiri_tensor **out,
-                       struct kiri_status_info *info)
+/* Finds a file tensor and records that the graph uses it (see check_all_used). */
+static const struct kiri_gguf_tensor *find_used(struct kiri_model *m, const char *name)
 {
-    *out = NULL;
     const struct kiri_gguf_tensor *gt = kiri_gguf_find_tensor(m->gguf, name);
+    if (gt)
+        m->tensor_used[gt - kiri_gguf_tensor(m->gguf, 0)] = 1;
+    return gt;
+}
+
+/* Fills the next descriptor with a view of file tensor gt: elements [first, first + count) of a
+ * vector, rows [first, first + count) of a matrix (the whole tensor when it is not fused). */
+static int describe(struct kiri_model *m, const struct kiri_gguf_tensor *gt, int dims, int64_t first, int64_t count,
+                    struct kiri_tensor **out, struct kiri_status_info *info)
+{
+    if (m->n_tensors >= m->hp.n_layer * TENSORS_PER_LAYER + TENSORS_GLOBAL)
+        return kiri_error_set(info, KIRI_E_MODEL_INVALID, "too many weights (at %s)", gt->name);
+    struct kiri_tensor *t = &m->tensors[m->n_tensors++];
+    memset(t, 0, sizeof *t);
+    t->type = gt->type;
+    t->nb[0] = kiri_type_size(gt->type);
+    t->nb[1] = kiri_row_bytes(gt->type, gt->ne[0]);
+    size_t skip, bytes;
+    if (dims == 1) {
+        t->ne[0] = count;
+        t->ne[1] = 1;
+        t->nb[1] = t->nb[0] * (size_t)count;
+        skip = (size_t)first * t->nb[0];
+        bytes = t->nb[1];
+    } else {
+        t->ne[0] = gt->ne[0];
+        t->ne[1] = count;
+        skip = (size_t)first * t->nb[1];
+        bytes = (size_t)count * t->nb[1];
+    }
+    t->ne[2] = t->ne[3] = 1;
+    t->nb[2] = t->nb[3] = t->nb[1] * (size_t)t->ne[1];
+    t->data = (char *)gt->data + skip;
+    t->name = gt->name;
+    m->weight_bytes += bytes;
+    *out = t;
+    return KIRI_OK;
+}
+
+/* Finds a tensor, checks its shape and type, and fills one descriptor per part: a vector of
+ * n = sum(parts) elements or a matrix (ne0, n), split into consecutive parts of parts[i] elements
+ * or rows (a fused tensor). outs[i] are all NULL for an absent optional tensor. */
+static int take_parts(struct kiri_model *m, const char *name, int64_t ne0, int n_parts, const int64_t *parts,
+                      enum weight_kind kind, int required, struct kiri_tensor **outs, struct kiri_status_info *info)
+{
+    int64_t n = 0;
+    for (int i = 0; i < n_parts; i++) {
+        outs[i] = NULL;
+        n += parts[i];
+    }
+    const struct kiri_gguf_tensor *gt = find_used(m, name);
     if (!gt) {
         if (required)
             return kiri_error_at(info, KIRI_E_MODEL_INVALID, name, -1, "required tensor %s is missing", name);
         return KIRI_OK;
     }
     const int want_dims = kind == WEIGHT_VECTOR ? 1 : 2;
-    if (gt->n_dims != want_dims || gt->ne[0] != ne0 || (want_dims == 2 && gt->ne[1] != ne1))
+    const int64_t want0 = want_dims == 1 ? n : ne0, want1 = want_dims == 1 ? 1 : n;
+    if (gt->n_dims != want_dims || gt->ne[0] != want0 || (want_dims == 2 && gt->ne[1] != want1))
         return kiri_error_at(info, KIRI_E_MODEL_INVALID, name, -1,
                              "tensor %s has wrong shape [%lld, %lld], expected [%lld, %lld]", name,
-                             (long long)gt->ne[0], (long long)gt->ne[1], (long long)ne0,
-                             (long long)(want_dims == 2 ? ne1 : 1));
+                             (long long)gt->ne[0], (long long)gt->ne[1], (long long)want0, (long long)want1);
     if (kind == WEIGHT_VECTOR ? gt->type != KIRI_TYPE_F32 : !supported_matrix_type(gt->type))
         return kiri_error_at(info, KIRI_E_UNSUPPORTED, name, -1, "tensor %s has type %s, which kiri cannot use here",
                              name, kiri_type_name(gt->type));
-    struct kiri_tensor *t = &m->tensors[m->n_tensors++];
-    memset(t, 0, sizeof *t);
-    t->type = gt->type;
-    t->ne[0] = gt->ne[0];
-    t->ne[1] = want_dims == 2 ? gt->ne[1] : 1;
-    t->ne[2] = t->ne[3] = 1;
-    t->nb[0] = kiri_type_size(gt->type);
-    t->nb[1] = (size_t)(gt->ne[0] / kiri_type_block_size(gt->type)) * kiri_type_size(gt->type);
-    t->nb[2] = t->nb[3] = t->nb[1] * (size_t)t->ne[1];
-    t->data = (void *)gt->data;
-    t->name = gt->name;
-    m->weight_bytes += gt->size;
-    *out = t;
+    int64_t first = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const int rc = describe(m, gt, want_dims, first, parts[i], &outs[i], info);
+        if (rc < 0)
+            return rc;
+        first += parts[i];
+    }
+    return KIRI_OK;
+}
+
+/* One tensor as a whole: a vector of ne0 elements or a matrix (ne0, ne1). */
+static int take_weight(struct kiri_model *m, const char *name, int64_t ne0, int64_t ne1,
+                       enum weight_kind kind, int required, struct kiri_tensor **out,
+                       struct kiri_status_info *info)
+{
+    const int64_t n = kind == WEIGHT_VECTOR ? ne0 : ne1;
+    return take_parts(m, name, ne0, 1, &n, kind, required, out, info);
+}
+
+/* A weight's per-tensor scale tensors, "<base>.scale" and "<base>.input_scale", shape {1} F32.
+ * The scale multiplies the weight's product (it is what NVFP4's second-level scale and similar
+ * per-tensor schemes store); it is read here from the mapping, 1 when absent.
+ *
+ * The input scale is a calibration value for quantizing the activations that enter the product
+ * (static activation quantization). llama.cpp loads it on every projection and no graph of its
+ * uses it: its products, like kiri's, take the activations as they are, so the value does not
+ * change the result. kiri likewise checks it and accepts it without using it. */
+static int take_scales(struct kiri_model *m, const char *base, float *scale, struct kiri_status_info *info)
+{
+    static const char *const suffixes[2] = {"scale", "input_scale"};
+    *scale = 1.0f;
+    for (int i = 0; i < 2; i++) {
+        char name[KIRI_GGUF_MAX_NAME + 32];
+        snprintf(name, sizeof name, "%s.%s", base, suffixes[i]);
+        const struct kiri_gguf_tensor *gt = find_used(m, name);
+        if (!gt)
+            continue;
+        if (gt->type != KIRI_TYPE_F32 || gt->n_dims != 1 || gt->ne[0] != 1)
+            return kiri_error_at(info, KIRI_E_UNSUPPORTED, name, -1,
+                                 "tensor %s must be one F32 value (it is %s [%lld])", name,
+                                 kiri_type_name(gt->type), (long long)gt->ne[0]);
+        float v;
+        memcpy(&v, gt->data, sizeof v);
+        if (!isfinite(v))
+            return kiri_error_at(info, KIRI_E_MODEL_INVALID, name, -1, "tensor %s is not finite", name);
+        if (i == 0)
+            *scale = v;
+    }
+    return KIRI_OK;
+}
+
+/* A projection "<base>.weight" of n_in inputs and sum(parts) outputs, with its optional bias
+ * "<base>.bias" and scales; n_parts > 1 splits a fused weight (and its bias) into views by rows.
+ * ws[i] stay NULL when an optional weight is absent (its bias and scales are not looked for). */
+static int take_proj(struct kiri_model *m, const char *base, int64_t n_in, int n_parts, const int64_t *parts,
+                     int required, struct kiri_tensor **ws, struct kiri_tensor **bs, float *scale,
+                     struct kiri_status_info *info)
+{
+    char name[KIRI_GGUF_MAX_NAME + 32];
+    snprintf(name, sizeof name, "%s.weight", base);
+    int rc = take_parts(m, name, n_in, n_parts, parts, WEIGHT_MATRIX, required, ws, info);
+    *scale = 1.0f;
+    if (rc < 0 || !ws[0])
+        return rc;
+    snprintf(name, sizeof name, "%s.bias", base);
+    if ((rc = take_parts(m, name, 0, n_parts, parts, WEIGHT_VECTOR, 0, bs, info)) < 0)
+        return rc;
+    return take_scales(m, base, scale, info);
+}
+
+/* Q, K and V: three weights, or one fused attn_qkv.weight (rows q, then k, then v) used as three
+ * views, as llama.cpp accepts for every architecture here. The fused weight's bias is
+ * attn_qkv.bias, or, without it, separate q/k/v biases. */
+static int take_qkv(struct kiri_model *m, int l, struct kiri_layer *L, struct kiri_status_info *info)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t parts[3] = {Q, KV, KV};
+    struct kiri_tensor **ws[3] = {&L->wq, &L->wk, &L->wv}, **bs[3] = {&L->bq, &L->bk, &L->bv};
+    float *scales[3] = {&L->wq_scale, &L->wk_scale, &L->wv_scale};
+    static const char *const names[3] = {"attn_q", "attn_k", "attn_v"};
+    char base[64], name[KIRI_GGUF_MAX_NAME + 32];
+    int rc;
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
+    if (kiri_gguf_find_tensor(m->gguf, name)) {
+        struct kiri_tensor *w[3], *b[3];
+        snprintf(base, sizeof base, "blk.%d.attn_qkv", l);
+        if ((rc = take_proj(m, base, E, 3, parts, 1, w, b, &L->wq_scale, info)) < 0)
+            return rc;
+        L->wk_scale = L->wv_scale = L->wq_scale;
+        for (int i = 0; i < 3; i++) {
+            *ws[i] = w[i];
+            *bs[i] = b[i];
+            if (b[0])
+                continue;
+            snprintf(name, sizeof name, "blk.%d.%s.bias", l, names[i]);
+            if ((rc = take_weight(m, name, parts[i], 1, WEIGHT_VECTOR, 0, bs[i], info)) < 0)
+                return rc;
+        }
+        return KIRI_OK;
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(base, sizeof base, "blk.%d.%s", l, names[i]);
+        if ((rc = take_proj(m, base, E, 1, &parts[i], 1, ws[i], bs[i], scales[i], info)) < 0)
+            return rc;
+    }
+    return KIRI_OK;
+}
+
+/* The feed-forward's three projections; phi3's ffn_up.weight holds the gate's n_ff rows, then
+ * the up projection's (llama.cpp's phi3 graph applies SwiGLU's SiLU to the first half), used
+ * as two views. */
+static int take_ffn(struct kiri_model *m, const struct arch_info *ai, int l, struct kiri_layer *L,
+                    struct kiri_status_info *info)
+{
+    const int64_t E = m->hp.n_embd, F = m->hp.n_ff;
+    const int64_t two[2] = {F, F};
+    char base[64];
+    int rc;
+    if (ai->fused_ffn_up) {
+        struct kiri_tensor *w[2], *b[2];
+        snprintf(base, sizeof base, "blk.%d.ffn_up", l);
+        if ((rc = take_proj(m, base, E, 2, two, 1, w, b, &L->w_up_scale, info)) < 0)
+            return rc;
+        L->w_gate = w[0];
+        L->w_up = w[1];
+        L->b_gate = b[0];
+        L->b_up = b[1];
+        L->w_gate_scale = L->w_up_scale;
+    } else {
+        snprintf(base, sizeof base, "blk.%d.ffn_gate", l);
+        if ((rc = take_proj(m, base, E, 1, &F, 1, &L->w_gate, &L->b_gate, &L->w_gate_scale, info)) < 0)
+            return rc;
+        snprintf(base, sizeof base, "blk.%d.ffn_up", l);
+        if ((rc = take_proj(m, base, E, 1, &F, 1, &L->w_up, &L->b_up, &L->w_up_scale, info)) < 0)
+            return rc;
+    }
+    snprintf(base, sizeof base, "blk.%d.ffn_down", l);
+    return take_proj(m, base, F, 1, &E, 1, &L->w_down, &L->b_down, &L->w_down_scale, info);
+}
+
+/* Every tensor of the file must be one the graph uses: one it would skip is a variant kiri does
+ * not know, and running without it would give wrong results. */
+static int check_all_used(const struct kiri_model *m, struct kiri_status_info *info)
+{
+    const int64_t n = kiri_gguf_n_tensors(m->gguf);
+    for (int64_t i = 0; i < n; i++) {
+        if (m->tensor_used[i])
+            continue;
+        const char *name = kiri_gguf_tensor(m->gguf, i)->name;
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, name, -1,
+                             "tensor %s is not used by kiri's %s graph (a variant kiri does not run)", name,
+                             m->arch_name);
+    }
     return KIRI_OK;
 }
 
 static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct kiri_status_info *info)
 {
     const struct kiri_hparams *hp = &m->hp;
-    const int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
-    const int64_t Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
-    m->tensors = kiri_mem_calloc((size_t)hp->n_layer * 24 + 8, sizeof *m->tensors);
+    const int64_t E = hp->n_embd, V = hp->n_vocab, Q = (int64_t)hp->n_head * hp->head_dim;
+    m->tensors = kiri_mem_calloc((size_t)hp->n_layer * TENSORS_PER_LAYER + TENSORS_GLOBAL, sizeof *m->tensors);
     m->layers = kiri_mem_calloc((size_t)hp->n_layer, sizeof *m->layers);
     m->layer_t0 = kiri_mem_array((size_t)hp->n_layer + 1, sizeof *m->layer_t0);
-    if (!m->tensors || !m->layers || !m->layer_t0)
+    m->tensor_used = kiri_mem_calloc((size_t)kiri_gguf_n_tensors(m->gguf) + 1, 1);
+    if (!m->tensors || !m->layers || !m->layer_t0 || !m->tensor_used)
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory for the tensor table");
     int rc;
     if ((rc = take_weight(m, "token_embd.weight", E, V, WEIGHT_EMBEDDING, 1, &m->tok_embd, info)) < 0 ||
         (rc = take_weight(m, "output_norm.weight", E, 1, WEIGHT_VECTOR, 1, &m->output_norm, info)) < 0 ||
-        (rc = take_weight(m, "output.weight", E, V, WEIGHT_MATRIX, 0, &m->output, info)) < 0 ||
-        (ai->rope_freqs &&
-         (rc = take_weight(m, "rope_freqs.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0, &m->rope_freqs, info)) < 0))
+        (rc = take_proj(m, "output", E, 1, &V, 0, &m->output, &m->output_b, &m->output_scale, info)) < 0)
         return rc;
-    if (!m->output)
-        m->output = m->tok_embd; /* tied embeddings */
+    if (hp->rope_longrope) {
+        if ((rc = take_weight(m, "rope_factors_long.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0, &m->rope_long,
+                              info)) < 0 ||
+            (rc = take_weight(m, "rope_factors_short.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0, &m->rope_short,
+                              info)) < 0)
+            return rc;
+    } else if (ai->rope_freqs && (rc = take_weight(m, "rope_freqs.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0,
+                                                   &m->rope_freqs, info)) < 0) {
+        return rc;
+    }
+    if (!m->output) {
+        /* Tied embeddings; a bias on the logits still applies (llama.cpp's qwen2 reads one). */
+        m->output = m->tok_embd;
+        if ((rc = take_weight(m, "output.bias", V, 1, WEIGHT_VECTOR, 0, &m->output_b, info)) < 0)
+            return rc;
+    }
     for (int l = 0; l < hp->n_layer; l++) {
         struct kiri_layer *L = &m->layers[l];
         char n[KIRI_GGUF_MAX_NAME + 16];
@@ -283,19 +563,18 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         if ((rc = take_weight(m, n, ne0, ne1, kind, req, &L->field, info)) < 0)                   \
             return rc;
         W(attn_norm, "attn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
-        W(wq, "attn_q.weight", E, Q, WEIGHT_MATRIX, 1)
-        W(wk, "attn_k.weight", E, KV, WEIGHT_MATRIX, 1)
-        W(wv, "attn_v.weight", E, KV, WEIGHT_MATRIX, 1)
-        W(wo, "attn_output.weight", Q, E, WEIGHT_MATRIX, 1)
-        W(bq, "attn_q.bias", Q, 1, WEIGHT_VECTOR, ai->has_qkv_bias)
-        W(bk, "attn_k.bias", KV, 1, WEIGHT_VECTOR, ai->has_qkv_bias)
-        W(bv, "attn_v.bias", KV, 1, WEIGHT_VECTOR, ai->has_qkv_bias)
-        W(q_norm, "attn_q_norm.weight", hp->head_dim, 1, WEIGHT_VECTOR, ai->has_qk_norm)
-        W(k_norm, "attn_k_norm.weight", hp->head_dim, 1, WEIGHT_VECTOR, ai->has_qk_norm)
+        if ((rc = take_qkv(m, l, L, info)) < 0)
+            return rc;
+        snprintf(n, sizeof n, "blk.%d.attn_output", l);
+        if ((rc = take_proj(m, n, Q, 1, &E, 1, &L->wo, &L->bo, &L->wo_scale, info)) < 0)
+            return rc;
+        if (ai->has_qk_norm) {
+            W(q_norm, "attn_q_norm.weight", hp->head_dim, 1, WEIGHT_VECTOR, 1)
+            W(k_norm, "attn_k_norm.weight", hp->head_dim, 1, WEIGHT_VECTOR, 1)
+        }
         W(ffn_norm, "ffn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
-        W(w_gate, "ffn_gate.weight", E, F, WEIGHT_MATRIX, 1)
-        W(w_up, "ffn_up.weight", E, F, WEIGHT_MATRIX, 1)
-        W(w_down, "ffn_down.weight", F, E, WEIGHT_MATRIX, 1)
+        if ((rc = take_ffn(m, ai, l, L, info)) < 0)
+            return rc;
         if (ai->has_post_norms) {
             W(attn_post_norm, "post_attention_norm.weight", E, 1, WEIGHT_VECTOR, 1)
             W(ffn_post_norm, "post_ffw_norm.weight", E, 1, WEIGHT_VECTOR, 1)
@@ -306,7 +585,7 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         L->rope_freq_scale = hp->rope_freq_scale;
     }
     m->layer_t0[hp->n_layer] = m->n_tensors;
-    return KIRI_OK;
+    return check_all_used(m, info);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -548,10 +827,13 @@ static int start_backend(struct kiri_model *m, const struct kiri_model_params *p
         if (off)
             m->off_weight_bytes += m->tensors[i].nb[1] * (size_t)m->tensors[i].ne[1];
     }
-    if (m->n_offload && m->rope_freqs) {
-        m->rope_freqs_off = *m->rope_freqs;
-        m->rope_freqs_off.extra = NULL;
-        if ((rc = prepare(m->off_iface, m->off_be, &m->rope_freqs_off, info)) < 0)
+    struct kiri_tensor *const factors[3] = {m->rope_freqs, m->rope_long, m->rope_short};
+    for (int i = 0; i < 3 && m->n_offload; i++) {
+        if (!factors[i])
+            continue;
+        m->rope_off[i] = *factors[i];
+        m->rope_off[i].extra = NULL;
+        if ((rc = prepare(m->off_iface, m->off_be, &m->rope_off[i], info)) < 0)
             return rc;
     }
     return KIRI_OK;
@@ -625,7 +907,7 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         const int64_t k = kiri_gguf_find_key(g, "general.architecture");
         rc = kiri_error_at(info, KIRI_E_UNSUPPORTED, "general.architecture",
                            (int64_t)kiri_gguf_kv_offset(g, k),
-                           "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3, gemma3, smollm3, granite)",
+                           "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3, gemma3, smollm3, granite, phi3)",
                            (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }
@@ -638,6 +920,8 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         goto fail;
     if (ai->family && (rc = ai->family(m, info)) < 0)
         goto fail;
+    kiri_mem_free(m->tensor_used);
+    m->tensor_used = NULL;
     if ((rc = start_backend(m, p, info)) < 0)
         goto fail;
     *out = m;
@@ -658,8 +942,8 @@ void kiri_model_free(struct kiri_model *m)
             if (fi->weight_release)
                 fi->weight_release(off ? m->off_be : m->be, &m->tensors[i]);
         }
-        if (m->n_offload && m->off_iface->weight_release)
-            m->off_iface->weight_release(m->off_be, &m->rope_freqs_off);
+        for (int i = 0; i < 3 && m->n_offload && m->off_iface->weight_release; i++)
+            m->off_iface->weight_release(m->off_be, &m->rope_off[i]);
         m->iface->free(m->be);
     }
     if (m->off_be)
@@ -668,6 +952,7 @@ void kiri_model_free(struct kiri_model *m)
     kiri_platform_mutex_free(m->compute_lock);
     kiri_tokenizer_free(m->tokenizer);
     kiri_mem_free(m->tensors);
+    kiri_mem_free(m->tensor_used);
     kiri_mem_free(m->layers);
     kiri_mem_free(m->layer_t0);
     kiri_gguf_close(m->gguf);
@@ -680,6 +965,17 @@ int kiri_model_n_swa_layers(const struct kiri_model *m)
     for (int l = 0; m->hp.swa_window > 0 && m->layers && l < m->hp.n_layer; l++)
         n += m->layers[l].swa != 0;
     return n;
+}
+
+struct kiri_tensor *kiri_model_rope_factors(struct kiri_model *m, int32_t n_ctx, int offload)
+{
+    int i = 0;
+    if (m->hp.rope_longrope)
+        i = n_ctx > m->hp.n_ctx_orig ? 1 : 2;
+    struct kiri_tensor *const factors[3] = {m->rope_freqs, m->rope_long, m->rope_short};
+    if (!factors[i])
+        return NULL;
+    return offload ? &m->rope_off[i] : factors[i];
 }
 
 /* Bytes of one token's keys and values in one layer. */

@@ -3,8 +3,15 @@
  *
  * Invariants: every weight the architecture needs is present with exactly the expected shape and a
  * type the backend can multiply; optional weights (biases, per-head norms, output, rope factors)
- * are NULL when absent; output points at tok_embd for tied embeddings. Weight data is mapped and
- * lives exactly as long as the model.
+ * are NULL when absent; output points at tok_embd for tied embeddings. Every tensor of the file is
+ * used by the architecture's graph, or the file was refused at load. A descriptor may be a view of
+ * some rows of a fused tensor of the file (attn_qkv, phi3's gate-up ffn_up): it points into the
+ * fused tensor's rows, nothing is copied. Weight data is mapped and lives exactly as long as the
+ * model.
+ *
+ * A projection is y = scale * (W x) + b, with the per-tensor scale of a "<weight>.scale" tensor (1
+ * when the file has none) and the optional bias; the feed-forward's projections add the bias
+ * first, y = scale * (W x + b), as llama.cpp's feed-forward does.
  */
 #ifndef KIRI_MODEL_H
 #define KIRI_MODEL_H
@@ -28,7 +35,8 @@ enum kiri_arch {
     KIRI_ARCH_QWEN3,
     KIRI_ARCH_GEMMA3,
     KIRI_ARCH_SMOLLM3,
-    KIRI_ARCH_GRANITE
+    KIRI_ARCH_GRANITE,
+    KIRI_ARCH_PHI3
 };
 
 #define KIRI_MAX_LAYERS 512
@@ -48,6 +56,10 @@ struct kiri_hparams {
     int rope_mode;            /* enum kiri_rope_mode */
     float rope_freq_base;
     float rope_freq_scale;
+    float rope_attn_factor;   /* rope.scaling.attn_factor: multiplies RoPE's cos and sin; 1 for none */
+    int32_t n_ctx_orig;       /* rope.scaling.original_context_length, else n_ctx_train: LongRoPE
+                                 takes its long factors for contexts beyond it */
+    int rope_longrope;        /* 1: LongRoPE's factor sets (phi3, or rope.scaling.type longrope) */
     float rms_eps;
     int32_t swa_window;       /* keys a sliding-window layer attends (gemma3); 0: no such layers */
     /* The multipliers and options of the families beyond llama (1 or 0 where a family has none).
@@ -66,19 +78,23 @@ struct kiri_hparams {
 
 struct kiri_layer {
     struct kiri_tensor *attn_norm;   /* (n_embd) F32 */
-    struct kiri_tensor *wq;          /* (n_embd, n_head * head_dim) */
-    struct kiri_tensor *wk;          /* (n_embd, n_head_kv * head_dim) */
-    struct kiri_tensor *wv;          /* (n_embd, n_head_kv * head_dim) */
+    struct kiri_tensor *wq;          /* (n_embd, n_head * head_dim); wq, wk, wv may be views of a */
+    struct kiri_tensor *wk;          /* (n_embd, n_head_kv * head_dim)  fused attn_qkv.weight  */
+    struct kiri_tensor *wv;          /* (n_embd, n_head_kv * head_dim)  (rows q, then k, then v) */
     struct kiri_tensor *wo;          /* (n_head * head_dim, n_embd) */
-    struct kiri_tensor *bq, *bk, *bv;   /* optional biases, F32 */
+    struct kiri_tensor *bq, *bk, *bv;   /* optional biases, F32 (views of a fused attn_qkv.bias) */
+    struct kiri_tensor *bo;          /* optional (n_embd) F32 */
+    float wq_scale, wk_scale, wv_scale, wo_scale;   /* per-tensor scales, 1 when absent */
     struct kiri_tensor *q_norm, *k_norm; /* optional (head_dim) F32: qwen3 */
     struct kiri_tensor *ffn_norm;    /* (n_embd) F32 */
-    struct kiri_tensor *w_gate;      /* (n_embd, n_ff) */
-    struct kiri_tensor *w_up;        /* (n_embd, n_ff) */
+    struct kiri_tensor *w_gate;      /* (n_embd, n_ff); with w_up a view of phi3's fused ffn_up */
+    struct kiri_tensor *w_up;        /* (n_embd, n_ff)  (rows: the gate, then the up projection) */
     struct kiri_tensor *w_down;      /* (n_ff, n_embd) */
     struct kiri_tensor *attn_post_norm; /* optional (n_embd) F32: norms the attention block's output
                                            before the residual add (gemma3) */
     struct kiri_tensor *ffn_post_norm;  /* optional (n_embd) F32: the same for the feed-forward block */
+    struct kiri_tensor *b_gate, *b_up, *b_down;   /* optional biases, F32 */
+    float w_gate_scale, w_up_scale, w_down_scale; /* per-tensor scales, 1 when absent */
     int swa;                         /* 1: attends the last hp.swa_window keys only */
     int rope;                        /* 1: RoPE on q and k; 0 on smollm3's every fourth layer */
     float rope_freq_base;            /* this layer's RoPE base and linear position scale (gemma3's */
@@ -94,10 +110,17 @@ struct kiri_model {
 
     struct kiri_tensor *tensors;         /* owned: descriptors of every weight in use */
     int n_tensors;
+    uint8_t *tensor_used;                /* owned, only while loading: 1 for each tensor of the file
+                                            (by index) that a weight or scale was taken from */
     struct kiri_tensor *tok_embd;        /* (n_embd, n_vocab) */
     struct kiri_tensor *output_norm;     /* (n_embd) F32 */
     struct kiri_tensor *output;          /* (n_embd, n_vocab); == tok_embd when tied */
-    struct kiri_tensor *rope_freqs;      /* optional (n_rot / 2) F32 */
+    struct kiri_tensor *output_b;        /* optional (n_vocab) F32 */
+    float output_scale;                  /* per-tensor scale of output, 1 when absent */
+    /* RoPE frequency factors (n_rot / 2) F32, each optional: rope_freqs (Llama 3), or LongRoPE's
+     * two sets (phi3, or a file whose rope scaling type is longrope), never both kinds. */
+    struct kiri_tensor *rope_freqs;
+    struct kiri_tensor *rope_long, *rope_short;
     struct kiri_layer *layers;           /* owned, n_layer */
     size_t weight_bytes;
 
@@ -112,8 +135,9 @@ struct kiri_model {
     int n_offload;                       /* 0 (no split) .. n_layer - 1 */
     const struct kiri_backend_iface *off_iface;   /* NULL without a split */
     struct kiri_backend *off_be;         /* owned, NULL without a split */
-    struct kiri_tensor rope_freqs_off;   /* rope_freqs as off_be prepares it (a tensor holds one
-                                            backend's state in extra); unused without both */
+    struct kiri_tensor rope_off[3];      /* rope_freqs, rope_long, rope_short as off_be prepares
+                                            them (a tensor holds one backend's state in extra);
+                                            unused without a split or without the tensor */
     int32_t *layer_t0;                   /* owned (n_layer + 1): index in tensors of each layer's
                                             first weight, and one past the last layer's */
     size_t off_weight_bytes;             /* weights prepared on off_be */
@@ -127,6 +151,12 @@ struct kiri_model {
 int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *params,
                     struct kiri_model **out, struct kiri_status_info *info);
 void kiri_model_free(struct kiri_model *m);
+
+/* The RoPE frequency factors a graph built for contexts of n_ctx tokens uses, as the backend
+ * that runs the layer prepared them (offload: the split's GPU backend); NULL for none. LongRoPE
+ * takes its long factors when n_ctx passes the original context (hp.n_ctx_orig), as llama.cpp
+ * decides by its per-sequence context size. */
+struct kiri_tensor *kiri_model_rope_factors(struct kiri_model *m, int32_t n_ctx, int offload);
 
 /* A KV cache for this model's contexts: each layer's keys and values on the backend that runs
  * the layer (see kiri_kvcache_init_split). */
