@@ -519,9 +519,10 @@ FAMILIES = [
            "global layer in 6, local base 10000), no soft-capping, separate output.weight",
            kv={"attention.sliding_window": 12}, tensors=("qk_norm", "post_norms")),
     Family("gemma3-full", "gemma3", "spm512", 0, 256, 512, 2, 2, 2, 256, 1000000.0, 1e-6, False, 203,
-           "gemma3 without a sliding window (every layer global), MHA, q/k/v biases and "
-           "per-tensor .scale on every projection and feed-forward weight, separate output.weight",
-           tensors=("qk_norm", "post_norms", "qkv_bias", "attn_scales", "ffn_scales")),
+           "gemma3 without a sliding window (every layer global), MHA, q/k/v biases, per-tensor "
+           ".scale on q, k, v and attn_output (llama.cpp's gemma3 loads feed-forward .scale "
+           "tensors but does not apply them, so no file here has them), separate output.weight",
+           tensors=("qk_norm", "post_norms", "qkv_bias", "attn_scales")),
     Family("phi3-fused", "phi3", "spm512", 0, 256, 512, 2, 4, 4, 64, 10000.0, 1e-5, False, 211,
            "phi3 (Phi-3-mini shape): fused attn_qkv and gate-up (ffn_up 2*n_ff), MHA, full rotary",
            tensors=("fused_qkv", "fused_gate_up"), general_name="tiny fused-qkv model"),
@@ -781,6 +782,139 @@ def ensure_families(out_dir, names=None, force=False, log=print):
             log(f"make_tiny_models: SKIP {m.name}: {e}")
             skipped.append((m, str(e)))
     return made, skipped
+
+
+def family_reference_logits(model_file, tokens, n_ctx):
+    """Logits (n_tokens, n_vocab), float64, for the family files (and the llama/qwen2/qwen3 files
+    of test_logits.py), from the graphs as llama.cpp's src/models/*.cpp build them: gemma3's
+    embedding scale, sliding-window layers, local RoPE base, pre- and post-norms, GeGLU with
+    tanh-GELU and soft-capping; phi3's fused QKV and gate-up, partial NEOX rotary, LongRoPE
+    factors (long when n_ctx exceeds original_context_length) and attn_factor; smollm3's layers
+    without RoPE; granite's four multipliers; biases and per-tensor .scale wherever present.
+    n_ctx is the context llama.cpp runs with (it rounds it up to a multiple of 256)."""
+    meta, t = read_gguf(model_file)
+    arch = meta["general.architecture"]
+
+    def hp(key, default=None):
+        return meta.get(f"{arch}.{key}", default)
+
+    n_head, n_head_kv = hp("attention.head_count"), hp("attention.head_count_kv")
+    n_embd, n_layer = hp("embedding_length"), hp("block_count")
+    head_dim = hp("attention.key_length", n_embd // n_head)
+    n_rot = hp("rope.dimension_count", head_dim)
+    eps, base = hp("attention.layer_norm_rms_epsilon"), hp("rope.freq_base", 10000.0)
+    neox = arch in ("qwen2", "qwen3", "gemma3", "phi3")
+    scale_kind = hp("rope.scaling.type", "linear")
+    factor = hp("rope.scaling.factor", 0.0)
+    freq_scale = 1.0 if not factor else 1.0 / factor
+    attn_factor = hp("rope.scaling.attn_factor", 1.0)
+    n_ctx_pad = -(-n_ctx // 256) * 256
+    if "rope_freqs.weight" in t:
+        factors = t["rope_freqs.weight"]
+    elif scale_kind == "longrope" and "rope_factors_long.weight" in t:
+        orig = hp("rope.scaling.original_context_length", hp("context_length"))
+        factors = t["rope_factors_long.weight" if n_ctx_pad > orig else "rope_factors_short.weight"]
+    else:
+        factors = None
+    window = hp("attention.sliding_window", 0) if arch == "gemma3" else 0
+    pattern = hp("attention.sliding_window_pattern", 6)
+    is_swa = [bool(window) and (il % pattern < pattern - 1) for il in range(n_layer)]
+    base_swa = hp("rope.freq_base_swa", 10000.0)
+    softcap = hp("final_logit_softcapping", 0.0) if arch == "gemma3" else 0.0
+    toks = np.asarray(tokens)
+    n = len(toks)
+    pos = np.arange(n, dtype=np.float64)
+
+    def lin(name, x, kind="attn"):
+        """x @ W.T with the weight's .scale and .bias, in llama.cpp's order: projections scale
+        then add the bias (build_lora_mm, build_qkv), the feed-forward adds then scales."""
+        y = x @ t[name + ".weight"].T
+        s, b = t.get(name + ".scale"), t.get(name + ".bias")
+        if kind == "attn":
+            y = y * s[0] if s is not None else y
+            y = y + b if b is not None else y
+        else:
+            y = y + b if b is not None else y
+            y = y * s[0] if s is not None else y
+        return y
+
+    def rope(x, b):
+        if n_rot == x.shape[-1]:
+            r = _rope(x, pos * freq_scale, b, factors, neox)
+            return r * attn_factor
+        rot = _rope(x[..., :n_rot], pos * freq_scale, b, factors, neox) * attn_factor
+        return np.concatenate([rot, x[..., n_rot:]], axis=-1)
+
+    x = t["token_embd.weight"][toks]
+    if arch == "gemma3":
+        x = x * np.float64(np.float32(math.sqrt(n_embd)))
+    if arch == "granite" and hp("embedding_scale", 0.0):
+        x = x * hp("embedding_scale")
+    causal = np.triu(np.full((n, n), -np.inf), 1)
+    local = causal + np.where(pos[:, None] - pos[None, :] >= max(window, 1), -np.inf, 0.0)
+    res_scale = hp("residual_scale", 0.0) if arch == "granite" else 0.0
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        h = _rms(x, t[p + "attn_norm.weight"], eps)
+        if p + "attn_qkv.weight" in t:
+            qkv = lin(p + "attn_qkv", h)
+            qd, kd = n_head * head_dim, n_head_kv * head_dim
+            q, k, v = qkv[:, :qd], qkv[:, qd:qd + kd], qkv[:, qd + kd:]
+        else:
+            q, k, v = (lin(p + f"attn_{s}", h) for s in "qkv")
+        q = q.reshape(n, n_head, head_dim)
+        k = k.reshape(n, n_head_kv, head_dim)
+        v = v.reshape(n, n_head_kv, head_dim)
+        if p + "attn_q_norm.weight" in t:
+            q = _rms(q, t[p + "attn_q_norm.weight"], eps)
+            k = _rms(k, t[p + "attn_k_norm.weight"], eps)
+        use_rope = not (arch == "smollm3" and (i + 1) % 4 == 0)
+        if use_rope:
+            b = base_swa if is_swa[i] else base
+            q, k = rope(q, b), rope(k, b)
+        kq_scale = 1.0 / math.sqrt(head_dim)
+        if arch == "granite" and hp("attention.scale", 0.0):
+            kq_scale = hp("attention.scale")
+        mask = local if is_swa[i] else causal
+        g = n_head // n_head_kv
+        out = np.empty((n, n_head, head_dim))
+        for hh in range(n_head):
+            sc = q[:, hh, :] @ k[:, hh // g, :].T * kq_scale + mask
+            sc = np.exp(sc - sc.max(-1, keepdims=True))
+            sc /= sc.sum(-1, keepdims=True)
+            out[:, hh, :] = sc @ v[:, hh // g, :]
+        a = lin(p + "attn_output", out.reshape(n, n_head * head_dim))
+        if p + "post_attention_norm.weight" in t:
+            a = _rms(a, t[p + "post_attention_norm.weight"], eps)
+        if res_scale:
+            a = a * res_scale
+        x = x + a
+        h = _rms(x, t[p + "ffn_norm.weight"], eps)
+        if p + "ffn_gate.weight" in t:
+            gate, up = lin(p + "ffn_gate", h, "ffn"), lin(p + "ffn_up", h, "ffn")
+        else:   # fused: the first half of ffn_up's rows is the gate
+            gu = lin(p + "ffn_up", h, "ffn")
+            gate, up = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
+        if arch == "gemma3":
+            act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+        else:
+            act = gate / (1 + np.exp(-gate))
+        f = lin(p + "ffn_down", act * up, "ffn")
+        if p + "post_ffw_norm.weight" in t:
+            f = _rms(f, t[p + "post_ffw_norm.weight"], eps)
+        if res_scale:
+            f = f * res_scale
+        x = x + f
+    h = _rms(x, t["output_norm.weight"], eps)
+    out_w = t.get("output.weight", t["token_embd.weight"])
+    logits = h @ out_w.T
+    if "output.bias" in t:
+        logits = logits + t["output.bias"]
+    if arch == "granite":
+        logits = logits / hp("logit_scale")
+    if softcap:
+        logits = np.tanh(logits / softcap) * softcap
+    return logits
 
 
 # ------------------------------------------------------------------------------------------------
