@@ -137,7 +137,7 @@ int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_output
     g->max_table_entries = max_table_entries;
     struct layout l;
     plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, &l);
-    g->max_nodes = m->hp.n_layer * 24 + 8;
+    g->max_nodes = m->hp.n_layer * 32 + 16;
     g->nodes = kiri_mem_calloc((size_t)g->max_nodes, sizeof *g->nodes);
     int rc = g->nodes ? side_init(&g->main, m->iface, m->be, &l) : KIRI_E_NOMEM;
     if (rc == KIRI_OK && m->n_offload) {
@@ -274,6 +274,23 @@ static struct kiri_node *add(struct builder *b, int op, struct kiri_tensor *dst,
     return nd;
 }
 
+/* Adds a block's output out (E, n) to the residual stream x, after its post-norm (gemma3) and
+ * residual multiplier (granite) where the model has them. */
+static void block_out(const struct kiri_hparams *hp, struct kiri_tensor *post_norm, struct kiri_tensor *x,
+                      struct kiri_tensor *out, struct builder *b)
+{
+    struct kiri_node *nd;
+    if (post_norm) {
+        nd = add(b, KIRI_OP_RMS_NORM, out, out, post_norm);
+        nd->p.eps = hp->rms_eps;
+    }
+    if (hp->residual_scale != 1.0f) {
+        nd = add(b, KIRI_OP_SCALE, out, out, NULL);
+        nd->p.scale = hp->residual_scale;
+    }
+    add(b, KIRI_OP_ADD, x, x, out);
+}
+
 /* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared. */
 static void build_layers(const struct kiri_model *m, struct side *s, struct kiri_kvcache *kv,
                          struct kiri_tensor *rope_freqs, int l0, int l1, struct builder *b)
@@ -285,13 +302,13 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
     struct kiri_tensor *v = &s->t[T_V], *att = &s->t[T_ATT], *gate = &s->t[T_GATE], *up = &s->t[T_UP];
     struct kiri_tensor *pos = &s->t[T_POS], *slots = &s->t[T_SLOTS], *meta = &s->t[T_META];
     struct kiri_tensor *tables = &s->t[T_TABLES];
-    const struct kiri_rope_params rope = {hp->rope_mode, hp->n_rot, hp->rope_freq_base, hp->rope_freq_scale, 1.0f};
-    const struct kiri_attn_params attn = {(int)H, (int)Hkv, (int)D, kiri_kvcache_block_size(kv),
-                                          1.0f / sqrtf((float)D), 0};
     struct kiri_node *nd;
 
     for (int l = l0; l < l1; l++) {
         const struct kiri_layer *L = &m->layers[l];
+        const struct kiri_rope_params rope = {hp->rope_mode, hp->n_rot, L->rope_freq_base, L->rope_freq_scale, 1.0f};
+        const struct kiri_attn_params attn = {(int)H, (int)Hkv, (int)D, kiri_kvcache_block_size(kv), hp->attn_scale,
+                                              L->swa ? hp->swa_window : 0};
         nd = add(b, KIRI_OP_RMS_NORM, xn, x, L->attn_norm);
         nd->p.eps = hp->rms_eps;
         add(b, KIRI_OP_MATMUL, q, L->wq, xn);
@@ -311,12 +328,14 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
             nd = add(b, KIRI_OP_RMS_NORM, kh, kh, L->k_norm);
             nd->p.eps = hp->rms_eps;
         }
-        nd = add(b, KIRI_OP_ROPE, q3, q3, pos);
-        nd->src[2] = rope_freqs;
-        nd->p.rope = rope;
-        nd = add(b, KIRI_OP_ROPE, k3, k3, pos);
-        nd->src[2] = rope_freqs;
-        nd->p.rope = rope;
+        if (L->rope) {
+            nd = add(b, KIRI_OP_ROPE, q3, q3, pos);
+            nd->src[2] = rope_freqs;
+            nd->p.rope = rope;
+            nd = add(b, KIRI_OP_ROPE, k3, k3, pos);
+            nd->src[2] = rope_freqs;
+            nd->p.rope = rope;
+        }
         add(b, KIRI_OP_STORE_KV, kiri_kvcache_k(kv, l), k, slots);
         add(b, KIRI_OP_STORE_KV, kiri_kvcache_v(kv, l), v, slots);
         nd = add(b, KIRI_OP_ATTENTION, att, q3, kiri_kvcache_k(kv, l));
@@ -325,14 +344,14 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
         nd->src[4] = tables;
         nd->p.attn = attn;
         add(b, KIRI_OP_MATMUL, xn, L->wo, att);
-        add(b, KIRI_OP_ADD, x, x, xn);
+        block_out(hp, L->attn_post_norm, x, xn, b);
         nd = add(b, KIRI_OP_RMS_NORM, xn, x, L->ffn_norm);
         nd->p.eps = hp->rms_eps;
         add(b, KIRI_OP_MATMUL, gate, L->w_gate, xn);
         add(b, KIRI_OP_MATMUL, up, L->w_up, xn);
-        add(b, KIRI_OP_SWIGLU, gate, gate, up);
+        add(b, hp->ffn_gelu ? KIRI_OP_GEGLU : KIRI_OP_SWIGLU, gate, gate, up);
         add(b, KIRI_OP_MATMUL, xn, L->w_down, gate);
-        add(b, KIRI_OP_ADD, x, x, xn);
+        block_out(hp, L->ffn_post_norm, x, xn, b);
     }
 }
 
@@ -343,7 +362,16 @@ static void build_head(const struct kiri_model *m, struct side *s, struct builde
     add(b, KIRI_OP_GET_ROWS, xo, &s->t[T_X], &s->t[T_OUT_ROWS]);
     struct kiri_node *nd = add(b, KIRI_OP_RMS_NORM, xo, xo, m->output_norm);
     nd->p.eps = m->hp.rms_eps;
-    add(b, KIRI_OP_MATMUL, &s->t[T_LOGITS], m->output, xo);
+    struct kiri_tensor *logits = &s->t[T_LOGITS];
+    add(b, KIRI_OP_MATMUL, logits, m->output, xo);
+    if (m->hp.logit_scale != 1.0f) {
+        nd = add(b, KIRI_OP_SCALE, logits, logits, NULL);
+        nd->p.scale = m->hp.logit_scale;
+    }
+    if (m->hp.final_softcap > 0.0f) {
+        nd = add(b, KIRI_OP_SOFTCAP, logits, logits, NULL);
+        nd->p.softcap = m->hp.final_softcap;
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -385,6 +413,10 @@ static int run_step(struct kiri_graph *g, struct kiri_kvcache *kv, const struct 
     }
     struct builder bl = {g->nodes, 0, g->max_nodes};
     add(&bl, KIRI_OP_GET_ROWS, &g->main.t[T_X], m->tok_embd, &g->main.t[T_TOKENS]);
+    if (m->hp.embd_scale != 1.0f) {
+        struct kiri_node *nd = add(&bl, KIRI_OP_SCALE, &g->main.t[T_X], &g->main.t[T_X], NULL);
+        nd->p.scale = m->hp.embd_scale;
+    }
     const int n_embed = bl.n;
     if (n_off)
         build_layers(m, &g->off, kv, m->rope_freqs ? &m->rope_freqs_off : NULL, 0, n_off, &bl);

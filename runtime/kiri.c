@@ -3,6 +3,7 @@
  * and finish reasons exist only there. */
 #include "kiri.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -120,6 +121,46 @@ static void copy_out(struct kiri_buf *b, char *buf, size_t cap)
     kiri_buf_free(b);
 }
 
+/* The lines only some families need: sliding-window layers, layers without RoPE, multipliers. */
+static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    int n_swa = 0, n_norope = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        n_swa += m->layers[l].swa;
+        n_norope += !m->layers[l].rope;
+    }
+    if (hp->swa_window > 0) {
+        char pattern[64];
+        if (hp->swa_pattern > 0)
+            snprintf(pattern, sizeof pattern, "pattern %d: one global layer in every %d", hp->swa_pattern,
+                     hp->swa_pattern);
+        else
+            snprintf(pattern, sizeof pattern, "%s", n_swa == hp->n_layer ? "every layer slides" : "listed per layer");
+        kiri_buf_printf(text, "sliding window: %d keys on %d of %d layers (%s); rope base %g there, %g on the global "
+                        "layers\n", hp->swa_window, n_swa, hp->n_layer, pattern, (double)hp->rope_freq_base_swa,
+                        (double)hp->rope_freq_base);
+    }
+    if (n_norope)
+        kiri_buf_printf(text, "no rope:       on %d of %d layers\n", n_norope, hp->n_layer);
+    const float default_attn = 1.0f / sqrtf((float)hp->head_dim);
+    if (hp->embd_scale != 1.0f || hp->residual_scale != 1.0f || hp->logit_scale != 1.0f || hp->final_softcap > 0.0f ||
+        hp->attn_scale != default_attn || hp->ffn_gelu) {
+        kiri_buf_printf(text, "multipliers:  ");
+        if (hp->embd_scale != 1.0f)
+            kiri_buf_printf(text, " embedding x%g", (double)hp->embd_scale);
+        if (hp->attn_scale != default_attn)
+            kiri_buf_printf(text, " attention x%g", (double)hp->attn_scale);
+        if (hp->residual_scale != 1.0f)
+            kiri_buf_printf(text, " residual x%g", (double)hp->residual_scale);
+        if (hp->logit_scale != 1.0f)
+            kiri_buf_printf(text, " logits x%g", (double)hp->logit_scale);
+        if (hp->final_softcap > 0.0f)
+            kiri_buf_printf(text, " logit soft-cap %g", (double)hp->final_softcap);
+        kiri_buf_printf(text, "%s\n", hp->ffn_gelu ? " (feed-forward GeGLU)" : "");
+    }
+}
+
 void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
 {
     if (!cap)
@@ -138,6 +179,7 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     kiri_buf_printf(&text, "attention:     %d heads, %d kv heads, head size %d, rope %s over %d dims, base %g, scale %g\n",
             hp->n_head, hp->n_head_kv, hp->head_dim, hp->rope_mode == KIRI_ROPE_NEOX ? "neox" : "normal",
             hp->n_rot, (double)hp->rope_freq_base, (double)hp->rope_freq_scale);
+    describe_family(m, &text);
     kiri_buf_printf(&text, "context:       %d (trained)\n", hp->n_ctx_train);
     int count[KIRI_TYPE_COUNT] = {0};
     for (int i = 0; i < m->n_tensors; i++)

@@ -18,18 +18,29 @@
  * Architectures
  * ------------------------------------------------------------------------------------------- */
 
+static int gemma3_hparams(struct kiri_model *m, struct kiri_status_info *info);
+static int smollm3_hparams(struct kiri_model *m, struct kiri_status_info *info);
+static int granite_hparams(struct kiri_model *m, struct kiri_status_info *info);
+
 struct arch_info {
     const char *name;
     int arch;
     int rope_mode;
     int has_qkv_bias;     /* attention biases expected (qwen2) */
-    int has_qk_norm;      /* per-head q/k RMS norms (qwen3) */
+    int has_qk_norm;      /* per-head q/k RMS norms (qwen3, gemma3) */
+    int has_post_norms;   /* post_attention_norm and post_ffw_norm (gemma3) */
+    int rope_freqs;       /* the graph applies rope_freqs.weight when the file has it */
+    /* The family's own hyperparameters and per-layer settings, after the weights; NULL: none. */
+    int (*family)(struct kiri_model *m, struct kiri_status_info *info);
 };
 
 static const struct arch_info archs[] = {
-    {"llama", KIRI_ARCH_LLAMA, KIRI_ROPE_NORMAL, 0, 0},
-    {"qwen2", KIRI_ARCH_QWEN2, KIRI_ROPE_NEOX, 1, 0},
-    {"qwen3", KIRI_ARCH_QWEN3, KIRI_ROPE_NEOX, 0, 1},
+    {"llama", KIRI_ARCH_LLAMA, KIRI_ROPE_NORMAL, 0, 0, 0, 1, NULL},
+    {"qwen2", KIRI_ARCH_QWEN2, KIRI_ROPE_NEOX, 1, 0, 0, 1, NULL},
+    {"qwen3", KIRI_ARCH_QWEN3, KIRI_ROPE_NEOX, 0, 1, 0, 1, NULL},
+    {"gemma3", KIRI_ARCH_GEMMA3, KIRI_ROPE_NEOX, 0, 1, 1, 0, gemma3_hparams},
+    {"smollm3", KIRI_ARCH_SMOLLM3, KIRI_ROPE_NORMAL, 0, 0, 0, 0, smollm3_hparams},
+    {"granite", KIRI_ARCH_GRANITE, KIRI_ROPE_NORMAL, 0, 0, 0, 1, granite_hparams},
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -149,6 +160,11 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     hp->rope_freq_base = base;
     hp->rope_freq_scale = 1.0f / factor;
     hp->rms_eps = eps;
+    hp->attn_scale = 1.0f / sqrtf((float)key_len);
+    hp->embd_scale = 1.0f;
+    hp->residual_scale = 1.0f;
+    hp->logit_scale = 1.0f;
+    hp->rope_freq_base_swa = base;
     return KIRI_OK;
 }
 
@@ -244,7 +260,7 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
     const struct kiri_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
     const int64_t Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
-    m->tensors = kiri_mem_calloc((size_t)hp->n_layer * 16 + 8, sizeof *m->tensors);
+    m->tensors = kiri_mem_calloc((size_t)hp->n_layer * 24 + 8, sizeof *m->tensors);
     m->layers = kiri_mem_calloc((size_t)hp->n_layer, sizeof *m->layers);
     m->layer_t0 = kiri_mem_array((size_t)hp->n_layer + 1, sizeof *m->layer_t0);
     if (!m->tensors || !m->layers || !m->layer_t0)
@@ -253,7 +269,8 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
     if ((rc = take_weight(m, "token_embd.weight", E, V, WEIGHT_EMBEDDING, 1, &m->tok_embd, info)) < 0 ||
         (rc = take_weight(m, "output_norm.weight", E, 1, WEIGHT_VECTOR, 1, &m->output_norm, info)) < 0 ||
         (rc = take_weight(m, "output.weight", E, V, WEIGHT_MATRIX, 0, &m->output, info)) < 0 ||
-        (rc = take_weight(m, "rope_freqs.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0, &m->rope_freqs, info)) < 0)
+        (ai->rope_freqs &&
+         (rc = take_weight(m, "rope_freqs.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0, &m->rope_freqs, info)) < 0))
         return rc;
     if (!m->output)
         m->output = m->tok_embd; /* tied embeddings */
@@ -279,9 +296,153 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         W(w_gate, "ffn_gate.weight", E, F, WEIGHT_MATRIX, 1)
         W(w_up, "ffn_up.weight", E, F, WEIGHT_MATRIX, 1)
         W(w_down, "ffn_down.weight", F, E, WEIGHT_MATRIX, 1)
+        if (ai->has_post_norms) {
+            W(attn_post_norm, "post_attention_norm.weight", E, 1, WEIGHT_VECTOR, 1)
+            W(ffn_post_norm, "post_ffw_norm.weight", E, 1, WEIGHT_VECTOR, 1)
+        }
 #undef W
+        L->rope = 1;
+        L->rope_freq_base = hp->rope_freq_base;
+        L->rope_freq_scale = hp->rope_freq_scale;
     }
     m->layer_t0[hp->n_layer] = m->n_tensors;
+    return KIRI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The families beyond llama: their own keys, read as llama.cpp reads them, into the shared
+ * hyperparameters and each layer's settings (load_weights set every layer to the file's RoPE).
+ * ------------------------------------------------------------------------------------------- */
+
+/* An optional multiplier key: 0 (or absent) is unset and leaves *out as it is. */
+static int get_multiplier(const struct kiri_gguf *g, const char *arch, const char *suffix, float *out,
+                          struct kiri_status_info *info)
+{
+    float v = 0.0f;
+    const int rc = get_f32_key(g, arch, suffix, 0, &v, info);
+    if (rc < 0)
+        return rc;
+    if (v != 0.0f)
+        *out = v;
+    return KIRI_OK;
+}
+
+/* gemma3's sliding_window_pattern: a number n (every n-th layer is global, the others slide; 0:
+ * every layer slides) or one flag per layer (bool or integer, nonzero: slides). */
+static int gemma3_swa_layers(struct kiri_model *m, struct kiri_status_info *info)
+{
+    const struct kiri_gguf *g = m->gguf;
+    struct kiri_hparams *hp = &m->hp;
+    const int64_t k = kiri_gguf_find_key(g, "gemma3.attention.sliding_window_pattern");
+    if (k >= 0 && kiri_gguf_kv_type(g, k) == KIRI_GGUF_ARRAY) {
+        int et = 0;
+        uint64_t n = 0;
+        const void *data = NULL;
+        int rc = kiri_gguf_get_arr(g, "gemma3.attention.sliding_window_pattern", 1, &et, &n, &data, info);
+        if (rc < 0)
+            return rc;
+        const size_t es = et == KIRI_GGUF_BOOL ? 1 : et == KIRI_GGUF_UINT32 || et == KIRI_GGUF_INT32 ? 4 : 0;
+        if (!es || n != (uint64_t)hp->n_layer)
+            return bad_hparam(info, g, "gemma3", "attention.sliding_window_pattern",
+                              "must be a number or one bool/int32/uint32 per layer");
+        for (int l = 0; l < hp->n_layer; l++) {
+            uint32_t v = 0;
+            memcpy(&v, (const char *)data + (size_t)l * es, es);
+            m->layers[l].swa = v != 0;
+        }
+        hp->swa_pattern = 0;
+        return KIRI_OK;
+    }
+    uint32_t pattern = 6;
+    int rc = get_u32_key(g, "gemma3", "attention.sliding_window_pattern", 0, &pattern, info);
+    if (rc < 0)
+        return rc;
+    if (pattern > (uint32_t)KIRI_MAX_LAYERS)
+        return bad_hparam(info, g, "gemma3", "attention.sliding_window_pattern", "must be 0..512");
+    for (int l = 0; l < hp->n_layer; l++)
+        m->layers[l].swa = pattern == 0 || (uint32_t)l % pattern < pattern - 1;
+    hp->swa_pattern = (int32_t)pattern;
+    return KIRI_OK;
+}
+
+/* Gemma 3: sliding-window layers with their own RoPE base (10000 unless the file says, at scale
+ * 1) beside global layers at the file's base and scaling; embeddings times sqrt(n_embd); logits
+ * soft-capped when the file sets a cap; GeGLU. The 27B scales attention by its model width over
+ * the heads rather than the head size (gemma_pytorch's query_pre_attn_scalar). */
+static int gemma3_hparams(struct kiri_model *m, struct kiri_status_info *info)
+{
+    const struct kiri_gguf *g = m->gguf;
+    struct kiri_hparams *hp = &m->hp;
+    uint32_t window = 0;
+    int rc = get_u32_key(g, "gemma3", "attention.sliding_window", 0, &window, info);
+    if (rc < 0)
+        return rc;
+    if (window > (1u << 24))
+        return bad_hparam(info, g, "gemma3", "attention.sliding_window", "must be 0..2^24");
+    if (window > 0) {
+        if ((rc = gemma3_swa_layers(m, info)) < 0)
+            return rc;
+        float base_swa = 10000.0f;
+        if ((rc = get_f32_key(g, "gemma3", "rope.freq_base_swa", 0, &base_swa, info)) < 0)
+            return rc;
+        if (!(base_swa > 0.0f))
+            return bad_hparam(info, g, "gemma3", "rope.freq_base_swa", "must be positive");
+        hp->swa_window = (int32_t)window;
+        hp->rope_freq_base_swa = base_swa;
+        for (int l = 0; l < hp->n_layer; l++)
+            if (m->layers[l].swa) {
+                m->layers[l].rope_freq_base = base_swa;
+                m->layers[l].rope_freq_scale = 1.0f;
+            }
+    }
+    float cap = 0.0f;
+    if ((rc = get_f32_key(g, "gemma3", "final_logit_softcapping", 0, &cap, info)) < 0)
+        return rc;
+    if (cap < 0.0f)
+        return bad_hparam(info, g, "gemma3", "final_logit_softcapping", "must not be negative");
+    hp->final_softcap = cap;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    if (hp->n_layer == 62)
+        hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+    hp->ffn_gelu = 1;
+    return KIRI_OK;
+}
+
+/* SmolLM3 leaves out RoPE on every fourth layer (3, 7, 11, ...: layer l when (l + 1) % 4 == 0). */
+static int smollm3_hparams(struct kiri_model *m, struct kiri_status_info *info)
+{
+    (void)info;
+    for (int l = 0; l < m->hp.n_layer; l++)
+        m->layers[l].rope = (l + 1) % 4 != 0;
+    return KIRI_OK;
+}
+
+/* Granite (dense): embeddings times embedding_scale, each block's output times residual_scale
+ * before its residual add, q.k times attention.scale, logits divided by logit_scale (required).
+ * A multiplier of 0 is unset. rope.scaling.finetuned false turns RoPE off on every layer. */
+static int granite_hparams(struct kiri_model *m, struct kiri_status_info *info)
+{
+    const struct kiri_gguf *g = m->gguf;
+    struct kiri_hparams *hp = &m->hp;
+    float logit = 0.0f;
+    int rc;
+    if ((rc = get_f32_key(g, "granite", "logit_scale", 1, &logit, info)) < 0)
+        return rc;
+    if (logit == 0.0f)
+        return bad_hparam(info, g, "granite", "logit_scale", "must not be 0");
+    hp->logit_scale = 1.0f / logit;
+    if ((rc = get_multiplier(g, "granite", "embedding_scale", &hp->embd_scale, info)) < 0 ||
+        (rc = get_multiplier(g, "granite", "residual_scale", &hp->residual_scale, info)) < 0 ||
+        (rc = get_multiplier(g, "granite", "attention.scale", &hp->attn_scale, info)) < 0)
+        return rc;
+    if (kiri_gguf_find_key(g, "granite.deepstack_mapping") >= 0)
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, "granite.deepstack_mapping", -1,
+                             "granite vision models (granite.deepstack_mapping) are not supported");
+    int rope = 1;
+    if ((rc = kiri_gguf_get_bool(g, "granite.rope.scaling.finetuned", 0, &rope, info)) < 0)
+        return rc;
+    for (int l = 0; l < hp->n_layer; l++)
+        m->layers[l].rope = rope != 0;
     return KIRI_OK;
 }
 
@@ -464,7 +625,7 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         const int64_t k = kiri_gguf_find_key(g, "general.architecture");
         rc = kiri_error_at(info, KIRI_E_UNSUPPORTED, "general.architecture",
                            (int64_t)kiri_gguf_kv_offset(g, k),
-                           "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3)",
+                           "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3, gemma3, smollm3, granite)",
                            (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }
@@ -474,6 +635,8 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
     if ((rc = load_hparams(g, ai, &m->hp, info)) < 0)
         goto fail;
     if ((rc = load_weights(m, ai, info)) < 0)
+        goto fail;
+    if (ai->family && (rc = ai->family(m, info)) < 0)
         goto fail;
     if ((rc = start_backend(m, p, info)) < 0)
         goto fail;

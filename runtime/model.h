@@ -25,7 +25,10 @@ struct kiri_kvcache;
 enum kiri_arch {
     KIRI_ARCH_LLAMA,
     KIRI_ARCH_QWEN2,
-    KIRI_ARCH_QWEN3
+    KIRI_ARCH_QWEN3,
+    KIRI_ARCH_GEMMA3,
+    KIRI_ARCH_SMOLLM3,
+    KIRI_ARCH_GRANITE
 };
 
 #define KIRI_MAX_LAYERS 512
@@ -47,6 +50,18 @@ struct kiri_hparams {
     float rope_freq_scale;
     float rms_eps;
     int32_t swa_window;       /* keys a sliding-window layer attends (gemma3); 0: no such layers */
+    /* The multipliers and options of the families beyond llama (1 or 0 where a family has none).
+     * Each layer's RoPE (on or off, base, scale) and window are in struct kiri_layer. */
+    float attn_scale;         /* multiplies q.k before the softmax: 1/sqrt(head_dim) unless the file says */
+    float embd_scale;         /* multiplies the token embeddings: sqrt(n_embd) on gemma3, granite's
+                                 embedding_scale */
+    float residual_scale;     /* multiplies each block's output before it joins the residual (granite) */
+    float logit_scale;        /* multiplies the logits: 1 / granite's logit_scale */
+    float final_softcap;      /* logits = c * tanh(logits / c) when > 0 (gemma3's final_logit_softcapping) */
+    float rope_freq_base_swa; /* the RoPE base of sliding-window layers (gemma3) */
+    int32_t swa_pattern;      /* gemma3: every swa_pattern-th layer is global; 0: the file lists the
+                                 layers; for descriptions */
+    int ffn_gelu;             /* 1: the feed-forward gate is GELU (GeGLU, gemma3); 0: SiLU (SwiGLU) */
 };
 
 struct kiri_layer {
@@ -61,7 +76,13 @@ struct kiri_layer {
     struct kiri_tensor *w_gate;      /* (n_embd, n_ff) */
     struct kiri_tensor *w_up;        /* (n_embd, n_ff) */
     struct kiri_tensor *w_down;      /* (n_ff, n_embd) */
+    struct kiri_tensor *attn_post_norm; /* optional (n_embd) F32: norms the attention block's output
+                                           before the residual add (gemma3) */
+    struct kiri_tensor *ffn_post_norm;  /* optional (n_embd) F32: the same for the feed-forward block */
     int swa;                         /* 1: attends the last hp.swa_window keys only */
+    int rope;                        /* 1: RoPE on q and k; 0 on smollm3's every fourth layer */
+    float rope_freq_base;            /* this layer's RoPE base and linear position scale (gemma3's */
+    float rope_freq_scale;           /* sliding-window layers have their own) */
 };
 
 struct kiri_model {
