@@ -622,10 +622,20 @@ static void test_scale_softcap(struct backend_check *b)
                 snprintf(name, sizeof name, "%s|F32|%lldx%lldx%lld c=%g formula", o ? "softcap" : "scale",
                          (long long)e, (long long)shapes[s][1], (long long)shapes[s][2], (double)c);
                 compare_rel(b, name, formula, got, (size_t)(e * r), o ? 1e-5 : 0);
-                if (o && s == 0 && pi == 0) { /* the contract's p.softcap > 0 */
+                if (o && s == 0 && pi == 0) { /* the contract's p.softcap > 0; F32 only */
                     dn[k].p.softcap = 0.0f;
                     CHECK(!b->dev->supports(b->be, &dn[k]));
                     dn[k].p.softcap = -30.0f;
+                    CHECK(!b->dev->supports(b->be, &dn[k]));
+                    dn[k].p.softcap = c;
+                    struct kiri_tensor half = x.d;
+                    half.type = KIRI_TYPE_F16;
+                    dn[k].src[0] = &half;
+                    CHECK(!b->dev->supports(b->be, &dn[k]));
+                    dn[k].op = KIRI_OP_SCALE;
+                    CHECK(!b->dev->supports(b->be, &dn[k]));
+                    dn[k].op = KIRI_OP_GEGLU;
+                    dn[k].src[1] = &x.d;
                     CHECK(!b->dev->supports(b->be, &dn[k]));
                 }
                 free(formula);
@@ -863,6 +873,8 @@ static void check_attention(struct backend_check *b, int type, int64_t d, int wi
     const struct kiri_attn_params ap = {(int)h, (int)hkv, (int)d, (int)bs, 1.0f / sqrtf((float)d), window};
     hn[k].p.attn = dn[k].p.attn = ap;
     run(b, hn, dn, 1);
+    dn[k].p.attn.window = -1; /* refused */
+    CHECK(!b->dev->supports(b->be, &dn[k]));
     float *got = pair_download(b, &y);
     const double tol = type == KIRI_TYPE_F32 ? 2e-6 : 1e-4;
     char name[64];

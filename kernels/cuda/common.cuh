@@ -121,6 +121,19 @@ HD float bf16_round(float f)
     return bits_f32(((x + 0x7fffu + ((x >> 16) & 1u)) >> 16) << 16);
 }
 
+/* ---- elementwise formulas (runtime/backend.h), shared by the kernels and tests/cuda_units.cu ---- */
+
+/* GEGLU's value: gelu(g) * u, gelu by its tanh approximation. tanhf is within 2 ulp on the device
+ * (CUDA's documented bound) and the C library's on the host. */
+HD float geglu_value(float g, float u)
+{
+    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (1.0f + tanhf(inner)) * u;
+}
+
+/* SOFTCAP's value: c tanh(x / c), c > 0 (the division IEEE-rounded: nvcc's default -prec-div). */
+HD float softcap_value(float x, float c) { return c * tanhf(x / c); }
+
 /* ---- loads ---- */
 
 HD uint32_t ld_u32_a2(const uint8_t *p)
