@@ -324,31 +324,43 @@ struct tile_case {
     int kv_type, head_dim, n_t, n_q, n_kv0; /* token i sees n_kv0 + i keys */
     float q_scale;
     int same_keys;
+    int window; /* > 0: token i sees only the last `window` of its keys */
 };
 
 /* Tiles of 1 to 16 rows (one or two vectors of 8 lanes), n_kv0 = 0 for a first token that sees
  * nothing, head sizes above 256 (one head at a time inside the kernels). */
 static const struct tile_case tile_cases[] = {
-    {KIRI_TYPE_F16, 64, 5, 3, 1, 1.0f, 0},     {KIRI_TYPE_F16, 64, 5, 3, 300, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 2, 8, 37, 1.0f, 0},    {KIRI_TYPE_F16, 64, 4, 4, 9, 30.f, 0},
-    {KIRI_TYPE_F16, 128, 2, 7, 50, 1.0f, 0},   {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0},    {KIRI_TYPE_F16, 64, 3, 5, 0, 1.0f, 0},
-    {KIRI_TYPE_F16, 72, 3, 3, 12, 1.0f, 0},    {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 0},
-    {KIRI_TYPE_F16, 8, 8, 2, 0, 1.0f, 0},      {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 1, 1, 8, 1.0f, 0},     {KIRI_TYPE_F16, 64, 2, 1, 7, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 3, 2, 5, 1.0f, 0},     {KIRI_TYPE_F16, 64, 6, 2, 2, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 13, 1, 0, 1.0f, 0},    {KIRI_TYPE_F16, 260, 3, 2, 6, 1.0f, 0},
-    {KIRI_TYPE_F16, 264, 3, 2, 6, 1.0f, 0},    {KIRI_TYPE_F16, 6, 4, 2, 3, 1.0f, 0},
-    {KIRI_TYPE_F32, 64, 5, 3, 130, 1.0f, 0},   {KIRI_TYPE_F32, 96, 2, 6, 7, 2.0f, 0},
-    {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0},     {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0},
-    {KIRI_TYPE_F16, 64, 3, 5, 2, 1.0f, 1},     {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 1},
-    {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 1},
+    {KIRI_TYPE_F16, 64, 5, 3, 1, 1.0f, 0, 0},     {KIRI_TYPE_F16, 64, 5, 3, 300, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 2, 8, 37, 1.0f, 0, 0},    {KIRI_TYPE_F16, 64, 4, 4, 9, 30.f, 0, 0},
+    {KIRI_TYPE_F16, 128, 2, 7, 50, 1.0f, 0, 0},   {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0, 0},    {KIRI_TYPE_F16, 64, 3, 5, 0, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 72, 3, 3, 12, 1.0f, 0, 0},    {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 8, 8, 2, 0, 1.0f, 0, 0},      {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 1, 1, 8, 1.0f, 0, 0},     {KIRI_TYPE_F16, 64, 2, 1, 7, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 3, 2, 5, 1.0f, 0, 0},     {KIRI_TYPE_F16, 64, 6, 2, 2, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 13, 1, 0, 1.0f, 0, 0},    {KIRI_TYPE_F16, 260, 3, 2, 6, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 264, 3, 2, 6, 1.0f, 0, 0},    {KIRI_TYPE_F16, 6, 4, 2, 3, 1.0f, 0, 0},
+    {KIRI_TYPE_F32, 64, 5, 3, 130, 1.0f, 0, 0},   {KIRI_TYPE_F32, 96, 2, 6, 7, 2.0f, 0, 0},
+    {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0, 0},     {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 64, 3, 5, 2, 1.0f, 1, 0},     {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 1, 0},
+    {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 1, 0},
+    /* Sliding windows: every token past it (first keys 4 .. 8), a prompt that grows into it,
+     * a window of 1, windows around the vector widths, cases the kernels hand on. */
+    {KIRI_TYPE_F16, 64, 5, 3, 9, 1.0f, 0, 5},  {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0, 4},
+    {KIRI_TYPE_F32, 64, 5, 3, 130, 1.0f, 0, 7}, {KIRI_TYPE_F16, 128, 2, 7, 50, 1.0f, 0, 1},
+    {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 0, 3},  {KIRI_TYPE_F16, 64, 4, 4, 9, 30.f, 0, 8},
+    {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f, 0, 9}, {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0, 2},
+    {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0, 5}, {KIRI_TYPE_F16, 260, 3, 2, 6, 1.0f, 0, 2},
+    {KIRI_TYPE_F16, 64, 3, 5, 12, 1.0f, 1, 2},  {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 0, 6},
 };
 
 /* Runs of tokens times heads against the reference one (token, head) at a time, token i seeing
- * n_kv0 + i keys (a prompt's causal mask). The key and value only the last token sees hold NaN
- * and infinities: an earlier token's result must not depend on them. Output padding stays
- * untouched, the scratch within its KIRI_ATTEND_TILE_ROWS floats per key. */
+ * n_kv0 + i keys (a prompt's causal mask), or with a window only the last of them (the reference
+ * then runs on just those). The key and value only the last token sees hold NaN and infinities:
+ * an earlier token's result must not depend on them. With a window whose start moves between the
+ * first two tokens, so do the key and value only the first token sees, and every key before it
+ * (which no token sees). Output padding stays untouched, the scratch within its
+ * KIRI_ATTEND_TILE_ROWS floats per key. */
 void ops_check_attend_tile(struct ops_check *o)
 {
     const struct kiri_cpu_kernels *k = o->k;
@@ -362,9 +374,11 @@ void ops_check_attend_tile(struct ops_check *o)
         struct cache kv;
         cache_init(&kv, tc->kv_type, d, n_rows, kiri_row_bytes(tc->kv_type, d) * 2, tc->same_keys);
         int32_t *slots = pick_slots(n_max, 2, n_rows);
-        int32_t n_kv[KIRI_ATTEND_TILE_ROWS];
-        for (int i = 0; i < tc->n_t && i < KIRI_ATTEND_TILE_ROWS; i++)
+        int32_t n_kv[KIRI_ATTEND_TILE_ROWS], first[KIRI_ATTEND_TILE_ROWS];
+        for (int i = 0; i < tc->n_t && i < KIRI_ATTEND_TILE_ROWS; i++) {
             n_kv[i] = tc->n_kv0 + i;
+            first[i] = tc->window > 0 && n_kv[i] > tc->window ? n_kv[i] - tc->window : 0;
+        }
         const size_t q_head = (size_t)d + 8, q_tok = q_head * (size_t)tc->n_q + 24;
         const size_t out_head = (size_t)d + 16, out_tok = out_head * (size_t)tc->n_q + 8;
         float *q = random_floats(q_tok * (size_t)tc->n_t, tc->q_scale);
@@ -378,30 +392,34 @@ void ops_check_attend_tile(struct ops_check *o)
          * token's last key turn into NaN and infinity, which only that token sees. */
         for (int r = 0; r < rows; r++)
             kiri_cpu_attend_head(q + (size_t)(r / tc->n_q) * q_tok + (size_t)(r % tc->n_q) * q_head, kv.k, kv.stride,
-                                 kv.v, kv.stride, tc->kv_type, slots, n_kv[r / tc->n_q], d, scale, s_ref,
-                                 o_ref + (size_t)r * (size_t)d);
+                                 kv.v, kv.stride, tc->kv_type, slots + first[r / tc->n_q],
+                                 n_kv[r / tc->n_q] - first[r / tc->n_q], d, scale, s_ref, o_ref + (size_t)r * (size_t)d);
         const int poisoned = tc->n_t > 1 && tc->kv_type != KIRI_TYPE_Q8_0;
+        const int poisoned_first = poisoned && first[0] < first[1];
         if (poisoned) {
-            const size_t at = (size_t)slots[n_max - 1] * kv.stride;
             float *nan_inf = test_xmalloc((size_t)d * sizeof *nan_inf);
             for (int i = 0; i < d; i++)
                 nan_inf[i] = i % 2 ? NAN : INFINITY;
-            CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.k + at, d) > 0);
-            CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.v + at, d) > 0);
+            for (int j = poisoned_first ? 0 : n_max - 1; j < n_max; j = j == first[0] ? n_max - 1 : j + 1) {
+                const size_t at = (size_t)slots[j] * kv.stride;
+                CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.k + at, d) > 0);
+                CHECK(kiri_cpu_quantize_row(tc->kv_type, nan_inf, (char *)kv.v + at, d) > 0);
+            }
             free(nan_inf);
         }
-        k->attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots, n_kv,
-                       d, scale, scratch, out, out_tok, out_head);
+        k->attend_tile(q, q_tok, q_head, tc->n_t, tc->n_q, kv.k, kv.stride, kv.v, kv.stride, tc->kv_type, slots,
+                       tc->window > 0 ? first : NULL, n_kv, d, scale, scratch, out, out_tok, out_head);
         const double tol = tolerance(o, tc->kv_type, d, tc->same_keys);
         int bad = 0;
         for (int r = 0; r < rows; r++) {
             const int i_t = r / tc->n_q, h = r % tc->n_q;
             const float *got = out + (size_t)i_t * out_tok + (size_t)h * out_head;
-            if (poisoned && i_t == tc->n_t - 1)
-                continue; /* sees the poisoned key: no reference to compare with */
+            if ((poisoned && i_t == tc->n_t - 1) || (poisoned_first && i_t == 0))
+                continue; /* sees a poisoned key: no reference to compare with */
             char what[160];
-            snprintf(what, sizeof what, "tile case %zu (%s, d %d, %d tokens x %d heads, n_kv0 %d): token %d head %d",
-                     c, kiri_type_name(tc->kv_type), d, tc->n_t, tc->n_q, tc->n_kv0, i_t, h);
+            snprintf(what, sizeof what,
+                     "tile case %zu (%s, d %d, %d tokens x %d heads, n_kv0 %d, window %d): token %d head %d", c,
+                     kiri_type_name(tc->kv_type), d, tc->n_t, tc->n_q, tc->n_kv0, tc->window, i_t, h);
             compare(o, tc->kv_type, got, o_ref + (size_t)r * (size_t)d, d, tol, &bad, what);
             check_nan(got + d, out_head - (size_t)d);
         }
@@ -425,8 +443,9 @@ void ops_check_attend_tile(struct ops_check *o)
 
 /* A few ulp of silu(g) u; where e^g is below the smallest normal float (g < -87.3) the kernels'
  * exp flushes to 0, leaving results under 1e-35 instead of tiny values. */
-static double swiglu_tol(float want)
+static double swiglu_tol(float g, float want)
 {
+    (void)g;
     return 4e-7 * fabs((double)want) + 1e-35;
 }
 
@@ -436,34 +455,127 @@ static double rms_norm_tol(float want)
     return 2.5e-7 * fabs((double)want);
 }
 
+/* Compares n results of a row kernel with the reference's within tol(x, want); returns the worst
+ * error relative to the reference's value (where that is above 1e-30). */
+static double compare_row(const char *what, const float *x, const float *got, const float *want, int64_t n,
+                          double (*tol)(float x, float want))
+{
+    double worst = 0.0;
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - (double)want[i]);
+        if (fabs((double)want[i]) > 1e-30)
+            worst = fmax(worst, e / fabs((double)want[i]));
+        if (!(e <= tol(x[i], want[i])) && bad++ < 3) {
+            fprintf(stderr, "  %s: value %lld (x %.9g)\n", what, (long long)i, (double)x[i]);
+            CHECK_NEAR(got[i], want[i], tol(x[i], want[i]));
+        }
+    }
+    return worst;
+}
+
+/* n values evenly spaced over [lo, hi]. */
+static float *sweep(float lo, float hi, int n)
+{
+    float *x = test_xmalloc((size_t)n * sizeof *x);
+    for (int i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * (float)i / (float)(n - 1);
+    return x;
+}
+
 /* The SwiGLU sweep: gates evenly spaced from -100 to 100, which walks the kernels' exp over its
  * whole range. Returns the worst relative error. */
 static double swiglu_sweep(const struct kiri_cpu_kernels *k)
 {
     enum { N_SWEEP = 200001 };
-    float *g = test_xmalloc(N_SWEEP * sizeof *g), *u = test_xmalloc(N_SWEEP * sizeof *u);
+    float *g = sweep(-100.0f, 100.0f, N_SWEEP), *u = sweep(1.0f, 1.0f, N_SWEEP);
     float *a = test_xmalloc(N_SWEEP * sizeof *a), *b = test_xmalloc(N_SWEEP * sizeof *b);
-    for (int i = 0; i < N_SWEEP; i++) {
-        g[i] = -100.0f + 200.0f * (float)i / (float)(N_SWEEP - 1);
-        u[i] = 1.0f;
-    }
     kiri_cpu_swiglu_row(g, u, a, N_SWEEP);
     k->swiglu_row(g, u, b, N_SWEEP);
-    double worst = 0.0;
-    int bad = 0;
-    for (int i = 0; i < N_SWEEP; i++) {
-        if (fabs((double)a[i]) > 1e-30)
-            worst = fmax(worst, fabs((double)b[i] - (double)a[i]) / fabs((double)a[i]));
-        if (!(fabs((double)b[i] - (double)a[i]) <= swiglu_tol(a[i])) && bad++ < 3) {
-            fprintf(stderr, "  swiglu sweep: g %.9g\n", (double)g[i]);
-            CHECK_NEAR(b[i], a[i], swiglu_tol(a[i]));
-        }
-    }
+    const double worst = compare_row("swiglu sweep", g, b, a, N_SWEEP, swiglu_tol);
     free(g);
     free(u);
     free(a);
     free(b);
     return worst;
+}
+
+/* GeGLU, scaling and soft-capping against the reference. GeGLU: the kernels form 2z as the
+ * reference does and differ in exp (2 ulp) and the sigmoid's division, so a few ulp, growing with
+ * |2z| where x < 0 (e^-2z carries its argument's rounding |2z| times over: at x = -10, 2z = -87);
+ * results under 1e-35 may flush to 0. Soft-capping: tanh within a few ulp of tanhf; scaling: the
+ * same product. */
+static double geglu_tol(float x, float want)
+{
+    const double z2 = fabs(2.0 * 0.7978845608 * ((double)x + 0.044715 * (double)x * x * x));
+    return fabs((double)want) * (4e-7 + (x < 0 ? z2 * 1.2e-7 : 0.0)) + 1e-35;
+}
+
+static double softcap_tol(float x, float want)
+{
+    (void)x;
+    return 6e-7 * fabs((double)want) + 1e-38;
+}
+
+static double exact_tol(float x, float want)
+{
+    (void)x;
+    (void)want;
+    return 0.0;
+}
+
+/* The rows of lengths around the vector widths (nothing written past n; in place where the
+ * contract allows), then sweeps of x over [-20, 20] (GeGLU: both tails of the sigmoid and the
+ * flush to 0; soft-capping at caps 1 and 30: tanh's polynomial, its switch at 0.4 and its
+ * saturation). Returns the worst relative errors of GeGLU and soft-capping. */
+static void check_glu_caps(const struct kiri_cpu_kernels *k, double *worst_geglu, double *worst_softcap)
+{
+    static const int64_t lens[] = {1, 3, 4, 5, 7, 8, 9, 16, 29, 2048, 5632};
+    *worst_geglu = *worst_softcap = 0.0;
+    for (size_t li = 0; li < COUNT(lens); li++) {
+        const int64_t n = lens[li];
+        float *x = random_floats((size_t)n, 8.0f), *u = random_floats((size_t)n, 1.0f);
+        float *a = test_xmalloc((size_t)n * sizeof *a), *b = nan_floats((size_t)n + 4);
+        kiri_cpu_geglu_row(x, u, a, n);
+        k->geglu_row(x, u, b, n);
+        *worst_geglu = fmax(*worst_geglu, compare_row("geglu", x, b, a, n, geglu_tol));
+        check_nan(b + n, 4);
+        float *c = test_xmalloc((size_t)n * sizeof *c);
+        memcpy(c, x, (size_t)n * sizeof *c);
+        k->geglu_row(c, u, c, n); /* in place */
+        compare_row("geglu in place", x, c, a, n, geglu_tol);
+        kiri_cpu_softcap_row(x, a, n, 5.0f);
+        k->softcap_row(x, b, n, 5.0f);
+        *worst_softcap = fmax(*worst_softcap, compare_row("softcap", x, b, a, n, softcap_tol));
+        memcpy(c, x, (size_t)n * sizeof *c);
+        k->softcap_row(c, c, n, 5.0f);
+        compare_row("softcap in place", x, c, a, n, softcap_tol);
+        kiri_cpu_scale_row(x, a, n, 0.37f);
+        k->scale_row(x, b, n, 0.37f);
+        compare_row("scale", x, b, a, n, exact_tol);
+        check_nan(b + n, 4);
+        free(x);
+        free(u);
+        free(a);
+        free(b);
+        free(c);
+    }
+    enum { N_SWEEP = 400001 };
+    float *x = sweep(-20.0f, 20.0f, N_SWEEP), *u = sweep(1.0f, 1.0f, N_SWEEP);
+    float *a = test_xmalloc(N_SWEEP * sizeof *a), *b = test_xmalloc(N_SWEEP * sizeof *b);
+    kiri_cpu_geglu_row(x, u, a, N_SWEEP);
+    k->geglu_row(x, u, b, N_SWEEP);
+    *worst_geglu = fmax(*worst_geglu, compare_row("geglu sweep", x, b, a, N_SWEEP, geglu_tol));
+    for (int ci = 0; ci < 2; ci++) {
+        const float cap = ci ? 30.0f : 1.0f;
+        kiri_cpu_softcap_row(x, a, N_SWEEP, cap);
+        k->softcap_row(x, b, N_SWEEP, cap);
+        *worst_softcap = fmax(*worst_softcap, compare_row("softcap sweep", x, b, a, N_SWEEP, softcap_tol));
+    }
+    free(x);
+    free(u);
+    free(a);
+    free(b);
 }
 
 /* SwiGLU and RMS norm rows against the reference, with lengths around the vector widths of 4 and
@@ -474,7 +586,10 @@ void ops_check_rows(struct ops_check *o)
     const struct kiri_cpu_kernels *k = o->k;
     CHECK(k->swiglu_row != NULL && k->swiglu_row != kiri_cpu_swiglu_row);
     CHECK(k->rms_norm_row != NULL && k->rms_norm_row != kiri_cpu_rms_norm_row);
-    if (!k->swiglu_row || !k->rms_norm_row) {
+    CHECK(k->geglu_row != NULL && k->geglu_row != kiri_cpu_geglu_row);
+    CHECK(k->scale_row != NULL && k->scale_row != kiri_cpu_scale_row);
+    CHECK(k->softcap_row != NULL && k->softcap_row != kiri_cpu_softcap_row);
+    if (!k->swiglu_row || !k->rms_norm_row || !k->geglu_row || !k->scale_row || !k->softcap_row) {
         hand_over(o);
         return;
     }
@@ -490,10 +605,10 @@ void ops_check_rows(struct ops_check *o)
             k->swiglu_row(g, u, b, n);
             int bad = 0;
             for (int64_t i = 0; i < n; i++)
-                if (!(fabs((double)b[i] - (double)a[i]) <= swiglu_tol(a[i])) && bad++ < 3) {
+                if (!(fabs((double)b[i] - (double)a[i]) <= swiglu_tol(g[i], a[i])) && bad++ < 3) {
                     fprintf(stderr, "  swiglu n %lld spread %g: value %lld (g %.9g)\n", (long long)n,
                             (double)spreads[si], (long long)i, (double)g[i]);
-                    CHECK_NEAR(b[i], a[i], swiglu_tol(a[i]));
+                    CHECK_NEAR(b[i], a[i], swiglu_tol(g[i], a[i]));
                 }
             for (int with_w = 0; with_w < 2; with_w++) {
                 kiri_cpu_rms_norm_row(g, with_w ? w : NULL, a, n, 1e-5f);
@@ -513,8 +628,10 @@ void ops_check_rows(struct ops_check *o)
             free(b);
         }
     const double worst = swiglu_sweep(k);
-    fprintf(stderr, "%s: swiglu (%zu lengths x %zu spreads) and rms_norm checked against the reference "
-                    "(swiglu sweep: worst %.2g relative)\n",
-            o->name, COUNT(lens), COUNT(spreads), worst);
+    double worst_geglu, worst_softcap;
+    check_glu_caps(k, &worst_geglu, &worst_softcap);
+    fprintf(stderr, "%s: swiglu (%zu lengths x %zu spreads), rms_norm, geglu, scale and softcap checked against "
+                    "the reference (worst relative: swiglu sweep %.2g, geglu %.2g, softcap %.2g)\n",
+            o->name, COUNT(lens), COUNT(spreads), worst, worst_geglu, worst_softcap);
     hand_over(o);
 }

@@ -7,8 +7,9 @@
  *   reference one at a time;
  * - attend_tile: a prompt's tokens times heads under a causal mask, with a poisoned key (NaN and
  *   infinity) that only the last token sees;
- * - rows: SwiGLU (both tails of the sigmoid, a sweep over the whole range of exp) and RMS norm
- *   with and without weights.
+ * - rows: SwiGLU (both tails of the sigmoid, a sweep over the whole range of exp), RMS norm
+ *   with and without weights, GeGLU (a sweep through both tails), scaling and soft-capping (a
+ *   sweep through tanh's polynomial, its switch and its saturation), in place where allowed.
  * Every check also requires output padding and the floats after the scratch its contract grants to
  * stay untouched. The tolerances and why are stated once, in ops_check.c.
  * State: struct ops_check holds the table under test (borrowed), what the kernels hand to the

@@ -1,13 +1,17 @@
 /* The CPU backend's operations against straightforward double-precision formulas written here,
- * on random inputs: RMS norm, SwiGLU, RoPE (both layouts, frequency factors), attention through
- * block tables (F32, F16 and Q8_0 caches, GQA), products of every weight type through the backend
- * with 1 and 3 worker threads, and the thread pool itself. */
+ * on random inputs: RMS norm, SwiGLU, GeGLU, scaling and soft-capping (also through the backend,
+ * in place), RoPE (both layouts, partial rotation, frequency factors, the magnitude factor),
+ * attention through block tables (F32, F16 and Q8_0 caches, GQA) with and without a sliding
+ * window, products of every weight type through the backend with 1 and 3 worker threads, and the
+ * thread pool itself. Backend steps run on the reference kernels and on the kernels this CPU
+ * offers (AVX2, NEON). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../kernels/cpu/cpu_kernels.h"
 #include "backend.h"
+#include "platform.h"
 #include "test.h"
 #include "threadpool.h"
 
@@ -68,17 +72,116 @@ static void test_swiglu(void)
         CHECK_NEAR(y[i], g[i] / (1.0 + exp(-(double)g[i])) * u[i], 1e-5);
 }
 
+/* gelu by its tanh formula, in double. Where 1 + tanh(z) would cancel (z < 0) the same value as
+ * 2 / (1 + e^-2z) - with 1 + tanh z = 2 e^2z / (1 + e^2z) - so the reference keeps its relative
+ * precision down to the smallest floats. */
+#define PI 3.14159265358979323846
+
+static double gelu_ref(double x)
+{
+    const double z = sqrt(2.0 / PI) * (x + 0.044715 * x * x * x);
+    if (z >= 0)
+        return 0.5 * x * (1.0 + tanh(z));
+    return x * exp(2.0 * z) / (1.0 + exp(2.0 * z));
+}
+
+/* The error a float evaluation of gelu at x may make: a few ulp of the result, plus the ulp of
+ * z = sqrt(2/pi) (x + 0.044715 x^3) carried into e^-2z, which is |2z| times as large relative to
+ * it (this is the function's own condition number: below x = -3 a float gelu cannot do better).
+ * Results below the smallest normal float may flush to 0. */
+static double gelu_tol(double x, double u)
+{
+    const double z2 = fabs(2.0 * sqrt(2.0 / PI) * (x + 0.044715 * x * x * x));
+    const double want = fabs(gelu_ref(x) * u);
+    return want * (1e-6 + (x < 0 ? z2 * 1.8e-7 : 0.0)) + 1e-37;
+}
+
+/* GeGLU against the double formula: relative 1e-6 where x >= -3 (the whole range where the tanh
+ * formula is well conditioned), the conditioned bound of gelu_tol below; in place too. */
+static void test_geglu(void)
+{
+    enum { N = 4001 };
+    float *g = malloc(N * sizeof *g), *u = malloc(N * sizeof *u), *y = malloc(N * sizeof *y);
+    for (int i = 0; i < N; i++) {
+        g[i] = i < 3001 ? -15.0f + 30.0f * (float)i / 3000.0f : frand() * 4.0f;
+        u[i] = i % 3 ? frand() * 2.0f : 1.0f;
+    }
+    kiri_cpu_geglu_row(g, u, y, N);
+    double worst_well = 0, worst_all = 0;
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const double want = gelu_ref(g[i]) * u[i];
+        const double rel = want != 0 ? fabs(y[i] - want) / fabs(want) : fabs((double)y[i]);
+        if (g[i] >= -3.0f && fabs(want) > 1e-30)
+            worst_well = fmax(worst_well, rel);
+        if (fabs(want) > 1e-30)
+            worst_all = fmax(worst_all, rel);
+        const double tol = g[i] >= -3.0f ? 1e-6 * fabs(want) + 1e-37 : gelu_tol(g[i], u[i]);
+        if (!(fabs(y[i] - want) <= tol) && bad++ < 5) {
+            fprintf(stderr, "  geglu x %.9g u %.9g\n", (double)g[i], (double)u[i]);
+            CHECK_NEAR(y[i], want, tol);
+        }
+    }
+    fprintf(stderr, "geglu: worst relative error %.2g for x >= -3, %.2g over [-15, 15]\n", worst_well, worst_all);
+    CHECK(bad == 0);
+    /* In place, over the gate and over the up values. */
+    float a[37], b[37], c[37];
+    fill(a, 37, 6.0f);
+    fill(b, 37, 1.0f);
+    kiri_cpu_geglu_row(a, b, c, 37);
+    float a2[37], b2[37];
+    memcpy(a2, a, sizeof a);
+    memcpy(b2, b, sizeof b);
+    kiri_cpu_geglu_row(a2, b, a2, 37);
+    kiri_cpu_geglu_row(a, b2, b2, 37);
+    CHECK(memcmp(a2, c, sizeof c) == 0);
+    CHECK(memcmp(b2, c, sizeof c) == 0);
+    free(g);
+    free(u);
+    free(y);
+}
+
+static void test_scale_softcap(void)
+{
+    enum { N = 300 };
+    float x[N], y[N];
+    fill(x, N, 40.0f);
+    x[0] = 0.0f;
+    x[1] = -1e-30f;
+    x[2] = 1e4f;
+    kiri_cpu_scale_row(x, y, N, 0.0625f * 3.0f);
+    for (int i = 0; i < N; i++) /* one rounding of the exact product */
+        CHECK(y[i] == (float)((double)x[i] * (0.0625 * 3.0)));
+    for (int ci = 0; ci < 3; ci++) {
+        const float cap = ci == 0 ? 30.0f : ci == 1 ? 50.0f : 0.5f;
+        kiri_cpu_softcap_row(x, y, N, cap);
+        for (int i = 0; i < N; i++) {
+            const double want = cap * tanh((double)x[i] / cap);
+            CHECK_NEAR(y[i], want, 4e-7 * fabs(want) + 1e-45);
+        }
+        memcpy(y, x, sizeof x);
+        kiri_cpu_softcap_row(y, y, N, cap); /* in place */
+        for (int i = 0; i < N; i++)
+            CHECK_NEAR(y[i], cap * tanh((double)x[i] / cap), 4e-7 * fabs(cap * tanh((double)x[i] / cap)) + 1e-45);
+    }
+}
+
 static void test_rope(void)
 {
     enum { D = 64, H = 3 };
     float x[D * H], y[D * H], ff[D / 2];
     for (int i = 0; i < D / 2; i++)
         ff[i] = 1.0f + (float)i / 8.0f;
-    for (int mode = 0; mode <= 2; mode += 2) {
-        for (int use_ff = 0; use_ff < 2; use_ff++) {
+    /* Partial (48 of 64) and full rotation, with and without a magnitude factor (which scales
+     * the rotated dimensions only). */
+    for (int variant = 0; variant < 8; variant++) {
+        const int mode = variant & 1 ? KIRI_ROPE_NEOX : KIRI_ROPE_NORMAL, use_ff = (variant >> 1) & 1;
+        const int n_rot = variant & 4 ? 48 : 64;
+        const float attn_factor = use_ff ? 1.1902380714238083f : variant & 4 ? 1.0f : 0.75f;
+        {
             fill(x, D * H, 1.0f);
             memcpy(y, x, sizeof x);
-            const struct kiri_rope_params p = {mode, 48, 10000.0f, 0.5f, 1.0f};
+            const struct kiri_rope_params p = {mode, n_rot, 10000.0f, 0.5f, attn_factor};
             const int32_t pos = 37;
             kiri_cpu_rope_token(y, H, D, pos, &p, use_ff ? ff : NULL);
             for (int h = 0; h < H; h++) {
@@ -87,8 +190,9 @@ static void test_rope(void)
                     const double theta = pos * pow(10000.0, -2.0 * i / p.n_rot) / (use_ff ? ff[i] : 1.0) * 0.5;
                     const int i0 = mode == KIRI_ROPE_NEOX ? i : 2 * i;
                     const int i1 = mode == KIRI_ROPE_NEOX ? i + p.n_rot / 2 : 2 * i + 1;
-                    CHECK_NEAR(b[i0], a[i0] * cos(theta) - a[i1] * sin(theta), 2e-4);
-                    CHECK_NEAR(b[i1], a[i0] * sin(theta) + a[i1] * cos(theta), 2e-4);
+                    const double c = cos(theta) * attn_factor, sn = sin(theta) * attn_factor;
+                    CHECK_NEAR(b[i0], a[i0] * c - a[i1] * sn, 2e-4);
+                    CHECK_NEAR(b[i1], a[i0] * sn + a[i1] * c, 2e-4);
                 }
                 for (int i = p.n_rot; i < D; i++) /* dimensions past n_rot are untouched */
                     CHECK_NEAR(b[i], a[i], 0);
@@ -105,7 +209,8 @@ struct env {
     struct kiri_backend *be;
 };
 
-static int env_init(struct env *e, int n_threads)
+/* A backend on n_threads workers with the kernels of cpu_features (0: the reference kernels). */
+static int env_init_features(struct env *e, int n_threads, uint32_t cpu_features)
 {
     if (kiri_threadpool_init(n_threads, &e->tp) != 0)
         return -1;
@@ -113,14 +218,86 @@ static int env_init(struct env *e, int n_threads)
     struct kiri_backend_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.threads = e->threads;
+    cfg.cpu_features = cpu_features;
     char msg[64];
     return kiri_cpu_backend_iface.init(&cfg, &e->be, msg, sizeof msg);
+}
+
+static int env_init(struct env *e, int n_threads)
+{
+    return env_init_features(e, n_threads, 0);
 }
 
 static void env_free(struct env *e)
 {
     kiri_cpu_backend_iface.free(e->be);
     kiri_threadpool_free(e->tp);
+}
+
+/* An attention node over n_tok tokens' queries q (head_dim, n_head, n_tok), caches kc and vc of
+ * kv_type (head_dim * n_head_kv, slots), metadata meta (2, n_tok), block tables (n_tables) and the
+ * output out (head_dim * n_head, n_tok); the tensors live in a. */
+struct attn_tensors {
+    struct kiri_tensor q, k, v, meta, tables, out;
+};
+
+static void attention_node(struct kiri_node *nd, struct attn_tensors *a, int kv_type, float *q, int n_tok,
+                           void *kc, void *vc, int slots, const int32_t *meta, const int32_t *tables, int n_tables,
+                           float *out, struct kiri_attn_params p)
+{
+    tensor2(&a->q, KIRI_TYPE_F32, q, p.head_dim, p.n_head);
+    a->q.ne[2] = n_tok;
+    a->q.nb[2] = a->q.nb[1] * (size_t)p.n_head;
+    a->q.nb[3] = a->q.nb[2] * (size_t)n_tok;
+    tensor2(&a->k, kv_type, kc, (int64_t)p.head_dim * p.n_head_kv, slots);
+    tensor2(&a->v, kv_type, vc, (int64_t)p.head_dim * p.n_head_kv, slots);
+    tensor2(&a->meta, KIRI_TYPE_I32, (void *)meta, 2, n_tok);
+    tensor2(&a->tables, KIRI_TYPE_I32, (void *)tables, n_tables, 1);
+    tensor2(&a->out, KIRI_TYPE_F32, out, (int64_t)p.head_dim * p.n_head, n_tok);
+    memset(nd, 0, sizeof *nd);
+    nd->op = KIRI_OP_ATTENTION;
+    nd->dst = &a->out;
+    nd->src[0] = &a->q;
+    nd->src[1] = &a->k;
+    nd->src[2] = &a->v;
+    nd->src[3] = &a->meta;
+    nd->src[4] = &a->tables;
+    nd->p.attn = p;
+}
+
+/* The largest error of one token's attention output (n_head heads of head_dim, row-major) against
+ * the double-precision formula over its keys [lo, n): key j in slot table[j / bs] * bs + j % bs of
+ * the dequantized caches kf and vf (rows of head_dim * n_head_kv floats). */
+static double attention_formula_error(const float *q, const float *kf, const float *vf, const int32_t *table,
+                                      int lo, int n, int bs, int n_head, int n_head_kv, int head_dim,
+                                      double scale, const float *out)
+{
+    const size_t kv_row = (size_t)head_dim * (size_t)n_head_kv;
+    double worst = 0;
+    double *sc = malloc((size_t)(n > 0 ? n : 1) * sizeof *sc);
+    for (int h = 0; h < n_head; h++) {
+        const int hk = h / (n_head / n_head_kv);
+        double mx = -1e300, sum = 0;
+        for (int j = lo; j < n; j++) {
+            const float *kr = kf + (size_t)(table[j / bs] * bs + j % bs) * kv_row + (size_t)hk * (size_t)head_dim;
+            double d = 0;
+            for (int i = 0; i < head_dim; i++)
+                d += (double)q[h * head_dim + i] * kr[i];
+            sc[j] = d * scale;
+            mx = sc[j] > mx ? sc[j] : mx;
+        }
+        for (int j = lo; j < n; j++)
+            sum += (sc[j] = exp(sc[j] - mx));
+        for (int i = 0; i < head_dim; i++) {
+            double o = 0;
+            for (int j = lo; j < n; j++)
+                o += sc[j] / sum *
+                     vf[(size_t)(table[j / bs] * bs + j % bs) * kv_row + (size_t)hk * (size_t)head_dim + (size_t)i];
+            worst = fmax(worst, fabs(o - out[h * head_dim + i]));
+        }
+    }
+    free(sc);
+    return worst;
 }
 
 /* Attention through a scrambled block table against a dense double-precision computation. */
@@ -151,51 +328,19 @@ static void attention_case(int kv_type, int n_threads)
     /* Two sequences: tokens 0 and 1 belong to one (table {5, 2, 7}), token 2 to another ({3, 0}). */
     const int32_t tables[5] = {5, 2, 7, 3, 0};
     const int32_t meta[NTOK * 2] = {10, 0, 11, 0, 6, 3};
-    struct kiri_tensor tq, tk, tv, tm, tt, to;
-    tensor2(&tq, KIRI_TYPE_F32, q, D, H);
-    tq.ne[2] = NTOK;
-    tq.nb[2] = tq.nb[1] * H;
-    tq.nb[3] = tq.nb[2] * NTOK;
-    tensor2(&tk, kv_type, kc, D * HKV, slots);
-    tensor2(&tv, kv_type, vc, D * HKV, slots);
-    tensor2(&tm, KIRI_TYPE_I32, (void *)meta, 2, NTOK);
-    tensor2(&tt, KIRI_TYPE_I32, (void *)tables, 5, 1);
-    tensor2(&to, KIRI_TYPE_F32, out, D * H, NTOK);
-    struct kiri_node nd = {.op = KIRI_OP_ATTENTION, .dst = &to, .src = {&tq, &tk, &tv, &tm, &tt}};
-    nd.p.attn = (struct kiri_attn_params){H, HKV, D, BS, 0.125f, 0};
+    struct kiri_node nd;
+    struct attn_tensors at;
+    attention_node(&nd, &at, kv_type, &q[0][0][0], NTOK, kc, vc, slots, meta, tables, 5, &out[0][0],
+                   (struct kiri_attn_params){H, HKV, D, BS, 0.125f, 0});
     struct env e;
     CHECK_EQ_INT(env_init(&e, n_threads), 0);
     CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
     env_free(&e);
 
     double worst = 0;
-    for (int t = 0; t < NTOK; t++) {
-        const int32_t *table = tables + meta[2 * t + 1];
-        const int n_kv = meta[2 * t];
-        for (int h = 0; h < H; h++) {
-            const int hk = h / (H / HKV);
-            double sc[16], mx = -1e300, sum = 0;
-            for (int j = 0; j < n_kv; j++) {
-                const int s = table[j / BS] * BS + j % BS;
-                double d = 0;
-                for (int i = 0; i < D; i++)
-                    d += (double)q[t][h][i] * kf[s][hk * D + i];
-                sc[j] = d * 0.125;
-                mx = sc[j] > mx ? sc[j] : mx;
-            }
-            for (int j = 0; j < n_kv; j++)
-                sum += (sc[j] = exp(sc[j] - mx));
-            for (int i = 0; i < D; i++) {
-                double o = 0;
-                for (int j = 0; j < n_kv; j++) {
-                    const int s = table[j / BS] * BS + j % BS;
-                    o += sc[j] / sum * vf[s][hk * D + i];
-                }
-                const double err = fabs(o - out[t][h * D + i]);
-                worst = err > worst ? err : worst;
-            }
-        }
-    }
+    for (int t = 0; t < NTOK; t++)
+        worst = fmax(worst, attention_formula_error(&q[t][0][0], &kf[0][0], &vf[0][0], tables + meta[2 * t + 1], 0,
+                                                    meta[2 * t], BS, H, HKV, D, 0.125, out[t]));
     /* Reduced-precision caches also round the query and the weights to F16 (as the common
      * reference does), which costs about 1e-3 here. */
     CHECK_NEAR(worst, 0, kv_type == KIRI_TYPE_F32 ? 1e-5 : 3e-3);
@@ -208,6 +353,173 @@ static void test_attention(void)
     attention_case(KIRI_TYPE_F32, 1);
     attention_case(KIRI_TYPE_F16, 3);
     attention_case(KIRI_TYPE_Q8_0, 2);
+}
+
+/* Sliding-window attention through the backend: a 12-token prompt chunk continuing 8 cached keys
+ * (token i sees 9 + i keys), a decode token with 13 keys and one with 1 key, three block tables.
+ * Every table entry of a block wholly before a sequence's earliest window start is poisoned with
+ * a block id far outside the cache: reading one faults. Each token is checked twice: against the
+ * double-precision formula over its last `window` keys, and against the backend's own full
+ * attention (window 0) over a cache holding only those keys, copied into fresh slots (the
+ * reference kernels must then give the same bits; a SIMD table, whose prefill tiles group the
+ * work differently, agrees within its row-operation tolerances). */
+enum { WD = 64, WH = 4, WHKV = 2, WBS = 4, WSLOTS = 48, WTOK = 14 };
+
+static int window_first(int n, int window) { return window > 0 && n > window ? n - window : 0; }
+
+static void attention_window_case(int kv_type, int window, int n_threads, uint32_t features)
+{
+    static float kf[WSLOTS][WD * WHKV], vf[WSLOTS][WD * WHKV], q[WTOK][WH][WD], out[WTOK][WH * WD];
+    static float one_out[WH * WD];
+    fill(&kf[0][0], sizeof kf / 4, 1.0f);
+    fill(&vf[0][0], sizeof vf / 4, 1.0f);
+    fill(&q[0][0][0], sizeof q / 4, 1.0f);
+    const size_t row = kiri_row_bytes(kv_type, WD * WHKV);
+    char *kc = calloc(WSLOTS, row), *vc = calloc(WSLOTS, row);
+    char *kc1 = calloc(WSLOTS, row), *vc1 = calloc(WSLOTS, row);
+    for (int sl = 0; sl < WSLOTS; sl++) {
+        CHECK(kiri_cpu_quantize_row(kv_type, kf[sl], kc + sl * row, WD * WHKV) == row);
+        CHECK(kiri_cpu_quantize_row(kv_type, vf[sl], vc + sl * row, WD * WHKV) == row);
+        kiri_cpu_dequantize_row(kv_type, kc + sl * row, kf[sl], WD * WHKV);
+        kiri_cpu_dequantize_row(kv_type, vc + sl * row, vf[sl], WD * WHKV);
+    }
+    /* Tables: the prompt's sequence {7, 2, 9, 0, 5}, the decode tokens' {3, 8, 1, 6} and {11}. */
+    const int32_t poison = 0x0FFFFFFF;
+    int32_t tables[10] = {7, 2, 9, 0, 5, 3, 8, 1, 6, 11};
+    int32_t meta[WTOK * 2];
+    for (int t = 0; t < 12; t++) {
+        meta[2 * t] = 9 + t;
+        meta[2 * t + 1] = 0;
+    }
+    meta[24] = 13, meta[25] = 5, meta[26] = 1, meta[27] = 9;
+    for (int b = 0; b < window_first(9, window) / WBS; b++)
+        tables[b] = poison;
+    for (int b = 0; b < window_first(13, window) / WBS; b++)
+        tables[5 + b] = poison;
+
+    struct kiri_node nd;
+    struct attn_tensors at;
+    attention_node(&nd, &at, kv_type, &q[0][0][0], WTOK, kc, vc, WSLOTS, meta, tables, 10, &out[0][0],
+                   (struct kiri_attn_params){WH, WHKV, WD, WBS, 0.125f, window});
+    struct env e;
+    CHECK_EQ_INT(env_init_features(&e, n_threads, features), 0);
+    CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+    CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
+
+    const int32_t clean[10] = {7, 2, 9, 0, 5, 3, 8, 1, 6, 11};
+    const double tol_formula = kv_type == KIRI_TYPE_F32 ? 1e-5 : 3e-3;
+    const double tol_full = features == 0 ? 0.0 : kv_type == KIRI_TYPE_F32 ? 1e-5 : 5e-4;
+    double worst = 0, worst_full = 0;
+    for (int t = 0; t < WTOK; t++) {
+        const int32_t *table = clean + meta[2 * t + 1];
+        const int n = meta[2 * t], lo = window_first(n, window);
+        worst = fmax(worst, attention_formula_error(&q[t][0][0], &kf[0][0], &vf[0][0], table, lo, n, WBS, WH, WHKV,
+                                                    WD, 0.125, out[t]));
+        /* Full attention over a cache of only keys [lo, n), in slots 0 .. n - lo - 1. */
+        for (int j = lo; j < n; j++) {
+            const int sl = table[j / WBS] * WBS + j % WBS;
+            memcpy(kc1 + (size_t)(j - lo) * row, kc + (size_t)sl * row, row);
+            memcpy(vc1 + (size_t)(j - lo) * row, vc + (size_t)sl * row, row);
+        }
+        int32_t ident[WSLOTS / WBS];
+        for (int b = 0; b < WSLOTS / WBS; b++)
+            ident[b] = b;
+        const int32_t meta1[2] = {n - lo, 0};
+        struct kiri_node n1;
+        struct attn_tensors a1;
+        attention_node(&n1, &a1, kv_type, &q[t][0][0], 1, kc1, vc1, WSLOTS, meta1, ident, WSLOTS / WBS, one_out,
+                       (struct kiri_attn_params){WH, WHKV, WD, WBS, 0.125f, 0});
+        CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &n1, 1), 0);
+        for (int i = 0; i < WD * WH; i++)
+            worst_full = fmax(worst_full, fabs((double)one_out[i] - (double)out[t][i]));
+    }
+    env_free(&e);
+    if (worst > tol_formula || worst_full > tol_full)
+        fprintf(stderr, "attention window %d %s threads %d features %#x: formula %.3g, full attention %.3g\n",
+                window, kiri_type_name(kv_type), n_threads, (unsigned)features, worst, worst_full);
+    CHECK(worst <= tol_formula);
+    CHECK(worst_full <= tol_full);
+    free(kc);
+    free(vc);
+    free(kc1);
+    free(vc1);
+}
+
+/* Windows of 1 key, not a multiple of the block size (5), a multiple (8), the longest token's
+ * count (20), beyond it (25), and none (0). */
+static void test_attention_window(void)
+{
+    static const int windows[] = {0, 1, 5, 8, 20, 25};
+    static const int types[] = {KIRI_TYPE_F32, KIRI_TYPE_F16, KIRI_TYPE_Q8_0};
+    const uint32_t features[2] = {0, kiri_platform_cpu_features()};
+    for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++)
+        for (size_t ti = 0; ti < 3; ti++)
+            for (int fi = 0; fi < 2; fi++)
+                attention_window_case(types[ti], windows[wi], 1 + 2 * fi, features[fi]);
+}
+
+/* GEGLU, SCALE and SOFTCAP nodes through the backend, on the reference kernels and on this CPU's,
+ * with 1 and 3 workers: one row (split inside the row) and several, into another tensor and in
+ * place, against the double formulas. */
+static void test_elementwise_nodes(void)
+{
+    enum { E = 1000, R = 3 };
+    static float g[R][E], u[R][E], y[R][E], in[R][E];
+    fill(&g[0][0], (size_t)E * R, 5.0f);
+    fill(&u[0][0], (size_t)E * R, 1.0f);
+    const uint32_t features[2] = {0, kiri_platform_cpu_features()};
+    for (int fi = 0; fi < 2; fi++)
+        for (int nt = 1; nt <= 3; nt += 2)
+            for (int rows = 1; rows <= R; rows += R - 1)
+                for (int op = 0; op < 3; op++)
+                    for (int in_place = 0; in_place < 2; in_place++) {
+                        struct kiri_tensor tg, tu, ty;
+                        memcpy(in, g, sizeof g);
+                        tensor2(&tg, KIRI_TYPE_F32, in, E, rows);
+                        tensor2(&tu, KIRI_TYPE_F32, u, E, rows);
+                        tensor2(&ty, KIRI_TYPE_F32, in_place ? (void *)in : (void *)y, E, rows);
+                        struct kiri_node nd = {.dst = &ty, .src = {&tg}};
+                        if (op == 0) {
+                            nd.op = KIRI_OP_GEGLU;
+                            nd.src[1] = &tu;
+                        } else if (op == 1) {
+                            nd.op = KIRI_OP_SCALE;
+                            nd.p.scale = 0.3f;
+                        } else {
+                            nd.op = KIRI_OP_SOFTCAP;
+                            nd.p.softcap = 3.0f;
+                        }
+                        struct env e;
+                        CHECK_EQ_INT(env_init_features(&e, nt, features[fi]), 0);
+                        CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+                        CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
+                        env_free(&e);
+                        const float(*out)[E] = in_place ? in : y;
+                        int bad = 0;
+                        for (int r = 0; r < rows; r++)
+                            for (int i = 0; i < E; i++) {
+                                const double x = g[r][i];
+                                const double want = op == 0   ? gelu_ref(x) * u[r][i]
+                                                    : op == 1 ? (double)(float)(x * 0.3f)
+                                                              : 3.0 * tanh(x / 3.0);
+                                const double tol = op == 0 ? gelu_tol(x, u[r][i]) + 3e-7 * fabs(want)
+                                                           : 5e-7 * fabs(want) + 1e-37;
+                                if (!(fabs(out[r][i] - want) <= tol) && bad++ < 3) {
+                                    fprintf(stderr, "  op %d features %d threads %d rows %d in place %d: [%d][%d]\n",
+                                            op, fi, nt, rows, in_place, r, i);
+                                    CHECK_NEAR(out[r][i], want, tol);
+                                }
+                            }
+                        CHECK(bad == 0);
+                    }
+    /* A soft cap must be positive. */
+    struct kiri_tensor tx;
+    tensor2(&tx, KIRI_TYPE_F32, g, E, 1);
+    struct kiri_node nd = {.op = KIRI_OP_SOFTCAP, .dst = &tx, .src = {&tx}};
+    struct env e;
+    CHECK_EQ_INT(env_init(&e, 1), 0);
+    CHECK(!kiri_cpu_backend_iface.supports(e.be, &nd));
+    env_free(&e);
 }
 
 /* A product through the backend equals the dot products of dequantized weights with the
@@ -302,4 +614,5 @@ static void test_threadpool(void)
     }
 }
 
-TEST_MAIN(test_rms_norm, test_swiglu, test_rope, test_attention, test_matmul_types, test_threadpool)
+TEST_MAIN(test_rms_norm, test_swiglu, test_geglu, test_scale_softcap, test_rope, test_attention,
+          test_attention_window, test_elementwise_nodes, test_matmul_types, test_threadpool)

@@ -1,8 +1,8 @@
 /* Tests of the AVX2 row operations (kernels/cpu/ops_avx2.c: attend_head, attend_group,
- * attend_tile, swiglu_row, rms_norm_row) against the reference kernels of ops.c: the shared
- * checks of tests/ops_check.c, with their cases and tolerances, on the reference table with the
- * AVX2 entries on top. Where the build has no AVX2 kernels or the CPU lacks AVX2, FMA or F16C,
- * each test says SKIPPED and checks nothing. */
+ * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row) against the
+ * reference kernels of ops.c: the shared checks of tests/ops_check.c, with their cases and
+ * tolerances, on the reference table with the AVX2 entries on top. Where the build has no AVX2
+ * kernels or the CPU lacks AVX2, FMA or F16C, each test says SKIPPED and checks nothing. */
 #include <stdio.h>
 
 #include "../kernels/cpu/cpu_kernels.h"

@@ -1,7 +1,7 @@
 /* Tests of the NEON row operations (kernels/neon/ops_neon.c: attend_head, attend_group,
- * attend_tile, swiglu_row, rms_norm_row) against the reference kernels of ops.c: the shared
- * checks of tests/ops_check.c, with their cases and tolerances, on the reference table with the
- * NEON entries on top. NEON is part of every AArch64 CPU, so there is nothing to probe.
+ * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row) against the
+ * reference kernels of ops.c: the shared checks of tests/ops_check.c, with their cases and
+ * tolerances, on the reference table with the NEON entries on top. NEON is part of every AArch64 CPU, so there is nothing to probe.
  *
  * Only built as a test on aarch64 (under qemu-aarch64 when cross-compiled). Elsewhere the program
  * says so and exits 0. */

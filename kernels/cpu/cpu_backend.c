@@ -160,23 +160,48 @@ static void run_binary(const struct kiri_node *nd, int ith, int nth)
     }
 }
 
-static void run_swiglu(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
+/* The elements [*e0, *e1) of a one-row element-wise node that worker ith of nth takes: the row is
+ * split in whole cache lines (one token's feed-forward, the logits). */
+static void split_row(int64_t n, int ith, int nth, int64_t *e0, int64_t *e1)
 {
-    const kiri_swiglu_fn swiglu = be->k.swiglu_row ? be->k.swiglu_row : kiri_cpu_swiglu_row;
+    split_rows_aligned(n, 16, ith, nth, e0, e1);
+}
+
+/* SwiGLU and GeGLU: dst = act(src[0]) * src[1], row by row (one row: split within it). */
+static void run_glu(const struct kiri_node *nd, kiri_swiglu_fn glu, int ith, int nth)
+{
     const int64_t n = nd->src[0]->ne[0];
-    if (n_rows(nd->src[0]) == 1) { /* one token: split the row, in whole cache lines */
+    if (n_rows(nd->src[0]) == 1) {
         int64_t e0, e1;
-        split_rows_aligned(n, 16, ith, nth, &e0, &e1);
+        split_row(n, ith, nth, &e0, &e1);
         if (e1 > e0)
-            swiglu((const float *)nd->src[0]->data + e0, (const float *)nd->src[1]->data + e0,
-                   (float *)nd->dst->data + e0, e1 - e0);
+            glu((const float *)nd->src[0]->data + e0, (const float *)nd->src[1]->data + e0,
+                (float *)nd->dst->data + e0, e1 - e0);
         return;
     }
     int64_t r0, r1;
     split_rows(n_rows(nd->src[0]), ith, nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++)
-        swiglu((const float *)row_ptr(nd->src[0], r), (const float *)row_ptr(nd->src[1], r),
-               (float *)row_ptr(nd->dst, r), n);
+        glu((const float *)row_ptr(nd->src[0], r), (const float *)row_ptr(nd->src[1], r),
+            (float *)row_ptr(nd->dst, r), n);
+}
+
+/* SCALE and SOFTCAP: dst = f(src[0], param), row by row (one row: split within it). */
+static void run_map(const struct kiri_node *nd, kiri_map_fn map, float param, int ith, int nth)
+{
+    const struct kiri_tensor *x = nd->src[0];
+    const int64_t n = x->ne[0];
+    if (n_rows(x) == 1) {
+        int64_t e0, e1;
+        split_row(n, ith, nth, &e0, &e1);
+        if (e1 > e0)
+            map((const float *)x->data + e0, (float *)nd->dst->data + e0, e1 - e0, param);
+        return;
+    }
+    int64_t r0, r1;
+    split_rows(n_rows(x), ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++)
+        map((const float *)row_ptr(x, r), (float *)row_ptr(nd->dst, r), n, param);
 }
 
 static void run_rope(const struct kiri_node *nd, int ith, int nth)
@@ -217,20 +242,28 @@ static int32_t attention_n_kv(const int32_t *meta, int64_t t, int64_t slots_cap)
     return n < 0 || n > slots_cap ? 0 : n;
 }
 
-/* Cost of one (token, head) pair of attention: its keys, plus a fixed share for the query's own
- * work. */
-static int64_t attention_cost(const int32_t *meta, int64_t t, int64_t slots_cap)
+/* The first key a token with n keys attends: with a sliding window only the last `window` keys
+ * (the table entries of the blocks before that key are never read). */
+static int32_t attention_first(int32_t n, int window)
 {
-    return attention_n_kv(meta, t, slots_cap) + 16;
+    return window > 0 && n > window ? n - window : 0;
+}
+
+/* Cost of one (token, head) pair of attention: the keys it attends, plus a fixed share for the
+ * query's own work. */
+static int64_t attention_cost(const int32_t *meta, int64_t t, int64_t slots_cap, int window)
+{
+    const int32_t n = attention_n_kv(meta, t, slots_cap);
+    return n - attention_first(n, window) + 16;
 }
 
 /* The first (token, head) pair whose work starts at or after `target` (in attention_cost units). */
 static int64_t attention_pair_at(const int32_t *meta, int64_t n_tok, int n_head, int64_t slots_cap,
-                                 int64_t target)
+                                 int window, int64_t target)
 {
     int64_t sum = 0;
     for (int64_t t = 0; t < n_tok; t++) {
-        const int64_t c = attention_cost(meta, t, slots_cap);
+        const int64_t c = attention_cost(meta, t, slots_cap, window);
         if (sum + c * n_head > target) {
             const int64_t k = target > sum ? (target - sum + c - 1) / c : 0;
             return t * n_head + k;
@@ -244,22 +277,23 @@ static int64_t attention_pair_at(const int32_t *meta, int64_t n_tok, int n_head,
  * keys (its last one all of them, its first one only itself), so the pairs are split by their
  * cost rather than their count: otherwise the worker with the prompt's end does most of the work
  * while the others wait. */
-static void split_attention(const int32_t *meta, int64_t n_tok, int n_head, int64_t slots_cap, int ith,
-                            int nth, int64_t *j0, int64_t *j1)
+static void split_attention(const int32_t *meta, int64_t n_tok, int n_head, int64_t slots_cap, int window,
+                            int ith, int nth, int64_t *j0, int64_t *j1)
 {
     int64_t total = 0;
     for (int64_t t = 0; t < n_tok; t++)
-        total += attention_cost(meta, t, slots_cap) * n_head;
-    *j0 = attention_pair_at(meta, n_tok, n_head, slots_cap, total * ith / nth);
+        total += attention_cost(meta, t, slots_cap, window) * n_head;
+    *j0 = attention_pair_at(meta, n_tok, n_head, slots_cap, window, total * ith / nth);
     *j1 = ith == nth - 1 ? n_tok * n_head
-                         : attention_pair_at(meta, n_tok, n_head, slots_cap, total * (ith + 1) / nth);
+                         : attention_pair_at(meta, n_tok, n_head, slots_cap, window, total * (ith + 1) / nth);
 }
 
-/* The cache slots of a sequence's first n keys, from its block table. */
-static void attention_slots(int32_t *slots, const int32_t *table, int n, int block_size)
+/* The cache slots of a sequence's keys [first, n), from its block table (slots[0] is key first's):
+ * only the entries of the blocks holding them are read. */
+static void attention_slots(int32_t *slots, const int32_t *table, int first, int n, int block_size)
 {
-    for (int i = 0; i < n; i++)
-        slots[i] = table[i / block_size] * block_size + i % block_size;
+    for (int i = first; i < n; i++)
+        slots[i - first] = table[i / block_size] * block_size + i % block_size;
 }
 
 /* Whether two tokens of the step share a sequence (the same block table): a prompt, whose tokens
@@ -296,20 +330,27 @@ static void run_attention_tiles(struct kiri_backend *be, const struct kiri_node 
     const size_t out_tok = nd->dst->nb[1] / sizeof(float);
     int64_t unit = 0;
     for (int64_t t0 = 0, t1; t0 < n_tok; t0 = t1) {
-        int32_t n_kv[KIRI_ATTEND_TILE_ROWS];
-        int n_max = 0;
+        /* The run's keys are [base, n_max): token i sees [first[i], n_kv[i]) of them. */
+        int32_t first[KIRI_ATTEND_TILE_ROWS], n_kv[KIRI_ATTEND_TILE_ROWS];
+        int n_max = 0, base = INT32_MAX;
         for (t1 = t0; t1 < n_tok && t1 - t0 < per && meta[2 * t1 + 1] == meta[2 * t0 + 1]; t1++) {
             const int32_t n = attention_n_kv(meta, t1, (int64_t)slots_cap);
+            first[t1 - t0] = attention_first(n, p->window);
             n_kv[t1 - t0] = n;
             n_max = n > n_max ? n : n_max;
+            base = first[t1 - t0] < base ? first[t1 - t0] : base;
+        }
+        for (int64_t i = 0; i < t1 - t0; i++) {
+            first[i] -= base;
+            n_kv[i] -= base;
         }
         int built = 0;
         for (int hk = 0; hk < p->n_head_kv; hk++)
             for (int c = 0; c < chunks; c++, unit++) {
                 if (unit % nth != ith)
                     continue;
-                if (!built) { /* token t0's table holds the run's keys: the others see a prefix */
-                    attention_slots(slots, tables + meta[2 * t0 + 1], n_max, p->block_size);
+                if (!built) { /* the run's tokens share one table */
+                    attention_slots(slots, tables + meta[2 * t0 + 1], base, n_max, p->block_size);
                     built = 1;
                 }
                 const int h = hk * group + c * heads;
@@ -318,7 +359,7 @@ static void run_attention_tiles(struct kiri_backend *be, const struct kiri_node 
                 float *out = (float *)nd->dst->data + (size_t)t0 * out_tok + (size_t)h * (size_t)p->head_dim;
                 be->k.attend_tile(qh, q_tok, q_head, (int)(t1 - t0), n_q, (const char *)kc->data + (size_t)hk * kv_row,
                                   kc->nb[1], (const char *)vc->data + (size_t)hk * kv_row, vc->nb[1], kc->type, slots,
-                                  n_kv, p->head_dim, p->scale, scores, out, out_tok, (size_t)p->head_dim);
+                                  first, n_kv, p->head_dim, p->scale, scores, out, out_tok, (size_t)p->head_dim);
             }
     }
 }
@@ -345,15 +386,17 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
     /* Split (token, head) pairs; the slot list is rebuilt when the token changes. The heads of a
      * worker's share that use the same key/value head go to attend_group together. */
     int64_t j0, j1;
-    split_attention(meta, n_tok, p->n_head, (int64_t)slots_cap, ith, nth, &j0, &j1);
+    split_attention(meta, n_tok, p->n_head, (int64_t)slots_cap, p->window, ith, nth, &j0, &j1);
     int64_t built_for = -1;
     int n_kv = 0;
     for (int64_t j = j0; j < j1;) {
         const int64_t t = j / p->n_head;
         const int h = (int)(j % p->n_head);
         if (t != built_for) {
-            n_kv = attention_n_kv(meta, t, (int64_t)slots_cap);
-            attention_slots(slots, tables + meta[2 * t + 1], n_kv, p->block_size);
+            const int32_t n = attention_n_kv(meta, t, (int64_t)slots_cap);
+            const int32_t first = attention_first(n, p->window);
+            attention_slots(slots, tables + meta[2 * t + 1], first, n, p->block_size);
+            n_kv = n - first;
             built_for = t;
         }
         const int hk = h / group;
@@ -457,7 +500,18 @@ static void worker(void *arg, int ith, int nth)
         case KIRI_OP_RMS_NORM: run_rms_norm(be, nd, ith, nth); break;
         case KIRI_OP_ADD:
         case KIRI_OP_MUL: run_binary(nd, ith, nth); break;
-        case KIRI_OP_SWIGLU: run_swiglu(be, nd, ith, nth); break;
+        case KIRI_OP_SWIGLU:
+            run_glu(nd, be->k.swiglu_row ? be->k.swiglu_row : kiri_cpu_swiglu_row, ith, nth);
+            break;
+        case KIRI_OP_GEGLU:
+            run_glu(nd, be->k.geglu_row ? be->k.geglu_row : kiri_cpu_geglu_row, ith, nth);
+            break;
+        case KIRI_OP_SCALE:
+            run_map(nd, be->k.scale_row ? be->k.scale_row : kiri_cpu_scale_row, nd->p.scale, ith, nth);
+            break;
+        case KIRI_OP_SOFTCAP:
+            run_map(nd, be->k.softcap_row ? be->k.softcap_row : kiri_cpu_softcap_row, nd->p.softcap, ith, nth);
+            break;
         case KIRI_OP_ROPE: run_rope(nd, ith, nth); break;
         case KIRI_OP_STORE_KV: run_store_kv(be, nd, ith, nth); break;
         case KIRI_OP_ATTENTION: run_attention(be, nd, ith, nth); break;
@@ -659,8 +713,11 @@ static int cpu_supports(struct kiri_backend *be, const struct kiri_node *nd)
         return kiri_cpu_vec_dot_type(nd->src[0]->type) >= 0;
     if (nd->op == KIRI_OP_STORE_KV || nd->op == KIRI_OP_ATTENTION) {
         const int t = nd->op == KIRI_OP_STORE_KV ? nd->dst->type : nd->src[1]->type;
-        return t == KIRI_TYPE_F32 || t == KIRI_TYPE_F16 || t == KIRI_TYPE_Q8_0;
+        return (t == KIRI_TYPE_F32 || t == KIRI_TYPE_F16 || t == KIRI_TYPE_Q8_0) &&
+               (nd->op != KIRI_OP_ATTENTION || nd->p.attn.window >= 0);
     }
+    if (nd->op == KIRI_OP_SOFTCAP)
+        return nd->p.softcap > 0.0f;
     return nd->op >= 0 && nd->op < KIRI_OP_COUNT;
 }
 

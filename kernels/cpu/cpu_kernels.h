@@ -71,19 +71,23 @@ typedef void (*kiri_attend_group_fn)(const float *q, size_t q_stride, int n_q, c
 
 /* n_t tokens of one sequence and n_q query heads sharing one key/value head, n_t * n_q at most
  * KIRI_ATTEND_TILE_ROWS: each (token, head) with the result of kiri_attend_fn, token i seeing the
- * first n_kv[i] of the slots. The query of token i, head h is at q + i * q_tok + h * q_head, its
+ * slots [kv_first[i], n_kv[i]) (a sliding window; kv_first NULL: from 0), that is, the result of
+ * kiri_attend_fn on slots + kv_first[i] and n_kv[i] - kv_first[i] keys. A token's result never
+ * depends on the keys and values outside its range (NaN or not). The query of token i, head h is at q + i * q_tok + h * q_head, its
  * output at out + i * out_tok + h * out_head (strides in floats). Every key and value row is read
  * once for all of them, which is what makes prefill's attention a matrix product. scratch holds
  * KIRI_ATTEND_TILE_ROWS floats per key of the largest n_kv. */
 typedef void (*kiri_attend_tile_fn)(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q,
                                     const void *k, size_t k_stride, const void *v, size_t v_stride,
-                                    int kv_type, const int32_t *slots, const int32_t *n_kv,
-                                    int head_dim, float scale, float *scratch, float *out,
-                                    size_t out_tok, size_t out_head);
+                                    int kv_type, const int32_t *slots, const int32_t *kv_first,
+                                    const int32_t *n_kv, int head_dim, float scale, float *scratch,
+                                    float *out, size_t out_tok, size_t out_head);
 
-/* Row operations with the contracts of kiri_cpu_swiglu_row and kiri_cpu_rms_norm_row below. */
+/* Row operations with the contracts of kiri_cpu_swiglu_row (also GeGLU's), kiri_cpu_rms_norm_row,
+ * kiri_cpu_scale_row and kiri_cpu_softcap_row below. */
 typedef void (*kiri_swiglu_fn)(const float *g, const float *u, float *y, int64_t n);
 typedef void (*kiri_rms_norm_fn)(const float *x, const float *w, float *y, int64_t n, float eps);
+typedef void (*kiri_map_fn)(const float *x, float *y, int64_t n, float param);
 
 /* The kernel table of the CPU backend: the reference entries first, then the best ones the CPU
  * offers. Indexed by enum kiri_type. */
@@ -100,6 +104,9 @@ struct kiri_cpu_kernels {
     kiri_attend_tile_fn attend_tile;                /* NULL: attend_group for each token */
     kiri_swiglu_fn swiglu_row;                      /* NULL: kiri_cpu_swiglu_row */
     kiri_rms_norm_fn rms_norm_row;                  /* NULL: kiri_cpu_rms_norm_row */
+    kiri_swiglu_fn geglu_row;                       /* NULL: kiri_cpu_geglu_row */
+    kiri_map_fn scale_row;                          /* NULL: kiri_cpu_scale_row */
+    kiri_map_fn softcap_row;                        /* NULL: kiri_cpu_softcap_row */
     const char *path;                               /* "c", "avx2", "neon+dotprod", ... */
 };
 
@@ -114,7 +121,7 @@ void kiri_cpu_kernels_init_avx2(struct kiri_cpu_kernels *k);
  * Q6_K, F16, F32). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k);
 /* Sets the row-operation entries that have AVX2 versions (ops_avx2.c: attend_head, attend_group,
- * attend_tile, swiglu_row, rms_norm_row). Same preconditions as kiri_cpu_kernels_init_avx2. */
+ * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k);
 /* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q8_0, Q4_K,
  * Q6_K). Call after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports
@@ -128,7 +135,17 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k);
 void kiri_cpu_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps);
 /* y[i] = silu(g[i]) * u[i]. */
 void kiri_cpu_swiglu_row(const float *g, const float *u, float *y, int64_t n);
-/* Rotates one token's heads in place: x is (head_dim, n_head) contiguous. freq_factors may be NULL. */
+/* y[i] = gelu(g[i]) * u[i], gelu by its tanh approximation 0.5 x (1 + tanh(sqrt(2/pi)
+ * (x + 0.044715 x^3))), within a few ulp of that formula evaluated exactly on the float x (where
+ * the result is a normal float). y may equal g or u. */
+void kiri_cpu_geglu_row(const float *g, const float *u, float *y, int64_t n);
+/* y[i] = x[i] * s. y may equal x. */
+void kiri_cpu_scale_row(const float *x, float *y, int64_t n, float s);
+/* y[i] = cap * tanh(x[i] / cap), cap > 0. y may equal x. */
+void kiri_cpu_softcap_row(const float *x, float *y, int64_t n, float cap);
+/* Rotates one token's heads in place: x is (head_dim, n_head) contiguous; the first n_rot values
+ * of each head rotate (pairs as p->mode says), cos and sin scaled by p->attn_factor, the rest pass
+ * unchanged. freq_factors (n_rot / 2) may be NULL. */
 void kiri_cpu_rope_token(float *x, int n_head, int head_dim, int32_t pos,
                          const struct kiri_rope_params *p, const float *freq_factors);
 /* One query head against n_kv cached keys: out (head_dim) = softmax(q.k * scale) v. Keys and values

@@ -1,4 +1,5 @@
-/* Portable C row kernels: RMS norm, SwiGLU, RoPE and one attention head. Numerics follow the
+/* Portable C row kernels: RMS norm, SwiGLU, GeGLU, scaling, soft-capping, RoPE and one attention
+ * head. Numerics follow the
  * common reference implementation closely (sums of squares and softmax denominators in double,
  * RoPE angles advanced by repeated multiplication, F16 caches read with the query and the
  * attention weights rounded to F16) so logits agree with llama.cpp to float rounding. */
@@ -25,20 +26,48 @@ void kiri_cpu_swiglu_row(const float *g, const float *u, float *y, int64_t n)
     }
 }
 
+/* gelu(x) = 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), written as x sigmoid(2 z)
+ * (0.5 (1 + tanh z) = 1 / (1 + e^-2z)): the same function, but 1 + tanhf(z) cancels to nothing
+ * for x below about -3, where this form keeps full relative precision. e^-2z overflowing to
+ * infinity (x below about -10) gives -0, the value rounded. */
+void kiri_cpu_geglu_row(const float *g, const float *u, float *y, int64_t n)
+{
+    const float k = 0.797884560802865355f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        const float z2 = 2.0f * k * (x + 0.044715f * x * x * x);
+        y[i] = x / (1.0f + expf(-z2)) * u[i];
+    }
+}
+
+void kiri_cpu_scale_row(const float *x, float *y, int64_t n, float s)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] * s;
+}
+
+void kiri_cpu_softcap_row(const float *x, float *y, int64_t n, float cap)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = cap * tanhf(x[i] / cap);
+}
+
 void kiri_cpu_rope_token(float *x, int n_head, int head_dim, int32_t pos,
                          const struct kiri_rope_params *p, const float *freq_factors)
 {
     const int n_rot = p->n_rot;
     const float theta_scale = powf(p->freq_base, -2.0f / (float)n_rot);
-    /* The angles are the same for every head: compute the (cos, sin) pairs once. */
+    /* The angles are the same for every head: compute the (cos, sin) pairs once, both scaled by
+     * attn_factor (as ggml's rope with ext_factor 0 applies its mscale). Dimensions from n_rot to
+     * head_dim pass unchanged, unscaled. */
     float cs[512][2];
     const int n_pairs = n_rot / 2 <= 512 ? n_rot / 2 : 512;
     float theta = (float)pos;
     for (int i = 0; i < n_pairs; i++) {
         const float ff = freq_factors ? freq_factors[i] : 1.0f;
         const float angle = p->freq_scale * (theta / ff);
-        cs[i][0] = cosf(angle);
-        cs[i][1] = sinf(angle);
+        cs[i][0] = cosf(angle) * p->attn_factor;
+        cs[i][1] = sinf(angle) * p->attn_factor;
         theta *= theta_scale;
     }
     for (int h = 0; h < n_head; h++) {

@@ -1,7 +1,8 @@
 /* AVX2 (with FMA and F16C) versions of the row operations of ops.c that cost time in a step:
  * attention over an F16 or F32 key/value cache, one head or a group of heads sharing a key/value
  * head (the per-token cost of decoding grows with the context through it, and prefill's with the
- * square of the prompt).
+ * square of the prompt), and the element-wise rows: RMS norm, SwiGLU, GeGLU, scaling and
+ * soft-capping (the logits of a large vocabulary, once per token).
  *
  * What must stay true: the same numerics as kiri_cpu_attend_head in ops.c (the query rounded to
  * F16 for an F16 cache, scores scaled after the dot product, the softmax denominator summed in
@@ -202,31 +203,38 @@ AVX2 static inline __m256 fold8(const __m256 a[8])
 }
 
 /* Tokens times heads (see kiri_attend_tile_fn): up to 16 query rows against one key/value head.
- * Scores of key j for the 16 rows sit at scratch[16 j ..]; a row's lanes past its token's n_kv are
- * masked out of the softmax (weight exactly 0) and its weighted sum stops at its own n_kv, so every
- * row gets the result of attend_head_avx2 whatever the later rows' keys and values hold. */
+ * Scores of key j for the 16 rows sit at scratch[16 j ..]; a row's lanes outside its token's keys
+ * [kv_first, n_kv) are masked out of the softmax (weight exactly 0) and its weighted sum covers
+ * only its own keys, so every row gets the result of attend_head_avx2 whatever the other rows'
+ * keys and values hold. */
 #define TILE_ROWS KIRI_ATTEND_TILE_ROWS
 
 AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q,
                                   const void *k, size_t k_stride, const void *v, size_t v_stride,
-                                  int kv_type, const int32_t *slots, const int32_t *n_kv, int head_dim,
-                                  float scale, float *scratch, float *out, size_t out_tok, size_t out_head)
+                                  int kv_type, const int32_t *slots, const int32_t *kv_first,
+                                  const int32_t *n_kv, int head_dim, float scale, float *scratch, float *out,
+                                  size_t out_tok, size_t out_head)
 {
     const int d = head_dim, rows = n_t * n_q;
     if (n_t <= 0 || n_q <= 0 || rows > TILE_ROWS)
         return;
     if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 16 != 0 || d <= 0 || d > 256) {
-        for (int r = 0; r < rows; r++)
+        for (int r = 0; r < rows; r++) {
+            const int32_t f = kv_first ? kv_first[r / n_q] : 0;
             attend_head_avx2(q + (size_t)(r / n_q) * q_tok + (size_t)(r % n_q) * q_head, k, k_stride, v,
-                             v_stride, kv_type, slots, n_kv[r / n_q], d, scale, scratch,
+                             v_stride, kv_type, slots + f, n_kv[r / n_q] - f, d, scale, scratch,
                              out + (size_t)(r / n_q) * out_tok + (size_t)(r % n_q) * out_head);
+        }
         return;
     }
     const int f16 = kv_type == KIRI_TYPE_F16;
     const int groups = rows > 8 ? 2 : 1; /* lanes of 8 rows */
     float qr[TILE_ROWS][256] __attribute__((aligned(32)));
+    /* Row r sees the keys [fk[r], nk[r]); rows that see none have both 0 and take no part in the
+     * range of keys j_lo .. n_max the tile walks. */
     int32_t nk[TILE_ROWS] __attribute__((aligned(32)));
-    int n_max = 0;
+    int32_t fk[TILE_ROWS] __attribute__((aligned(32)));
+    int n_max = 0, j_lo = INT32_MAX;
     for (int r = 0; r < TILE_ROWS; r++) {
         /* Rows past the tile repeat the last one, seeing no keys: their lanes are dropped. */
         const int rr = r < rows ? r : rows - 1;
@@ -235,14 +243,21 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
             const __m256 qv = _mm256_loadu_ps(qh + i);
             _mm256_storeu_ps(&qr[r][i], f16 ? round_f16(qv) : qv);
         }
-        nk[r] = r < rows && n_kv[r / n_q] > 0 ? n_kv[r / n_q] : 0;
+        const int32_t e = r < rows ? n_kv[r / n_q] : 0, f = r < rows && kv_first ? kv_first[r / n_q] : 0;
+        const int some = f >= 0 && e > f;
+        nk[r] = some ? e : 0;
+        fk[r] = some ? f : 0;
         n_max = nk[r] > n_max ? nk[r] : n_max;
+        if (some)
+            j_lo = f < j_lo ? f : j_lo;
     }
+    if (j_lo > n_max)
+        j_lo = n_max;
 #define KROW(j) ((const char *)k + (size_t)slots[j] * k_stride)
 #define VROW(j) ((const char *)v + (size_t)slots[j] * v_stride)
     /* Scores: each key row is widened once for 8 rows, scaled after the dot product. */
     const __m256 sc = _mm256_set1_ps(scale);
-    for (int j = 0; j < n_max; j++) {
+    for (int j = j_lo; j < n_max; j++) {
         const char *kr = KROW(j);
         for (int g = 0; g < groups; g++) {
             __m256 acc[8];
@@ -258,25 +273,28 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
             _mm256_storeu_ps(scratch + (size_t)TILE_ROWS * j + 8 * g, _mm256_mul_ps(fold8(acc), sc));
         }
     }
-    /* Softmax per lane over the lane's own keys: maxima, numerators (0 past n_kv), sums in double,
-     * then the weights. */
+    /* Softmax per lane over the lane's own keys: maxima, numerators (0 outside [fk, nk)), sums in
+     * double, then the weights. */
     for (int g = 0; g < groups; g++) {
         const __m256i lim = _mm256_load_si256((const __m256i *)(nk + 8 * g));
+        const __m256i from = _mm256_load_si256((const __m256i *)(fk + 8 * g));
         const __m256 ninf = _mm256_set1_ps(-INFINITY);
+#define LANE_SEES(j)                                                                               \
+    _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(from, _mm256_set1_epi32(j)),       \
+                                            _mm256_cmpgt_epi32(lim, _mm256_set1_epi32(j))))
         __m256 vmax = ninf;
-        for (int j = 0; j < n_max; j++) {
-            const __m256 ok = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_set1_epi32(j)));
-            vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, _mm256_loadu_ps(scratch + (size_t)TILE_ROWS * j + 8 * g), ok));
-        }
+        for (int j = j_lo; j < n_max; j++)
+            vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, _mm256_loadu_ps(scratch + (size_t)TILE_ROWS * j + 8 * g),
+                                                        LANE_SEES(j)));
         __m256d sum_lo = _mm256_setzero_pd(), sum_hi = _mm256_setzero_pd();
-        for (int j = 0; j < n_max; j++) {
+        for (int j = j_lo; j < n_max; j++) {
             float *sj = scratch + (size_t)TILE_ROWS * j + 8 * g;
-            const __m256 ok = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_set1_epi32(j)));
-            const __m256 e = _mm256_and_ps(ok, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sj), vmax)));
+            const __m256 e = _mm256_and_ps(LANE_SEES(j), exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sj), vmax)));
             _mm256_storeu_ps(sj, e);
             sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
             sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
         }
+#undef LANE_SEES
         double sums[8];
         _mm256_storeu_pd(sums, sum_lo);
         _mm256_storeu_pd(sums + 4, sum_hi);
@@ -284,27 +302,32 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
         for (int h = 0; h < 8; h++)
             invs[h] = sums[h] > 0.0 ? (float)(1.0 / sums[h]) : 0.0f;
         const __m256 inv = _mm256_loadu_ps(invs);
-        for (int j = 0; j < n_max; j++) {
+        for (int j = j_lo; j < n_max; j++) {
             float *sj = scratch + (size_t)TILE_ROWS * j + 8 * g;
             const __m256 w = _mm256_mul_ps(_mm256_loadu_ps(sj), inv);
             _mm256_storeu_ps(sj, f16 ? round_f16(w) : w);
         }
     }
     /* Weighted sums of the value rows: 4 rows x 16 values in registers per pass over the keys all
-     * 4 rows see, then each row alone over the few keys only some of them see. */
+     * 4 rows see ([all0, all1)), each row alone over the few keys only some of them see (a
+     * prompt's later tokens see more, and with a window its earlier ones see older keys). */
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        int lo = nk[r0], hi = nk[r0];
-        for (int h = 1; h < nr; h++) {
-            lo = nk[r0 + h] < lo ? nk[r0 + h] : lo;
+        int lo = n_max, hi = 0, all0 = 0, all1 = n_max;
+        for (int h = 0; h < nr; h++) {
+            lo = fk[r0 + h] < lo ? fk[r0 + h] : lo;
             hi = nk[r0 + h] > hi ? nk[r0 + h] : hi;
+            all0 = fk[r0 + h] > all0 ? fk[r0 + h] : all0;
+            all1 = nk[r0 + h] < all1 ? nk[r0 + h] : all1;
         }
+        if (all1 < all0)
+            all1 = all0;
         for (int c = 0; c < d; c += 16) {
             __m256 o[4][2];
             UNROLL
             for (int h = 0; h < 4; h++)
                 o[h][0] = o[h][1] = _mm256_setzero_ps();
-            for (int j = 0; j < lo; j++) {
+            for (int j = all0; j < all1; j++) {
                 const char *vr = VROW(j);
                 const float *wj = scratch + (size_t)TILE_ROWS * j + r0;
                 const __m256 v0 = load_kv(vr, f16, c), v1 = load_kv(vr, f16, c + 8);
@@ -315,13 +338,18 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
                     o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
                 }
             }
-            for (int j = lo; j < hi; j++) {
+            for (int j = lo; j < hi; j++) { /* [lo, all0), then [all1, hi) */
+                if (j == all0 && all0 < all1) {
+                    j = all1;
+                    if (j >= hi)
+                        break;
+                }
                 const char *vr = VROW(j);
                 const float *wj = scratch + (size_t)TILE_ROWS * j + r0;
                 const __m256 v0 = load_kv(vr, f16, c), v1 = load_kv(vr, f16, c + 8);
                 UNROLL
                 for (int h = 0; h < 4; h++)
-                    if (h < nr && j < nk[r0 + h]) {
+                    if (h < nr && j >= fk[r0 + h] && j < nk[r0 + h]) {
                         const __m256 w = _mm256_broadcast_ss(wj + h);
                         o[h][0] = _mm256_fmadd_ps(w, v0, o[h][0]);
                         o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
@@ -356,7 +384,7 @@ AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, con
     if (ok)
         for (; n_q - h >= 4; h += TILE_ROWS)
             attend_tile_avx2(q + (size_t)h * q_stride, 0, q_stride, 1, n_q - h < TILE_ROWS ? n_q - h : TILE_ROWS,
-                             k, k_stride, v, v_stride, kv_type, slots, nk, head_dim, scale, scratch,
+                             k, k_stride, v, v_stride, kv_type, slots, NULL, nk, head_dim, scale, scratch,
                              out + (size_t)h * out_stride, 0, out_stride);
     for (; h < n_q; h++)
         attend_head_avx2(q + (size_t)h * q_stride, k, k_stride, v, v_stride, kv_type, slots, n_kv, head_dim,
@@ -367,22 +395,85 @@ AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, con
  * Element-wise rows
  * ------------------------------------------------------------------------------------------- */
 
+/* sigmoid(z) from t = e^-|z| (never overflows): 1/(1+t) for z >= 0, t/(1+t) below. */
+AVX2 static inline __m256 sigmoid(__m256 z)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 t = exp_neg(_mm256_or_ps(z, _mm256_set1_ps(-0.0f)));
+    const __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+    return _mm256_div_ps(_mm256_blendv_ps(one, t, neg), _mm256_add_ps(one, t));
+}
+
 /* y = silu(g) u with silu(g) = g sigmoid(g); sigmoid from t = e^-|g| (never overflows) as 1/(1+t)
  * for g >= 0 and t/(1+t) below: within a few ulp of the reference's g / (1 + expf(-g)). */
 AVX2 static void swiglu_row_avx2(const float *g, const float *u, float *y, int64_t n)
 {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 gv = _mm256_loadu_ps(g + i);
-        const __m256 t = exp_neg(_mm256_or_ps(gv, sign)); /* e^-|g| */
-        const __m256 den = _mm256_add_ps(one, t);
-        const __m256 neg = _mm256_cmp_ps(gv, _mm256_setzero_ps(), _CMP_LT_OQ);
-        const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, t, neg), den);
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid(gv)), _mm256_loadu_ps(u + i)));
     }
     if (i < n)
         kiri_cpu_swiglu_row(g + i, u + i, y + i, n - i);
+}
+
+/* y = gelu(g) u as the reference computes it, g sigmoid(2z) with 2z formed by the same float
+ * operations in the same order (no contraction): within a few ulp of kiri_cpu_geglu_row, and
+ * exactly 0 where its e^-2z is below the smallest normal float (results under 1e-35). */
+AVX2 static void geglu_row_avx2(const float *g, const float *u, float *y, int64_t n)
+{
+    const __m256 c = _mm256_set1_ps(0.044715f), k2 = _mm256_set1_ps(2.0f * 0.797884560802865355f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(c, x), x), x);
+        const __m256 z2 = _mm256_mul_ps(k2, _mm256_add_ps(x, x3));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid(z2)), _mm256_loadu_ps(u + i)));
+    }
+    if (i < n)
+        kiri_cpu_geglu_row(g + i, u + i, y + i, n - i);
+}
+
+AVX2 static void scale_row_avx2(const float *x, float *y, int64_t n, float s)
+{
+    const __m256 sv = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
+    for (; i < n; i++)
+        y[i] = x[i] * s;
+}
+
+/* tanh(x): below |x| = 0.4 its Taylor polynomial to x^15 (truncation under 3e-10 relative), above
+ * it (1 - t) / (1 + t) with t = e^-2|x| (no cancellation there), the sign put back. Within a few
+ * ulp of tanhf; NaN propagates. */
+AVX2 static inline __m256 tanh_avx2(__m256 x)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 a = _mm256_andnot_ps(sign, x);
+    const __m256 a2 = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_set1_ps(-929569.0f / 638512875.0f);
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(21844.0f / 6081075.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1382.0f / 155925.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(62.0f / 2835.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-17.0f / 315.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(2.0f / 15.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1.0f / 3.0f));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, a2), a, a);
+    const __m256 t = exp_neg(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+    const __m256 large = _mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t));
+    const __m256 r = _mm256_blendv_ps(large, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.4f), _CMP_LT_OQ));
+    return _mm256_or_ps(r, _mm256_and_ps(sign, x));
+}
+
+AVX2 static void softcap_row_avx2(const float *x, float *y, int64_t n, float cap)
+{
+    const __m256 cv = _mm256_set1_ps(cap);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(cv, tanh_avx2(_mm256_div_ps(_mm256_loadu_ps(x + i), cv))));
+    if (i < n)
+        kiri_cpu_softcap_row(x + i, y + i, n - i, cap);
 }
 
 /* The reference's numerics: squares in float, their sum in double, the scale in float. */
@@ -422,6 +513,9 @@ void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k)
     k->attend_tile = attend_tile_avx2;
     k->swiglu_row = swiglu_row_avx2;
     k->rms_norm_row = rms_norm_row_avx2;
+    k->geglu_row = geglu_row_avx2;
+    k->scale_row = scale_row_avx2;
+    k->softcap_row = softcap_row_avx2;
 }
 
 #else

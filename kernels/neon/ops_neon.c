@@ -1,14 +1,15 @@
 /* ARM NEON versions of the row operations of ops.c that cost time in a step: attention over an
  * F16 or F32 key/value cache (one head, a group of heads sharing a key/value head, and a tile of
- * a prompt's tokens times such heads), the RMS norm and SwiGLU rows. The attention of decoding
+ * a prompt's tokens times such heads), the RMS norm, SwiGLU, GeGLU, scaling and soft-capping
+ * rows. The attention of decoding
  * grows with the context, prefill's with the square of the prompt.
  *
  * What must stay true: the same numerics as kiri_cpu_attend_head in ops.c (the query rounded to
  * F16 for an F16 cache, scores scaled after the dot product, the softmax denominator summed in
  * double, the attention weights rounded to F16 for an F16 cache), differing only in the order of
  * float additions and in exp, which is a polynomial within 2 ulp of expf. In a tile, the lanes of
- * a row past its token's n_kv get weight exactly 0 and its weighted sum stops at its own n_kv, so
- * keys and values only later tokens see (NaN or not) never reach it. The norm squares in float
+ * a row outside its token's keys [kv_first, n_kv) get weight exactly 0 and its weighted sum covers
+ * only its own keys, so keys and values only other tokens see (NaN or not) never reach it. The norm squares in float
  * and sums in double like the reference; SwiGLU is within a few ulp of it. Other cache types and
  * head sizes that are not a multiple of 4 (or above 1024) go to the reference kernel; groups and
  * tiles send head sizes above 256 one head at a time to attend_head_neon.
@@ -257,8 +258,9 @@ static void attend_head_neon(const float *q, const void *k, size_t k_stride, con
 struct rows {
     float32x4_t qv[1024]; /* (d / 4, rows4): head size at most 256 */
     float *out[16];       /* borrowed: row h's output, head_dim floats */
-    int32_t nk[16];       /* keys row h sees; 0 for the padding rows */
+    int32_t fk[16], nk[16]; /* row h sees the keys [fk[h], nk[h]); both 0 for rows seeing none */
     int n, n4, n_max;     /* rows, rows rounded up to 4, largest nk */
+    int j_lo;             /* smallest fk of the rows that see keys (n_max if none) */
 };
 
 /* Scores of every key row against 4 G query rows, scaled after the dot product: the key row is
@@ -267,7 +269,7 @@ INLINE void score_keys(const struct rows *R, const void *k, size_t k_stride, con
                        int f16, int d, float scale, float *scratch, int G)
 {
     const float32x4_t sc = vdupq_n_f32(scale);
-    for (int j = 0; j < R->n_max; j++) {
+    for (int j = R->j_lo; j < R->n_max; j++) {
         const char *kr = KROW(j);
         float32x4_t a[16];
         UNROLL
@@ -305,10 +307,13 @@ INLINE void wsum_rows(const struct rows *R, const void *v, size_t v_stride, cons
                       int f16, const float *scratch, int r0, int c0, int RG, int NC)
 {
     const int nr = R->n - r0 < 4 * RG ? R->n - r0 : 4 * RG;
-    int lo = R->nk[r0], hi = R->nk[r0];
-    for (int h = 1; h < nr; h++) {
-        lo = R->nk[r0 + h] < lo ? R->nk[r0 + h] : lo;
+    /* Keys [lo, hi) reach some of the rows, [all0, all1) all of them. */
+    int lo = R->n_max, hi = 0, all0 = 0, all1 = R->n_max;
+    for (int h = 0; h < nr; h++) {
+        lo = R->fk[r0 + h] < lo ? R->fk[r0 + h] : lo;
         hi = R->nk[r0 + h] > hi ? R->nk[r0 + h] : hi;
+        all0 = R->fk[r0 + h] > all0 ? R->fk[r0 + h] : all0;
+        all1 = R->nk[r0 + h] < all1 ? R->nk[r0 + h] : all1;
     }
     float32x4_t o[8][2];
     UNROLL
@@ -316,7 +321,7 @@ INLINE void wsum_rows(const struct rows *R, const void *v, size_t v_stride, cons
         UNROLL
         for (int c = 0; c < NC; c++)
             o[h][c] = vdupq_n_f32(0.0f);
-    for (int j = 0; j < hi; j++) {
+    for (int j = lo; j < hi; j++) {
         const char *vr = VROW(j);
         const float *wj = scratch + (size_t)R->n4 * (size_t)j + r0;
         float32x4_t vv[2];
@@ -327,17 +332,17 @@ INLINE void wsum_rows(const struct rows *R, const void *v, size_t v_stride, cons
         for (int g = 0; g < RG; g++) {
             const float32x4_t w = vld1q_f32(wj + 4 * g);
             float32x4_t(*og)[2] = o + 4 * g;
-            const int32_t *nk = R->nk + r0 + 4 * g;
-            if (j < lo) {
+            const int32_t *nk = R->nk + r0 + 4 * g, *fk = R->fk + r0 + 4 * g;
+            if (j >= all0 && j < all1) {
                 FMA_ROW(og, vv, w, 0, NC, 1);
                 FMA_ROW(og, vv, w, 1, NC, 1);
                 FMA_ROW(og, vv, w, 2, NC, 1);
                 FMA_ROW(og, vv, w, 3, NC, 1);
-            } else { /* rows that stopped: their weight is 0, but 0 times NaN is not */
-                FMA_ROW(og, vv, w, 0, NC, j < nk[0]);
-                FMA_ROW(og, vv, w, 1, NC, j < nk[1]);
-                FMA_ROW(og, vv, w, 2, NC, j < nk[2]);
-                FMA_ROW(og, vv, w, 3, NC, j < nk[3]);
+            } else { /* rows that do not see key j: their weight is 0, but 0 times NaN is not */
+                FMA_ROW(og, vv, w, 0, NC, j >= fk[0] && j < nk[0]);
+                FMA_ROW(og, vv, w, 1, NC, j >= fk[1] && j < nk[1]);
+                FMA_ROW(og, vv, w, 2, NC, j >= fk[2] && j < nk[2]);
+                FMA_ROW(og, vv, w, 3, NC, j >= fk[3] && j < nk[3]);
             }
         }
     }
@@ -363,21 +368,22 @@ static void attend_rows(struct rows *R, const void *k, size_t k_stride, const vo
     case 3: score_keys(R, k, k_stride, slots, f16, d, scale, scratch, 3); break;
     default: score_keys(R, k, k_stride, slots, f16, d, scale, scratch, 4); break;
     }
-    /* Softmax per lane over the lane's own keys: maxima, numerators (0 past n_kv: the AND also
-     * clears a NaN), sums in double, then the weights. */
+    /* Softmax per lane over the lane's own keys: maxima, numerators (0 outside [fk, nk): the AND
+     * also clears a NaN), sums in double, then the weights. */
     const float32x4_t ninf = vdupq_n_f32(-INFINITY);
     for (int g = 0; g < G; g++) {
-        const int32x4_t lim = vld1q_s32(R->nk + 4 * g);
+        const int32x4_t lim = vld1q_s32(R->nk + 4 * g), from = vld1q_s32(R->fk + 4 * g);
+#define LANE_SEES(j) vbicq_u32(vcgtq_s32(lim, vdupq_n_s32(j)), vcgtq_s32(from, vdupq_n_s32(j)))
         float32x4_t vmax = ninf;
-        for (int j = 0; j < R->n_max; j++) {
-            const uint32x4_t ok = vcgtq_s32(lim, vdupq_n_s32(j));
+        for (int j = R->j_lo; j < R->n_max; j++) {
+            const uint32x4_t ok = LANE_SEES(j);
             const float32x4_t s = vld1q_f32(scratch + (size_t)R->n4 * (size_t)j + 4 * g);
             vmax = vmaxq_f32(vmax, vbslq_f32(ok, s, ninf));
         }
         float64x2_t s_lo = vdupq_n_f64(0.0), s_hi = vdupq_n_f64(0.0);
-        for (int j = 0; j < R->n_max; j++) {
+        for (int j = R->j_lo; j < R->n_max; j++) {
             float *sj = scratch + (size_t)R->n4 * (size_t)j + 4 * g;
-            const uint32x4_t ok = vcgtq_s32(lim, vdupq_n_s32(j));
+            const uint32x4_t ok = LANE_SEES(j);
             const float32x4_t e = vreinterpretq_f32_u32(
                 vandq_u32(ok, vreinterpretq_u32_f32(exp_neg(vsubq_f32(vld1q_f32(sj), vmax)))));
             vst1q_f32(sj, e);
@@ -390,7 +396,8 @@ static void attend_rows(struct rows *R, const void *k, size_t k_stride, const vo
         for (int h = 0; h < 4; h++)
             invs[h] = sums[h] > 0.0 ? (float)(1.0 / sums[h]) : 0.0f;
         const float32x4_t inv = vld1q_f32(invs);
-        for (int j = 0; j < R->n_max; j++) {
+#undef LANE_SEES
+        for (int j = R->j_lo; j < R->n_max; j++) {
             float *sj = scratch + (size_t)R->n4 * (size_t)j + 4 * g;
             const float32x4_t w = vmulq_f32(vld1q_f32(sj), inv);
             vst1q_f32(sj, f16 ? round_f16(w) : w);
@@ -442,10 +449,12 @@ static void attend_group_neon(const float *q, size_t q_stride, int n_q, const vo
             R.n = n_q - h < 8 ? n_q - h : 8;
             R.n4 = (R.n + 3) / 4 * 4;
             R.n_max = n_kv > 0 ? n_kv : 0;
+            R.j_lo = 0;
             for (int r = 0; r < R.n4; r++) {
                 const int rr = r < R.n ? r : R.n - 1;
                 rows_set_query(&R, r, q + (size_t)(h + rr) * q_stride, f16, d);
                 R.nk[r] = r < R.n ? R.n_max : 0;
+                R.fk[r] = 0;
                 R.out[r] = out + (size_t)(h + rr) * out_stride;
             }
             attend_rows(&R, k, k_stride, v, v_stride, f16, slots, d, scale, scratch);
@@ -460,17 +469,20 @@ static void attend_group_neon(const float *q, size_t q_stride, int n_q, const vo
  * every key and value row read once for all of them. */
 static void attend_tile_neon(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q,
                              const void *k, size_t k_stride, const void *v, size_t v_stride,
-                             int kv_type, const int32_t *slots, const int32_t *n_kv, int head_dim,
-                             float scale, float *scratch, float *out, size_t out_tok, size_t out_head)
+                             int kv_type, const int32_t *slots, const int32_t *kv_first,
+                             const int32_t *n_kv, int head_dim, float scale, float *scratch, float *out,
+                             size_t out_tok, size_t out_head)
 {
     const int d = head_dim, rows = n_t * n_q;
     if (n_t <= 0 || n_q <= 0 || rows > KIRI_ATTEND_TILE_ROWS)
         return;
     if (!neon_attend_ok(kv_type, d, 256)) {
-        for (int r = 0; r < rows; r++)
+        for (int r = 0; r < rows; r++) {
+            const int32_t f = kv_first ? kv_first[r / n_q] : 0;
             attend_head_neon(q + (size_t)(r / n_q) * q_tok + (size_t)(r % n_q) * q_head, k, k_stride,
-                             v, v_stride, kv_type, slots, n_kv[r / n_q], d, scale, scratch,
+                             v, v_stride, kv_type, slots + f, n_kv[r / n_q] - f, d, scale, scratch,
                              out + (size_t)(r / n_q) * out_tok + (size_t)(r % n_q) * out_head);
+        }
         return;
     }
     const int f16 = kv_type == KIRI_TYPE_F16;
@@ -478,14 +490,22 @@ static void attend_tile_neon(const float *q, size_t q_tok, size_t q_head, int n_
     R.n = rows;
     R.n4 = (rows + 3) / 4 * 4;
     R.n_max = 0;
+    R.j_lo = INT32_MAX;
     for (int r = 0; r < R.n4; r++) {
         const int rr = r < rows ? r : rows - 1;
         const int t = rr / n_q, h = rr % n_q;
         rows_set_query(&R, r, q + (size_t)t * q_tok + (size_t)h * q_head, f16, d);
-        R.nk[r] = r < rows && n_kv[t] > 0 ? n_kv[t] : 0;
+        const int32_t e = r < rows ? n_kv[t] : 0, f = r < rows && kv_first ? kv_first[t] : 0;
+        const int some = f >= 0 && e > f;
+        R.nk[r] = some ? e : 0;
+        R.fk[r] = some ? f : 0;
         R.n_max = R.nk[r] > R.n_max ? R.nk[r] : R.n_max;
+        if (some)
+            R.j_lo = f < R.j_lo ? f : R.j_lo;
         R.out[r] = out + (size_t)t * out_tok + (size_t)h * out_head;
     }
+    if (R.j_lo > R.n_max)
+        R.j_lo = R.n_max;
     attend_rows(&R, k, k_stride, v, v_stride, f16, slots, d, scale, scratch);
 }
 
@@ -496,24 +516,84 @@ static void attend_tile_neon(const float *q, size_t q_tok, size_t q_head, int n_
  * Element-wise rows
  * ------------------------------------------------------------------------------------------- */
 
-/* y = silu(g) u with silu(g) = g sigmoid(g); sigmoid from t = e^-|g| (never overflows) as 1/(1+t)
- * for g >= 0 and t/(1+t) below: within a few ulp of the reference's g / (1 + expf(-g)). */
-static void swiglu_row_neon(const float *g, const float *u, float *y, int64_t n)
+/* sigmoid(z) from t = e^-|z| (never overflows): 1/(1+t) for z >= 0, t/(1+t) below. */
+INLINE float32x4_t sigmoid(float32x4_t z)
 {
     const float32x4_t one = vdupq_n_f32(1.0f);
-    const uint32x4_t sign = vdupq_n_u32(0x80000000u);
+    const float32x4_t t = exp_neg(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(z), vdupq_n_u32(0x80000000u))));
+    const uint32x4_t neg = vcltq_f32(z, vdupq_n_f32(0.0f));
+    return vdivq_f32(vbslq_f32(neg, t, one), vaddq_f32(one, t));
+}
+
+/* y = silu(g) u with silu(g) = g sigmoid(g): within a few ulp of the reference's
+ * g / (1 + expf(-g)). */
+static void swiglu_row_neon(const float *g, const float *u, float *y, int64_t n)
+{
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
         const float32x4_t gv = vld1q_f32(g + i);
-        const float32x4_t t =
-            exp_neg(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(gv), sign))); /* e^-|g| */
-        const float32x4_t den = vaddq_f32(one, t);
-        const uint32x4_t neg = vcltq_f32(gv, vdupq_n_f32(0.0f));
-        const float32x4_t sig = vdivq_f32(vbslq_f32(neg, t, one), den);
-        vst1q_f32(y + i, vmulq_f32(vmulq_f32(gv, sig), vld1q_f32(u + i)));
+        vst1q_f32(y + i, vmulq_f32(vmulq_f32(gv, sigmoid(gv)), vld1q_f32(u + i)));
     }
     if (i < n)
         kiri_cpu_swiglu_row(g + i, u + i, y + i, n - i);
+}
+
+/* y = gelu(g) u as the reference computes it, g sigmoid(2z) with 2z formed by the same float
+ * operations in the same order (separate multiplies and adds, no fused ones): within a few ulp of
+ * kiri_cpu_geglu_row, and exactly 0 where its e^-2z is below the smallest normal float. */
+static void geglu_row_neon(const float *g, const float *u, float *y, int64_t n)
+{
+    const float32x4_t c = vdupq_n_f32(0.044715f), k2 = vdupq_n_f32(2.0f * 0.797884560802865355f);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t x = vld1q_f32(g + i);
+        const float32x4_t x3 = vmulq_f32(vmulq_f32(vmulq_f32(c, x), x), x);
+        const float32x4_t z2 = vmulq_f32(k2, vaddq_f32(x, x3));
+        vst1q_f32(y + i, vmulq_f32(vmulq_f32(x, sigmoid(z2)), vld1q_f32(u + i)));
+    }
+    if (i < n)
+        kiri_cpu_geglu_row(g + i, u + i, y + i, n - i);
+}
+
+static void scale_row_neon(const float *x, float *y, int64_t n, float s)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(y + i, vmulq_n_f32(vld1q_f32(x + i), s));
+    for (; i < n; i++)
+        y[i] = x[i] * s;
+}
+
+/* tanh(x): below |x| = 0.4 its Taylor polynomial to x^15 (truncation under 3e-10 relative), above
+ * it (1 - t) / (1 + t) with t = e^-2|x| (no cancellation there), the sign put back. Within a few
+ * ulp of tanhf; NaN propagates. */
+INLINE float32x4_t tanh_neon(float32x4_t x)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    const float32x4_t a = vabsq_f32(x), a2 = vmulq_f32(a, a);
+    float32x4_t p = vdupq_n_f32(-929569.0f / 638512875.0f);
+    p = vfmaq_f32(vdupq_n_f32(21844.0f / 6081075.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(-1382.0f / 155925.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(62.0f / 2835.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(-17.0f / 315.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(2.0f / 15.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(-1.0f / 3.0f), p, a2);
+    const float32x4_t small = vfmaq_f32(a, vmulq_f32(p, a2), a);
+    const float32x4_t t = exp_neg(vmulq_n_f32(a, -2.0f));
+    const float32x4_t large = vdivq_f32(vsubq_f32(one, t), vaddq_f32(one, t));
+    const float32x4_t r = vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.4f)), small, large);
+    const uint32x4_t sign = vdupq_n_u32(0x80000000u);
+    return vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(r), vandq_u32(sign, vreinterpretq_u32_f32(x))));
+}
+
+static void softcap_row_neon(const float *x, float *y, int64_t n, float cap)
+{
+    const float32x4_t cv = vdupq_n_f32(cap);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(y + i, vmulq_f32(cv, tanh_neon(vdivq_f32(vld1q_f32(x + i), cv))));
+    if (i < n)
+        kiri_cpu_softcap_row(x + i, y + i, n - i, cap);
 }
 
 /* The reference's numerics: squares in float, their sum in double, the scale in float. */
@@ -549,6 +629,9 @@ void kiri_cpu_kernels_init_ops_neon(struct kiri_cpu_kernels *k)
     k->attend_tile = attend_tile_neon;
     k->swiglu_row = swiglu_row_neon;
     k->rms_norm_row = rms_norm_row_neon;
+    k->geglu_row = geglu_row_neon;
+    k->scale_row = scale_row_neon;
+    k->softcap_row = softcap_row_neon;
 }
 
 #else
