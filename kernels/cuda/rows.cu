@@ -96,6 +96,8 @@ extern "C" int kiri_cuda_unary(int op, const float *x, size_t x_nb1, float *y, s
                                float c, void *stream)
 {
     cudaStream_t st = (cudaStream_t)stream;
+    if (n <= 0 || rows <= 0)
+        return 0;
     for (int64_t r = 0; r < rows; r += KIRI_CUDA_MAX_GRID_Y) {
         const int64_t nr = rows - r < KIRI_CUDA_MAX_GRID_Y ? rows - r : KIRI_CUDA_MAX_GRID_Y;
         const dim3 grid((unsigned)((n + 255) / 256), (unsigned)nr);

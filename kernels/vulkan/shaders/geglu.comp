@@ -1,7 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 /* GEGLU: dst (n, rows) = gelu(g) * u, elementwise, gelu by its tanh approximation
- * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))); in place allowed. */
+ * 0.5 g (1 + tanh(z)), z = sqrt(2/pi) (g + 0.044715 g^3), computed as the CPU reference computes
+ * it: g / (1 + e^-2z), the same function without the cancellation of 1 + tanh(z) for negative g.
+ * In place allowed. */
 layout(local_size_x = 64) in;
 
 layout(set = 0, binding = 0) buffer Dst { float dst[]; };
@@ -16,7 +18,6 @@ layout(push_constant) uniform Params {
 } p;
 
 #include "common.glsl"
-#include "tanh.glsl"
 
 void main()
 {
@@ -25,7 +26,7 @@ void main()
         return;
     const uint i = g % p.n, r = g / p.n;
     const float x = gate[((p.g_off + r * p.g_nb1) >> 2) + i];
-    precise float inner = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-    precise float y = 0.5 * x * (1.0 + tanh_acc(inner)) * up[((p.u_off + r * p.u_nb1) >> 2) + i];
+    precise float z2 = 2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x);
+    precise float y = div_rn(x, 1.0 + exp(-z2)) * up[((p.u_off + r * p.u_nb1) >> 2) + i];
     dst[((p.d_off + r * p.d_nb1) >> 2) + i] = y;
 }

@@ -1,4 +1,4 @@
-/* tanh to within a few ulp on every device, for the GEGLU and SOFTCAP shaders (included after
+/* tanh to within a few ulp on every device, for the SOFTCAP shader (included after
  * common.glsl). GLSL's tanh inherits exp's error bound, which Vulkan makes grow with the argument,
  * and a formula through exp loses the small arguments to cancellation; so, as Cephes' tanhf does:
  * an odd minimax polynomial below 0.625, 1 - 2 / (e^2|x| + 1) above, and +-1 past 20 (tanh is
