@@ -779,10 +779,10 @@ static void test_store_kv(struct backend_check *b)
 
 /* Attention with GQA (8 query heads over 2 cache heads; over 1 for head size 256, as Gemma 3 has
  * it, which also keeps the F32 cache within the staging mode's 256 KiB bindings) through
- * per-token block tables that list the blocks in scrambled order. Values are in [-1, 1]. F32 cache: 2e-6 absolute. F16 and Q8_0
- * caches: 1e-4 absolute, because there the attention weights are rounded to F16 (as the CPU
- * does), and a weight that exp's last bits put on the other side of a rounding boundary moves by
- * one F16 ulp (2^-11 of the weight).
+ * per-token block tables that list the blocks in scrambled order. Values are in [-1, 1]. F32
+ * cache: 2e-6 absolute. F16 and Q8_0 caches: 1e-4 absolute, because there the attention weights
+ * are rounded to F16 (as the CPU does), and a weight that exp's last bits put on the other side
+ * of a rounding boundary moves by one F16 ulp (2^-11 of the weight).
  *
  * With a sliding window (window > 0) a token with n keys attends keys [max(0, n - window), n).
  * The table entries of the blocks wholly below that are poisoned: they name two extra blocks

@@ -1,8 +1,8 @@
 /* ATTENTION over the paged KV cache: causal attention of each (token, query head) over its keys,
  * found through the token's block table (runtime/backend.h); with a sliding window only the last
  * `window` of them: both passes start at key max(0, n - window), so table entries of earlier
- * blocks (stale ids) are never read. Caches F32, F16 or Q8_0 are read as
- * kiri_cpu_attend_head reads them: for a reduced-precision cache the query and the attention
+ * blocks (stale ids) are never read. Caches F32, F16 or Q8_0 are read as kiri_cpu_attend_head
+ * reads them: for a reduced-precision cache the query and the attention
  * weights are rounded to F16, and the weighted values are added in key order.
  *
  * One block of 4 warps per (token, head). Pass 1: each warp scores every 4th key (its lanes split

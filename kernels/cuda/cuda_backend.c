@@ -587,9 +587,9 @@ static int run_node(struct kiri_backend *be, const struct kiri_node *nd)
     case KIRI_OP_SCALE:
     case KIRI_OP_SOFTCAP:
         kiri_tensor_flat_rows(s0, &rows);
-        return kiri_cuda_unary(nd->op == KIRI_OP_SCALE ? 0 : 1, (const float *)dev_ptr(s0), s0->nb[1], (float *)dev_ptr(d),
-                               d->nb[1], s0->ne[0], rows, nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap,
-                               be->stream);
+        return kiri_cuda_unary(nd->op == KIRI_OP_SCALE ? 0 : 1, (const float *)dev_ptr(s0), s0->nb[1],
+                               (float *)dev_ptr(d), d->nb[1], s0->ne[0], rows,
+                               nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap, be->stream);
     case KIRI_OP_ROPE: {
         const struct kiri_rope_params *rp = &nd->p.rope;
         /* As kiri_cpu_rope_token computes it, with the same C library. */

@@ -33,8 +33,8 @@
  * reference's bytes) and use the same per-block integer sums and float formulas: they agree with
  * it up to the order in which block results are added (the tiled product adds them in the
  * reference's order). Row look-ups, add, mul, scale and STORE_KV are exact; norms, RoPE, SwiGLU,
- * GEGLU, softcap and attention agree to a few ulps (exp, tanh and reduction order differ). tests/test_vulkan.c states the
- * tolerances.
+ * GEGLU, softcap and attention agree to a few ulps (exp, tanh and reduction order differ).
+ * tests/test_vulkan.c states the tolerances.
  *
  * Two environment variables exist for tests: KIRI_VULKAN_STAGING=1 makes scratch buffers
  * device-local with staging copies even on host-memory devices, and KIRI_VULKAN_MAX_BINDING=bytes

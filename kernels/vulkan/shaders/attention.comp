@@ -5,7 +5,8 @@
  * meta[2t] keys; key j lives in slot table[j / block_size] * block_size + j % block_size, table
  * starting at entry meta[2t + 1] of the tables. With a sliding window (window > 0) the token
  * attends only keys [max(0, n - window), n) of its n: the loops start there, so table entries of
- * earlier blocks (which may name blocks since reused) are never read. Query head h reads cache head h / (H / Hkv).
+ * earlier blocks (which may name blocks since reused) are never read. Query head h reads cache
+ * head h / (H / Hkv).
  * Caches F32, F16 or Q8_0, read as kiri_cpu_attend_head reads them: the query and the attention
  * weights rounded to F16 for a reduced-precision cache, dot products and the weighted sum of
  * values added in key order.

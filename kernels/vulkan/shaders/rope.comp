@@ -5,8 +5,9 @@
  * (n_rot/2). One invocation per (token, head, pair). The angle is made the way the CPU makes it:
  * theta starts at the position and is multiplied by theta_scale (the host's powf) once per pair,
  * then freq_scale * (theta / ff); cosine and sine are then multiplied by attn_factor (LongRoPE's
- * magnitude correction, 1 for none), as the CPU multiplies them. Sine and cosine are computed here, not by GLSL's sin and cos,
- * whose error Vulkan only bounds on [-pi, pi] (by 2^-11): positions make angles of thousands. */
+ * magnitude correction, 1 for none), as the CPU multiplies them. Sine and cosine are computed
+ * here, not by GLSL's sin and cos, whose error Vulkan only bounds on [-pi, pi] (by 2^-11):
+ * positions make angles of thousands. */
 layout(local_size_x = 64) in;
 
 layout(set = 0, binding = 0) buffer X { float x[]; };
