@@ -86,8 +86,14 @@ void kiri_model_describe(const struct kiri_model *model, char *buf, size_t cap);
 int kiri_model_meta_str(const struct kiri_model *model, const char *key, const char **text, size_t *len);
 /* The size of the model's file in bytes (what its mapping may bring into memory). */
 uint64_t kiri_model_file_bytes(const struct kiri_model *model);
-/* The memory estimate: bytes of KV cache one token takes with kv_type (see kiri_context_params). */
+/* The memory estimate: bytes of KV cache one token of context takes with kv_type (see
+ * kiri_context_params) in the layers that keep every token: all of them, or the global layers of a
+ * model with sliding-window layers (Gemma 3). */
 size_t kiri_model_kv_bytes_per_token(const struct kiri_model *model, int kv_type);
+/* The bytes the sliding-window layers keep for one sequence whatever its length: their window of
+ * tokens (a pool adds one prompt chunk per sequence, the keys a step writes before they slide
+ * out); 0 for a model without such layers. */
+size_t kiri_model_kv_bytes_window(const struct kiri_model *model, int kv_type);
 /* Writes one line saying which layers run on which backend. */
 void kiri_model_describe_placement(const struct kiri_model *model, char *buf, size_t cap);
 /* The backend(s) running the model: "cpu", "vulkan", "cuda", or "vulkan+cpu" when split. */
@@ -228,13 +234,17 @@ void kiri_context_cancel(struct kiri_context *ctx);
 struct kiri_batcher;
 
 struct kiri_batcher_params {
-    size_t kv_memory;         /* bytes for the KV block pool; 0: n_ctx tokens for each of max_seqs */
+    size_t kv_memory;         /* bytes for the KV block pool; 0: n_ctx tokens for each of max_seqs.
+                                 Sliding-window layers take their windows (and a chunk) for each
+                                 of max_seqs first; the rest holds the global layers' tokens */
     int32_t n_ctx;            /* most tokens one sequence may hold (prompt + generated); 0: trained */
     int32_t max_seqs;         /* sequences running at once (>= 1) */
     int32_t chunk;            /* prompt tokens per step across all sequences (chunked prefill) */
     int32_t queue_cap;        /* waiting requests beyond which submit answers KIRI_E_BUSY */
     int kv_type;              /* 1 F16 (default), 0 F32, 8 Q8_0 */
     int prefix_cache;         /* share full prompt blocks between sequences (default 1) */
+    int swa_full;             /* sliding-window layers keep every token, as global ones do (more
+                                 memory, for comparisons); default 0: only their window */
 };
 
 void kiri_batcher_params_default(struct kiri_batcher_params *p);
@@ -306,6 +316,10 @@ struct kiri_batcher_stats {
     int32_t peak_batch_seqs;      /* most sequences in one step since init */
     uint64_t prompt_tokens;       /* totals since init */
     uint64_t generated_tokens;
+    uint64_t kv_bytes;            /* the KV pool's keys and values: the kv_blocks of the global
+                                     layers, plus the sliding-window layers' own pool */
+    int32_t kv_window_blocks_total; /* that pool's blocks (0 without one) */
+    int32_t kv_window_blocks_used;
 };
 
 int kiri_batcher_init(struct kiri_model *model, const struct kiri_batcher_params *params,

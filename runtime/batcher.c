@@ -64,6 +64,8 @@ struct kiri_batcher {
     struct kiri_model *model;       /* borrowed */
     struct kiri_batcher_params p;
     int32_t blocks_per_seq;
+    int32_t swa_blocks_per_seq;     /* windowed-pool blocks one sequence holds at most; 0: the
+                                       cache has no windowed pool */
     struct kiri_kvcache *kv;        /* owned */
     struct kiri_graph *graph;       /* owned */
     struct seq **running;           /* owned array of max_seqs (entries owned) */
@@ -73,6 +75,7 @@ struct kiri_batcher {
     uint64_t next_id, next_order;
     /* Step scratch, sized at init. */
     int32_t *b_tokens, *b_pos, *b_slots, *b_nkv, *b_toff, *b_tables, *b_rows;
+    int32_t *b_swa_slots, *b_swa_tables; /* with a windowed pool only */
     struct seq **b_out_seq;
     float *b_logits;                /* owned (n_vocab): logits after bias and grammar mask */
     struct kiri_grammar_vocab *gvocab; /* owned: the vocabulary trie, built at the first grammar */
@@ -125,18 +128,40 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "kv type must be F16, F32 or Q8_0");
     if (p.kv_type == KIRI_TYPE_Q8_0 && m->hp.head_dim % KIRI_QK8_0)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "a Q8_0 cache needs a head size that is a multiple of 32");
-    const size_t per_token = kiri_model_kv_bytes_per_token(m, p.kv_type);
+    /* The pool's size. A model with sliding-window layers keeps their keys in a pool of their
+     * own (unless swa_full, or the window spans the whole context anyway): a sequence holds there
+     * at most the window before a step's first position plus the step's tokens (at most chunk),
+     * so swa_blocks_per_seq for each of max_seqs sequences means that pool never limits
+     * admission and never preempts; the rest of a memory budget goes to the global layers. */
+    const size_t global_token = kiri_model_kv_bytes_per_token(m, p.kv_type);
+    const size_t swa_token =
+        m->hp.swa_window > 0 ? kiri_model_kv_bytes_window(m, p.kv_type) / (size_t)m->hp.swa_window : 0;
     const int32_t blocks_per_seq = (p.n_ctx + BLOCK_SIZE - 1) / BLOCK_SIZE;
+    int32_t swa_blocks_per_seq = 0;
+    if (swa_token && !p.swa_full) {
+        const int64_t span = (int64_t)m->hp.swa_window - 1 + p.chunk;
+        const int64_t blocks = (span + BLOCK_SIZE - 1) / BLOCK_SIZE + 1;
+        swa_blocks_per_seq = blocks < blocks_per_seq ? (int32_t)blocks : 0;
+    }
+    const size_t per_token = swa_blocks_per_seq ? global_token : global_token + swa_token;
+    const int64_t n_swa_blocks = (int64_t)swa_blocks_per_seq * p.max_seqs;
+    const size_t swa_bytes = (size_t)n_swa_blocks * BLOCK_SIZE * swa_token;
+    if (p.kv_memory && p.kv_memory < swa_bytes)
+        return kiri_error_set(info, KIRI_E_INVALID_ARG,
+                              "a KV budget of %zu bytes is less than the %zu the sliding-window layers need for %d "
+                              "sequences", p.kv_memory, swa_bytes, p.max_seqs);
+    /* With every layer windowed there is no per-token cost: the budget only has to hold the
+     * windows, and the global table keeps one context per sequence of (layerless) blocks. */
     int64_t n_blocks;
-    if (p.kv_memory)
-        n_blocks = (int64_t)(p.kv_memory / (per_token * BLOCK_SIZE));
+    if (p.kv_memory && per_token)
+        n_blocks = (int64_t)((p.kv_memory - swa_bytes) / (per_token * BLOCK_SIZE));
     else
         n_blocks = (int64_t)blocks_per_seq * p.max_seqs;
     if (n_blocks < blocks_per_seq)
         return kiri_error_set(info, KIRI_E_INVALID_ARG,
                               "a KV budget of %zu bytes holds %lld tokens, less than one %d-token context",
                               p.kv_memory, (long long)n_blocks * BLOCK_SIZE, p.n_ctx);
-    if (n_blocks > INT32_MAX / BLOCK_SIZE)
+    if (n_blocks > INT32_MAX / BLOCK_SIZE || n_swa_blocks > INT32_MAX / BLOCK_SIZE)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "KV budget too large");
 
     struct kiri_batcher *b = kiri_mem_calloc(1, sizeof *b);
@@ -145,11 +170,12 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->model = m;
     b->p = p;
     b->blocks_per_seq = blocks_per_seq;
+    b->swa_blocks_per_seq = swa_blocks_per_seq;
     b->next_id = 1;
     b->accepting = 1;
     const int32_t max_tok = p.chunk + p.max_seqs;
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
-    int rc = kiri_model_kvcache_init(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, &b->kv);
+    int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks, &b->kv);
     if (rc == 0)
         rc = kiri_graph_init(m, max_tok, p.max_seqs, (int32_t)tables, &b->graph);
     if (rc == 0) {
@@ -166,6 +192,10 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
         if (!b->running || !b->b_tokens || !b->b_pos || !b->b_slots || !b->b_nkv || !b->b_toff || !b->b_tables ||
             !b->b_rows || !b->b_out_seq || !b->b_logits)
             rc = KIRI_E_NOMEM;
+        if (rc == 0 && swa_blocks_per_seq &&
+            (!(b->b_swa_slots = kiri_mem_array((size_t)max_tok, sizeof(int32_t))) ||
+             !(b->b_swa_tables = kiri_mem_array(tables, sizeof(int32_t)))))
+            rc = KIRI_E_NOMEM;
     }
     if (rc == 0)
         rc = kiri_platform_mutex_init(&b->lock);
@@ -179,6 +209,8 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     }
     b->stats.kv_blocks_total = (int32_t)n_blocks;
     b->stats.kv_block_size = BLOCK_SIZE;
+    b->stats.kv_bytes = kiri_kvcache_bytes(b->kv);
+    b->stats.kv_window_blocks_total = (int32_t)n_swa_blocks;
     *out = b;
     return KIRI_OK;
 }
@@ -450,20 +482,16 @@ static void remove_running(struct kiri_batcher *b, int32_t i)
     kiri_platform_mutex_unlock(b->lock);
 }
 
-/* Shares the cached blocks of s's longest cached prefix (never its last token, which must be
- * computed for logits). */
+/* Shares the cached blocks of s's longest prefix cached in every layer (never its last token,
+ * which must be computed for logits). */
 static void share_prefix(struct kiri_batcher *b, struct seq *s)
 {
     const int32_t full = b->p.prefix_cache ? (s->n_tokens - 1) / BLOCK_SIZE : 0;
     uint64_t h = 0;
-    for (int32_t i = 0; i < full; i++) {
-        const int32_t *t = s->tokens + (size_t)i * BLOCK_SIZE;
-        const uint64_t hi = kiri_kvcache_block_hash(h, t, BLOCK_SIZE);
-        if (kiri_kvcache_seq_share_prefix(b->kv, &s->kv, hi, t) != KIRI_OK)
-            break;
-        h = hi;
-        s->n_published = i + 1;
-        s->chain_hash = hi;
+    const int32_t n = kiri_kvcache_seq_share_prefix(b->kv, &s->kv, s->tokens, full, &h);
+    if (n > 0) {
+        s->n_published = n;
+        s->chain_hash = h;
     }
     s->n_cached = s->kv.n_tokens;
 }
@@ -652,6 +680,7 @@ static void deliver_logits(struct seq *s, const float *logits)
     ev.text = "";
     ev.logits = logits;
     ev.n_prompt = s->n_tokens;
+    ev.n_cached = s->n_cached;
     s->fn(s->user, &ev);
 }
 
@@ -833,6 +862,15 @@ static int end_sequences(struct kiri_batcher *b)
     return n;
 }
 
+/* The pool's figures in the stats. Lock held. */
+static void kv_stats(struct kiri_batcher *b)
+{
+    b->stats.kv_blocks_used = b->stats.kv_blocks_total - kiri_kvcache_n_available(b->kv);
+    b->stats.kv_blocks_cached = kiri_kvcache_n_cached(b->kv);
+    if (b->swa_blocks_per_seq)
+        b->stats.kv_window_blocks_used = b->stats.kv_window_blocks_total - kiri_kvcache_n_available_window(b->kv);
+}
+
 /* One forward step over every running sequence. Returns 1 if it did work. */
 static int step(struct kiri_batcher *b)
 {
@@ -851,12 +889,16 @@ static int step(struct kiri_batcher *b)
         struct seq *s = planned[j];
         const int32_t toff = n_tab;
         memcpy(b->b_tables + n_tab, s->kv.blocks, (size_t)s->kv.n_blocks * sizeof(int32_t));
+        if (b->swa_blocks_per_seq) /* entries below the window are stale: never read */
+            memcpy(b->b_swa_tables + n_tab, s->kv.wblocks, (size_t)s->kv.n_blocks * sizeof(int32_t));
         n_tab += s->kv.n_blocks;
         for (int32_t i = 0; i < take[j]; i++) {
             const int32_t p = s->kv.n_tokens + i;
             b->b_tokens[n_tok] = s->tokens[p];
             b->b_pos[n_tok] = p;
             b->b_slots[n_tok] = kiri_kvcache_slot(b->kv, &s->kv, p);
+            if (b->swa_blocks_per_seq)
+                b->b_swa_slots[n_tok] = kiri_kvcache_slot_window(b->kv, &s->kv, p);
             b->b_nkv[n_tok] = p + 1;
             b->b_toff[n_tok] = toff;
             n_tok++;
@@ -870,7 +912,7 @@ static int step(struct kiri_batcher *b)
     int rc = KIRI_OK;
     if (n_out > 0 || n_tok > 0) {
         struct kiri_batch batch = {n_tok, b->b_tokens, b->b_pos, b->b_slots, b->b_nkv, b->b_toff, b->b_tables,
-                                   n_tab, b->b_rows, n_out > 0 ? n_out : 1};
+                                   n_tab, b->b_rows, n_out > 0 ? n_out : 1, b->b_swa_slots, b->b_swa_tables};
         if (n_out == 0)
             b->b_rows[0] = n_tok - 1; /* logits nobody reads: a chunk in the middle of a prompt */
         rc = kiri_graph_run(b->graph, b->kv, &batch, &logits, NULL);
@@ -889,8 +931,7 @@ static int step(struct kiri_batcher *b)
     }
     kiri_platform_mutex_lock(b->lock);
     b->stats.steps++;
-    b->stats.kv_blocks_used = b->stats.kv_blocks_total - kiri_kvcache_n_available(b->kv);
-    b->stats.kv_blocks_cached = kiri_kvcache_n_cached(b->kv);
+    kv_stats(b);
     b->stats.prefix_hit_blocks = kiri_kvcache_prefix_hits(b->kv);
     b->stats.last_batch_tokens = n_tok;
     b->stats.last_batch_seqs = n_planned;
@@ -935,8 +976,7 @@ static void batcher_main(void *arg)
     for (;;) {
         kiri_platform_mutex_lock(b->lock);
         while (!b->stop && !b->waiting && b->n_running == 0) {
-            b->stats.kv_blocks_used = b->stats.kv_blocks_total - kiri_kvcache_n_available(b->kv);
-            b->stats.kv_blocks_cached = kiri_kvcache_n_cached(b->kv);
+            kv_stats(b);
             b->is_idle = 1;
             kiri_platform_cond_broadcast(b->idle);
             kiri_platform_cond_wait(b->wake, b->lock);
@@ -987,8 +1027,11 @@ void kiri_batcher_run(struct kiri_batcher *b, const _Atomic int *cancel)
         }
         admit(b);
         if (!step(b))
-            return;
+            break;
     }
+    kiri_platform_mutex_lock(b->lock);
+    kv_stats(b); /* what the last step's ends returned */
+    kiri_platform_mutex_unlock(b->lock);
 }
 
 int kiri_batcher_wait_idle(struct kiri_batcher *b, double timeout_seconds)
@@ -1044,6 +1087,8 @@ void kiri_batcher_free(struct kiri_batcher *b)
     kiri_mem_free(b->b_nkv);
     kiri_mem_free(b->b_toff);
     kiri_mem_free(b->b_tables);
+    kiri_mem_free(b->b_swa_slots);
+    kiri_mem_free(b->b_swa_tables);
     kiri_mem_free(b->b_rows);
     kiri_mem_free(b->b_out_seq);
     kiri_mem_free(b->b_logits);

@@ -32,6 +32,8 @@ enum {
     T_META,     /* (2, n) I32 keys to attend and table offset per token */
     T_TABLES,   /* (entries) I32 */
     T_OUT_ROWS, /* (n_out) I32 */
+    T_SWA_SLOTS,  /* (n) I32 slots in a cache's windowed pool (models with sliding-window layers) */
+    T_SWA_TABLES, /* (entries) I32 their block tables */
     T_COUNT
 };
 
@@ -68,7 +70,7 @@ static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 /* Lays out the scratch of n tokens; with_head adds the token ids and what produces the logits. */
 static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_t entries, int with_head,
-                 struct layout *l)
+                 int with_swa, struct layout *l)
 {
     const size_t E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * (size_t)hp->head_dim;
     const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim, F = (size_t)hp->n_ff;
@@ -87,6 +89,10 @@ static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_
     bytes[T_POS] = bytes[T_SLOTS] = (size_t)n * 4;
     bytes[T_META] = (size_t)n * 8;
     bytes[T_TABLES] = (size_t)entries * 4;
+    if (with_swa) {
+        bytes[T_SWA_SLOTS] = (size_t)n * 4;
+        bytes[T_SWA_TABLES] = (size_t)entries * 4;
+    }
     size_t off = 0;
     for (int i = 0; i < T_COUNT; i++) {
         l->off[i] = off;
@@ -102,10 +108,11 @@ uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens
                                   int32_t max_table_entries)
 {
     struct layout l, lo;
-    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, &l);
+    const int swa = kiri_model_n_swa_layers(m) > 0;
+    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, swa, &l);
     if (!m->n_offload)
         return l.total;
-    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 0, &lo);
+    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 0, swa, &lo);
     return (uint64_t)l.total + lo.total;
 }
 
@@ -136,12 +143,13 @@ int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_output
     g->max_outputs = max_outputs;
     g->max_table_entries = max_table_entries;
     struct layout l;
-    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, &l);
+    const int swa = kiri_model_n_swa_layers(m) > 0;
+    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, swa, &l);
     g->max_nodes = m->hp.n_layer * 32 + 16;
     g->nodes = kiri_mem_calloc((size_t)g->max_nodes, sizeof *g->nodes);
     int rc = g->nodes ? side_init(&g->main, m->iface, m->be, &l) : KIRI_E_NOMEM;
     if (rc == KIRI_OK && m->n_offload) {
-        plan(&m->hp, max_tokens, max_outputs, max_table_entries, 0, &l);
+        plan(&m->hp, max_tokens, max_outputs, max_table_entries, 0, swa, &l);
         rc = side_init(&g->off, m->off_iface, m->off_be, &l);
     }
     if (rc == KIRI_OK && !g->main.host &&
@@ -243,6 +251,12 @@ static int upload_inputs(struct kiri_graph *g, struct side *s, const struct kiri
     rc |= upload(s, pos, b->pos, (size_t)n * 4);
     rc |= upload(s, slots, b->slots, (size_t)n * 4);
     rc |= upload(s, tables, b->tables, (size_t)b->n_table_entries * 4);
+    if (b->swa_slots) {
+        struct kiri_tensor *swa_slots = shape(s, T_SWA_SLOTS, KIRI_TYPE_I32, n, 1, 1);
+        struct kiri_tensor *swa_tables = shape(s, T_SWA_TABLES, KIRI_TYPE_I32, b->n_table_entries, 1, 1);
+        rc |= upload(s, swa_slots, b->swa_slots, (size_t)n * 4);
+        rc |= upload(s, swa_tables, b->swa_tables, (size_t)b->n_table_entries * 4);
+    }
     int32_t *mt = meta->data ? meta->data : g->meta_host;
     for (int32_t i = 0; i < n; i++) {
         mt[2 * i] = b->n_kv[i];
@@ -291,7 +305,9 @@ static void block_out(const struct kiri_hparams *hp, struct kiri_tensor *post_no
     add(b, KIRI_OP_ADD, x, x, out);
 }
 
-/* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared. */
+/* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared.
+ * A sliding-window layer attends its last hp.swa_window keys, in the cache's windowed pool when it
+ * has one (its own slots and tables). */
 static void build_layers(const struct kiri_model *m, struct side *s, struct kiri_kvcache *kv,
                          struct kiri_tensor *rope_freqs, int l0, int l1, struct builder *b)
 {
@@ -302,6 +318,7 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
     struct kiri_tensor *v = &s->t[T_V], *att = &s->t[T_ATT], *gate = &s->t[T_GATE], *up = &s->t[T_UP];
     struct kiri_tensor *pos = &s->t[T_POS], *slots = &s->t[T_SLOTS], *meta = &s->t[T_META];
     struct kiri_tensor *tables = &s->t[T_TABLES];
+    struct kiri_tensor *swa_slots = &s->t[T_SWA_SLOTS], *swa_tables = &s->t[T_SWA_TABLES];
     struct kiri_node *nd;
 
     for (int l = l0; l < l1; l++) {
@@ -336,12 +353,13 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
             nd->src[2] = rope_freqs;
             nd->p.rope = rope;
         }
-        add(b, KIRI_OP_STORE_KV, kiri_kvcache_k(kv, l), k, slots);
-        add(b, KIRI_OP_STORE_KV, kiri_kvcache_v(kv, l), v, slots);
+        const int windowed = kiri_kvcache_layer_windowed(kv, l);
+        add(b, KIRI_OP_STORE_KV, kiri_kvcache_k(kv, l), k, windowed ? swa_slots : slots);
+        add(b, KIRI_OP_STORE_KV, kiri_kvcache_v(kv, l), v, windowed ? swa_slots : slots);
         nd = add(b, KIRI_OP_ATTENTION, att, q3, kiri_kvcache_k(kv, l));
         nd->src[2] = kiri_kvcache_v(kv, l);
         nd->src[3] = meta;
-        nd->src[4] = tables;
+        nd->src[4] = windowed ? swa_tables : tables;
         nd->p.attn = attn;
         add(b, KIRI_OP_MATMUL, xn, L->wo, att);
         block_out(hp, L->attn_post_norm, x, xn, b);
@@ -446,12 +464,28 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
     if (n < 1 || n > g->max_tokens || n_out < 1 || n_out > g->max_outputs ||
         b->n_table_entries < 1 || b->n_table_entries > g->max_table_entries)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch of %d tokens / %d outputs exceeds the graph", n, n_out);
-    const int32_t slots_cap = (int32_t)kiri_kvcache_k(kv, 0)->ne[1];
+    /* Slots must lie in the pool of the layers that write them: the global one (l0 is its first
+     * layer) and the windowed one (lw), whose layers are sliding-window layers of this model. */
+    int l0 = -1, lw = -1;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        if (!kiri_kvcache_layer_windowed(kv, l)) {
+            l0 = l0 < 0 ? l : l0;
+            continue;
+        }
+        if (!m->layers[l].swa || m->hp.swa_window <= 0)
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "layer %d has no sliding window but its cache does", l);
+        lw = lw < 0 ? l : lw;
+    }
+    if ((lw >= 0) != (b->swa_slots && b->swa_tables))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "the batch's sliding-window slots do not match the cache");
+    const int32_t slots_cap = l0 >= 0 ? (int32_t)kiri_kvcache_k(kv, l0)->ne[1] : INT32_MAX;
+    const int32_t swa_cap = lw >= 0 ? (int32_t)kiri_kvcache_k(kv, lw)->ne[1] : 0;
     for (int32_t i = 0; i < n; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.n_vocab)
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "token id %d is outside the vocabulary", b->tokens[i]);
         if (b->slots[i] < 0 || b->slots[i] >= slots_cap || b->n_kv[i] < 1 ||
-            b->table_off[i] < 0 || b->table_off[i] >= b->n_table_entries)
+            b->table_off[i] < 0 || b->table_off[i] >= b->n_table_entries ||
+            (lw >= 0 && (b->swa_slots[i] < 0 || b->swa_slots[i] >= swa_cap)))
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch token %d has an invalid cache slot", i);
     }
     for (int32_t i = 0; i < n_out; i++)

@@ -19,7 +19,10 @@ struct kiri_status_info;
 
 /* One forward step's input. For token i: its id, its position in its sequence, the cache slot
  * its key and value are written to, and how many keys it attends to (pos + 1) through the block
- * table starting at tables[table_off[i]]. Logits come out for the tokens listed in out_rows. */
+ * table starting at tables[table_off[i]]. Logits come out for the tokens listed in out_rows.
+ * With a cache whose sliding-window layers have a pool of their own (kiri_kvcache_window), those
+ * layers write token i to swa_slots[i] and read through swa_tables (same offsets and entry
+ * count; entries below a token's window are stale and never read); NULL otherwise. */
 struct kiri_batch {
     int32_t n_tokens;
     const int32_t *tokens;
@@ -31,6 +34,8 @@ struct kiri_batch {
     int32_t n_table_entries;
     const int32_t *out_rows;
     int32_t n_outputs;
+    const int32_t *swa_slots;
+    const int32_t *swa_tables;
 };
 
 int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_outputs,

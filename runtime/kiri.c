@@ -137,7 +137,7 @@ static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
                      hp->swa_pattern);
         else
             snprintf(pattern, sizeof pattern, "%s", n_swa == hp->n_layer ? "every layer slides" : "listed per layer");
-        kiri_buf_printf(text, "sliding window: %d keys on %d of %d layers (%s); rope base %g there, %g on the global "
+        kiri_buf_printf(text, "sliding window: %d keys on %d of %d layers (%s); rope base %g (scale 1) there, %g on the global "
                         "layers\n", hp->swa_window, n_swa, hp->n_layer, pattern, (double)hp->rope_freq_base_swa,
                         (double)hp->rope_freq_base);
     }
@@ -192,14 +192,24 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     kiri_buf_printf(&text, "%s\n", m->output == m->tok_embd ? " (tied embeddings)" : "");
     const double mib = 1024.0 * 1024.0;
     const size_t kv_tok = kiri_model_kv_bytes_per_token(m, KIRI_TYPE_F16);
+    const size_t kv_window = kiri_model_kv_bytes_window(m, KIRI_TYPE_F16);
+    const int n_swa = kiri_model_n_swa_layers(m);
+    /* Sliding-window layers keep at most their window, or the whole context when it is shorter. */
+    const int32_t kept = n_swa && hp->n_ctx_train < hp->swa_window ? hp->n_ctx_train : hp->swa_window;
+    const double kv_ctx = (double)kv_tok * hp->n_ctx_train + (n_swa ? (double)kv_window * kept / hp->swa_window : 0.0);
     kiri_buf_printf(&text, "weights:       %.2f MiB mapped from the file (shared page cache, not copied)\n",
             (double)m->weight_bytes / mib);
-    kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
-            (double)kv_tok / 1024.0, (double)kv_tok * hp->n_ctx_train / mib);
+    if (n_swa)
+        kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16) in the %d global layers, plus %.2f MiB for the "
+                "%d sliding-window layers' %d-token window (per sequence, whatever its length); %.2f MiB at the "
+                "trained context\n", (double)kv_tok / 1024.0, hp->n_layer - n_swa, (double)kv_window / mib, n_swa,
+                hp->swa_window, kv_ctx / mib);
+    else
+        kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
+                (double)kv_tok / 1024.0, kv_ctx / mib);
     const uint64_t scratch = kiri_graph_scratch_bytes(m, 512, 1, 4096);
     kiri_buf_printf(&text, "memory needed: %.2f MiB resident at the trained context (weights + kv + %.2f MiB scratch)\n",
-            ((double)m->weight_bytes + (double)kv_tok * hp->n_ctx_train + (double)scratch) / mib,
-            (double)scratch / mib);
+            ((double)m->weight_bytes + kv_ctx + (double)scratch) / mib, (double)scratch / mib);
     char placement[320];
     kiri_model_describe_placement(m, placement, sizeof placement);
     kiri_buf_printf(&text, "placement:     %s\n", placement);
@@ -231,18 +241,28 @@ int64_t kiri_detokenize(const struct kiri_model *m, const int32_t *tokens, int32
     if (!m || n < 0 || (n && !tokens) || (cap && !buf))
         return KIRI_E_INVALID_ARG;
     struct kiri_detok_stream ds = {0};
-    char piece[KIRI_DETOK_CAP];
+    char stack[KIRI_DETOK_CAP];
+    const size_t piece_cap = KIRI_DETOK_CAP_FOR(kiri_tokenizer_max_piece(m->tokenizer));
+    char *piece = piece_cap <= sizeof stack ? stack : kiri_mem_alloc(piece_cap);
+    if (!piece)
+        return KIRI_E_NOMEM;
+    const size_t pcap = piece_cap <= sizeof stack ? sizeof stack : piece_cap;
     uint64_t len = 0;
+    int64_t rc = 0;
     for (int32_t i = 0; i <= n; i++) {
-        const int k = i < n ? kiri_detok_push(m->tokenizer, &ds, tokens[i], 0, piece, sizeof piece)
-                            : kiri_detok_flush(&ds, piece, sizeof piece);
-        if (k < 0)
-            return k;
+        const int k = i < n ? kiri_detok_push(m->tokenizer, &ds, tokens[i], 0, piece, pcap)
+                            : kiri_detok_flush(&ds, piece, pcap);
+        if (k < 0) {
+            rc = k;
+            break;
+        }
         if (k > 0 && len + (uint64_t)k <= cap) /* buf may be NULL when cap is 0 */
             memcpy(buf + len, piece, (size_t)k);
         len += (uint64_t)k;
     }
-    return (int64_t)len;
+    if (piece != stack)
+        kiri_mem_free(piece);
+    return rc < 0 ? rc : (int64_t)len;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -13,17 +13,10 @@ struct part {
     struct kiri_buffer *buffer;               /* owned, NULL when the part holds no layer */
 };
 
-struct kiri_kvcache {
-    /* part[0] holds layers [0, n_first) (none when n_first is 0), part[1] the others, on the
-     * backend the cache was created on. */
-    struct part part[2];
-    int n_first;
-    size_t bytes;
-    size_t layer_bytes;                       /* keys or values of one layer */
-    int n_layer;
-    int block_size;
+/* The blocks of one pool: reference counts, the free list and the prefix index. */
+struct pool {
     int32_t n_blocks;
-    struct kiri_tensor *k, *v;                /* owned arrays of n_layer descriptors */
+    size_t layer_bytes;                       /* keys or values of one of its layers */
     int32_t *refs;                            /* owned: reference count per block */
     int32_t *free_list;                       /* owned: stack of free block ids */
     int32_t n_free;
@@ -41,18 +34,41 @@ struct kiri_kvcache {
     uint64_t hits;
 };
 
+struct kiri_kvcache {
+    /* part[0] holds layers [0, n_first) (none when n_first is 0), part[1] the others, on the
+     * backend the cache was created on. */
+    struct part part[2];
+    int n_first;
+    size_t bytes;
+    int n_layer;
+    int block_size;
+    /* pool[0] holds the global layers, pool[1] (with a window only) the windowed ones. */
+    struct pool pool[2];
+    int32_t window;                           /* 0: no windowed pool */
+    uint8_t *windowed;                        /* owned (n_layer): layer l is in pool[1]; NULL
+                                                 without a window */
+    struct kiri_tensor *k, *v;                /* owned arrays of n_layer descriptors */
+};
+
+static struct pool *pool_of(struct kiri_kvcache *c, int layer)
+{
+    return &c->pool[c->windowed && c->windowed[layer] ? 1 : 0];
+}
+
 /* Allocates the buffers of a placement (part[1] always, part[0] when n_first > 0) and points
  * the layer descriptors k[l], v[l] into them. On failure nothing is allocated. */
 static int alloc_parts(struct kiri_kvcache *c, struct part p[2], int n_first, struct kiri_tensor *k,
                        struct kiri_tensor *v)
 {
     void *host[2] = {NULL, NULL};
-    const int n[2] = {n_first, c->n_layer - n_first};
+    size_t size[2] = {0, 0};
+    for (int l = 0; l < c->n_layer; l++)
+        size[l < n_first ? 0 : 1] += pool_of(c, l)->layer_bytes * 2;
     p[0].buffer = p[1].buffer = NULL;
     for (int i = 0; i < 2; i++) {
-        if (n[i] == 0)
+        if (size[i] == 0)
             continue;
-        if (p[i].iface->buffer_alloc(p[i].be, c->layer_bytes * 2 * (size_t)n[i], &p[i].buffer, &host[i]) != 0) {
+        if (p[i].iface->buffer_alloc(p[i].be, size[i], &p[i].buffer, &host[i]) != 0) {
             p[i].buffer = NULL;
             if (i == 1 && p[0].buffer)
                 p[0].iface->buffer_free(p[0].be, p[0].buffer);
@@ -60,26 +76,74 @@ static int alloc_parts(struct kiri_kvcache *c, struct part p[2], int n_first, st
             return KIRI_E_NOMEM;
         }
     }
-    const size_t slots = (size_t)c->n_blocks * (size_t)c->block_size;
+    size_t off[2] = {0, 0};
     for (int l = 0; l < c->n_layer; l++) {
         const int i = l < n_first ? 0 : 1;
-        const size_t local = (size_t)(i ? l - n_first : l);
+        const struct pool *pl = pool_of(c, l);
         struct kiri_tensor *t[2] = {&k[l], &v[l]};
         for (int j = 0; j < 2; j++) {
-            const size_t off = (local * 2 + (size_t)j) * c->layer_bytes;
-            t[j]->ne[1] = (int64_t)slots;
+            t[j]->ne[1] = (int64_t)pl->n_blocks * c->block_size;
             t[j]->buffer = p[i].buffer;
-            t[j]->offset = off;
-            t[j]->data = host[i] ? (char *)host[i] + off : NULL;
+            t[j]->offset = off[i];
+            t[j]->data = host[i] ? (char *)host[i] + off[i] : NULL;
+            off[i] += pl->layer_bytes;
         }
     }
     return KIRI_OK;
 }
 
-int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
-                            const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
-                            int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
-                            struct kiri_kvcache **out)
+static int pool_init(struct pool *p, int32_t n_blocks, int block_size, size_t layer_bytes)
+{
+    p->n_blocks = n_blocks;
+    p->layer_bytes = layer_bytes;
+    p->refs = kiri_mem_calloc((size_t)n_blocks, sizeof *p->refs);
+    p->free_list = kiri_mem_array((size_t)n_blocks, sizeof *p->free_list);
+    uint32_t nb = 1;
+    while (nb < (uint32_t)n_blocks)
+        nb <<= 1;
+    p->mask = nb - 1;
+    p->buckets = kiri_mem_array(nb, sizeof *p->buckets);
+    p->next = kiri_mem_array((size_t)n_blocks, sizeof *p->next);
+    p->cached = kiri_mem_calloc((size_t)n_blocks, 1);
+    p->hash = kiri_mem_calloc((size_t)n_blocks, sizeof *p->hash);
+    p->stamp = kiri_mem_calloc((size_t)n_blocks, sizeof *p->stamp);
+    p->tokens = kiri_mem_array((size_t)n_blocks * (size_t)block_size, sizeof *p->tokens);
+    if (!p->refs || !p->free_list || !p->buckets || !p->next || !p->cached || !p->hash || !p->stamp || !p->tokens)
+        return KIRI_E_NOMEM;
+    for (uint32_t i = 0; i < nb; i++)
+        p->buckets[i] = -1;
+    /* Hand out low block ids first. */
+    for (int32_t i = 0; i < n_blocks; i++)
+        p->free_list[i] = n_blocks - 1 - i;
+    p->n_free = n_blocks;
+    return KIRI_OK;
+}
+
+static void pool_free(struct pool *p)
+{
+    kiri_mem_free(p->refs);
+    kiri_mem_free(p->free_list);
+    kiri_mem_free(p->buckets);
+    kiri_mem_free(p->next);
+    kiri_mem_free(p->cached);
+    kiri_mem_free(p->hash);
+    kiri_mem_free(p->stamp);
+    kiri_mem_free(p->tokens);
+}
+
+/* The bytes of one layer's keys or values in a pool of n_blocks, or 0 when they overflow. */
+static size_t layer_size(size_t row, int32_t n_blocks, int block_size, int n_layer)
+{
+    const size_t slots = (size_t)n_blocks * (size_t)block_size;
+    if (slots > INT32_MAX || row > SIZE_MAX / slots || row * slots > SIZE_MAX / 4 / (size_t)n_layer)
+        return 0;
+    return row * slots;
+}
+
+int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
+                               const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
+                               int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                               const struct kiri_kvcache_window *w, struct kiri_kvcache **out)
 {
     if (n_layer < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1 || n_first < 0 || n_first > n_layer ||
         (n_first > 0 && (!first_iface || !first_be)))
@@ -88,11 +152,16 @@ int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_
         return KIRI_E_INVALID_ARG;
     if (kv_dim % kiri_type_block_size(type) != 0)
         return KIRI_E_INVALID_ARG;
-    const size_t row = (size_t)(kv_dim / kiri_type_block_size(type)) * kiri_type_size(type);
-    const size_t slots = (size_t)n_blocks * (size_t)block_size;
-    if (slots > INT32_MAX || row > SIZE_MAX / slots || row * slots > SIZE_MAX / 2 / (size_t)n_layer)
+    int n_windowed = 0;
+    for (int l = 0; w && w->layers && l < n_layer; l++)
+        n_windowed += w->layers[l] != 0;
+    if (n_windowed && (w->window < 1 || w->n_blocks < 1))
         return KIRI_E_INVALID_ARG;
-    const size_t layer_bytes = row * slots;
+    const size_t row = (size_t)(kv_dim / kiri_type_block_size(type)) * kiri_type_size(type);
+    const size_t layer_bytes = layer_size(row, n_blocks, block_size, n_layer);
+    const size_t wlayer_bytes = n_windowed ? layer_size(row, w->n_blocks, block_size, n_layer) : 0;
+    if (!layer_bytes || (n_windowed && !wlayer_bytes))
+        return KIRI_E_INVALID_ARG;
 
     struct kiri_kvcache *c = kiri_mem_calloc(1, sizeof *c);
     if (!c)
@@ -102,29 +171,23 @@ int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_
     c->n_first = n_first;
     c->n_layer = n_layer;
     c->block_size = block_size;
-    c->n_blocks = n_blocks;
-    c->layer_bytes = layer_bytes;
-    c->bytes = layer_bytes * 2 * (size_t)n_layer;
+    c->bytes = layer_bytes * 2 * (size_t)(n_layer - n_windowed) + wlayer_bytes * 2 * (size_t)n_windowed;
     c->k = kiri_mem_calloc((size_t)n_layer, sizeof *c->k);
     c->v = kiri_mem_calloc((size_t)n_layer, sizeof *c->v);
-    c->refs = kiri_mem_calloc((size_t)n_blocks, sizeof *c->refs);
-    c->free_list = kiri_mem_array((size_t)n_blocks, sizeof *c->free_list);
-    uint32_t nb = 1;
-    while (nb < (uint32_t)n_blocks)
-        nb <<= 1;
-    c->mask = nb - 1;
-    c->buckets = kiri_mem_array(nb, sizeof *c->buckets);
-    c->next = kiri_mem_array((size_t)n_blocks, sizeof *c->next);
-    c->cached = kiri_mem_calloc((size_t)n_blocks, 1);
-    c->hash = kiri_mem_calloc((size_t)n_blocks, sizeof *c->hash);
-    c->stamp = kiri_mem_calloc((size_t)n_blocks, sizeof *c->stamp);
-    c->tokens = kiri_mem_array((size_t)n_blocks * (size_t)block_size, sizeof *c->tokens);
-    if (!c->k || !c->v || !c->refs || !c->free_list || !c->buckets || !c->next || !c->cached || !c->hash ||
-        !c->stamp || !c->tokens) {
+    int rc = c->k && c->v ? pool_init(&c->pool[0], n_blocks, block_size, layer_bytes) : KIRI_E_NOMEM;
+    if (rc == KIRI_OK && n_windowed) {
+        c->window = w->window;
+        c->windowed = kiri_mem_alloc((size_t)n_layer);
+        rc = c->windowed ? pool_init(&c->pool[1], w->n_blocks, block_size, wlayer_bytes) : KIRI_E_NOMEM;
+        for (int l = 0; c->windowed && l < n_layer; l++)
+            c->windowed[l] = w->layers[l] != 0;
+    }
+    if (rc != KIRI_OK) {
         kiri_kvcache_free(c);
         return KIRI_E_NOMEM;
     }
     for (int l = 0; l < n_layer; l++) {
+        const size_t slots = (size_t)pool_of(c, l)->n_blocks * (size_t)block_size;
         struct kiri_tensor *t[2] = {&c->k[l], &c->v[l]};
         for (int j = 0; j < 2; j++) {
             t[j]->type = type;
@@ -140,14 +203,17 @@ int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_
         kiri_kvcache_free(c);
         return KIRI_E_NOMEM;
     }
-    for (uint32_t i = 0; i < nb; i++)
-        c->buckets[i] = -1;
-    /* Hand out low block ids first. */
-    for (int32_t i = 0; i < n_blocks; i++)
-        c->free_list[i] = n_blocks - 1 - i;
-    c->n_free = n_blocks;
     *out = c;
     return KIRI_OK;
+}
+
+int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
+                            const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
+                            int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                            struct kiri_kvcache **out)
+{
+    return kiri_kvcache_init_windowed(iface, be, n_first, first_iface, first_be, n_layer, kv_dim, type, block_size,
+                                      n_blocks, NULL, out);
 }
 
 int kiri_kvcache_init(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_layer,
@@ -194,7 +260,9 @@ int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_ba
      * leaves copies queued into a buffer that is then freed. */
     struct kiri_tensor *k = kiri_mem_array((size_t)c->n_layer, sizeof *k);
     struct kiri_tensor *v = kiri_mem_array((size_t)c->n_layer, sizeof *v);
-    char *tmp = kiri_mem_alloc(c->layer_bytes < COPY_CHUNK ? c->layer_bytes : COPY_CHUNK);
+    const size_t largest = c->pool[0].layer_bytes > c->pool[1].layer_bytes ? c->pool[0].layer_bytes
+                                                                             : c->pool[1].layer_bytes;
+    char *tmp = kiri_mem_alloc(largest < COPY_CHUNK ? largest : COPY_CHUNK);
     int rc = k && v && tmp ? KIRI_OK : KIRI_E_NOMEM;
     if (rc == KIRI_OK) {
         memcpy(k, c->k, (size_t)c->n_layer * sizeof *k);
@@ -203,8 +271,8 @@ int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_ba
     }
     for (int l = 0; l < c->n_layer && rc == KIRI_OK; l++) {
         const struct part *sp = &c->part[l < c->n_first ? 0 : 1], *dp = &np[l < n_first ? 0 : 1];
-        if (copy_layer(sp, &c->k[l], dp, &k[l], c->layer_bytes, tmp) != 0 ||
-            copy_layer(sp, &c->v[l], dp, &v[l], c->layer_bytes, tmp) != 0)
+        const size_t size = pool_of(c, l)->layer_bytes;
+        if (copy_layer(sp, &c->k[l], dp, &k[l], size, tmp) != 0 || copy_layer(sp, &c->v[l], dp, &v[l], size, tmp) != 0)
             rc = KIRI_E_BACKEND;
     }
     if (rc == KIRI_E_BACKEND) {
@@ -252,63 +320,80 @@ void kiri_kvcache_free(struct kiri_kvcache *c)
             c->part[i].iface->buffer_free(c->part[i].be, c->part[i].buffer);
     kiri_mem_free(c->k);
     kiri_mem_free(c->v);
-    kiri_mem_free(c->refs);
-    kiri_mem_free(c->free_list);
-    kiri_mem_free(c->buckets);
-    kiri_mem_free(c->next);
-    kiri_mem_free(c->cached);
-    kiri_mem_free(c->hash);
-    kiri_mem_free(c->stamp);
-    kiri_mem_free(c->tokens);
+    pool_free(&c->pool[0]);
+    pool_free(&c->pool[1]);
+    kiri_mem_free(c->windowed);
     kiri_mem_free(c);
 }
 
 int kiri_kvcache_block_size(const struct kiri_kvcache *c) { return c->block_size; }
-int32_t kiri_kvcache_n_free(const struct kiri_kvcache *c) { return c->n_free; }
+int32_t kiri_kvcache_n_free(const struct kiri_kvcache *c) { return c->pool[0].n_free; }
+int32_t kiri_kvcache_n_free_window(const struct kiri_kvcache *c) { return c->pool[1].n_free; }
 size_t kiri_kvcache_bytes(const struct kiri_kvcache *c) { return c->bytes; }
+int32_t kiri_kvcache_window(const struct kiri_kvcache *c) { return c->window; }
 struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer) { return &c->k[layer]; }
 struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer) { return &c->v[layer]; }
 
-int32_t kiri_kvcache_n_available(const struct kiri_kvcache *c) { return c->n_free + c->n_evictable; }
-int32_t kiri_kvcache_n_cached(const struct kiri_kvcache *c) { return c->n_cached; }
-uint64_t kiri_kvcache_prefix_hits(const struct kiri_kvcache *c) { return c->hits; }
+int kiri_kvcache_layer_windowed(const struct kiri_kvcache *c, int layer)
+{
+    return c->windowed && layer >= 0 && layer < c->n_layer && c->windowed[layer];
+}
+
+static int32_t available(const struct pool *p) { return p->n_free + p->n_evictable; }
+
+int32_t kiri_kvcache_n_available(const struct kiri_kvcache *c) { return available(&c->pool[0]); }
+int32_t kiri_kvcache_n_available_window(const struct kiri_kvcache *c) { return available(&c->pool[1]); }
+int32_t kiri_kvcache_n_cached(const struct kiri_kvcache *c) { return c->pool[0].n_cached; }
+uint64_t kiri_kvcache_prefix_hits(const struct kiri_kvcache *c) { return c->pool[0].hits; }
 
 /* Drops a block's reference; the last one returns it to the free list. A cached block whose only
  * remaining reference is the cache's becomes evictable. */
-static void unref(struct kiri_kvcache *c, int32_t id)
+static void unref(struct pool *p, int32_t id)
 {
-    if (id < 0 || id >= c->n_blocks || c->refs[id] <= 0)
+    if (id < 0 || id >= p->n_blocks || p->refs[id] <= 0)
         return;
-    if (--c->refs[id] == 0)
-        c->free_list[c->n_free++] = id;
-    else if (c->refs[id] == 1 && c->cached[id])
-        c->n_evictable++;
+    if (--p->refs[id] == 0)
+        p->free_list[p->n_free++] = id;
+    else if (p->refs[id] == 1 && p->cached[id])
+        p->n_evictable++;
 }
 
-static void unlink_cached(struct kiri_kvcache *c, int32_t id)
+static void unlink_cached(struct pool *p, int32_t id)
 {
-    int32_t *p = &c->buckets[c->hash[id] & c->mask];
-    while (*p >= 0 && *p != id)
-        p = &c->next[*p];
-    if (*p == id)
-        *p = c->next[id];
-    c->cached[id] = 0;
-    c->n_cached--;
+    int32_t *at = &p->buckets[p->hash[id] & p->mask];
+    while (*at >= 0 && *at != id)
+        at = &p->next[*at];
+    if (*at == id)
+        *at = p->next[id];
+    p->cached[id] = 0;
+    p->n_cached--;
 }
 
 /* Frees the least recently used cached block that only the cache references. */
-static int evict_one(struct kiri_kvcache *c)
+static int evict_one(struct pool *p)
 {
     int32_t best = -1;
-    for (int32_t id = 0; id < c->n_blocks; id++)
-        if (c->cached[id] && c->refs[id] == 1 && (best < 0 || c->stamp[id] < c->stamp[best]))
+    for (int32_t id = 0; id < p->n_blocks; id++)
+        if (p->cached[id] && p->refs[id] == 1 && (best < 0 || p->stamp[id] < p->stamp[best]))
             best = id;
     if (best < 0)
         return 0;
-    unlink_cached(c, best);
-    c->n_evictable--;
-    unref(c, best);
+    unlink_cached(p, best);
+    p->n_evictable--;
+    unref(p, best);
     return 1;
+}
+
+/* Takes n blocks (n <= available(p)) into ids, evicting cached blocks when too few are free. */
+static void take(struct pool *p, int32_t n, int32_t *ids)
+{
+    while (p->n_free < n && evict_one(p))
+        ;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t id = p->free_list[--p->n_free];
+        p->refs[id] = 1;
+        ids[i] = id;
+    }
 }
 
 uint64_t kiri_kvcache_block_hash(uint64_t parent, const int32_t *tokens, int n)
@@ -322,18 +407,43 @@ uint64_t kiri_kvcache_block_hash(uint64_t parent, const int32_t *tokens, int n)
     return h ? h : 1;
 }
 
-static int32_t find_cached(const struct kiri_kvcache *c, uint64_t hash, const int32_t *tokens)
+static int32_t find_cached(const struct pool *p, int block_size, uint64_t hash, const int32_t *tokens)
 {
-    for (int32_t id = c->buckets[hash & c->mask]; id >= 0; id = c->next[id])
-        if (c->hash[id] == hash &&
-            memcmp(c->tokens + (size_t)id * (size_t)c->block_size, tokens, (size_t)c->block_size * sizeof *tokens) == 0)
+    for (int32_t id = p->buckets[hash & p->mask]; id >= 0; id = p->next[id])
+        if (p->hash[id] == hash &&
+            memcmp(p->tokens + (size_t)id * (size_t)block_size, tokens, (size_t)block_size * sizeof *tokens) == 0)
             return id;
     return -1;
 }
 
-static int grow_table(struct kiri_kv_seq *seq, int32_t need)
+/* Takes a reference on a cached block for a sequence. */
+static void share_block(struct pool *p, int32_t id)
 {
-    if (need <= seq->cap)
+    if (p->refs[id] == 1)
+        p->n_evictable--;
+    p->refs[id]++;
+    p->stamp[id] = ++p->clock;
+    p->hits++;
+}
+
+static void publish_block(struct pool *p, int block_size, int32_t id, uint64_t hash, const int32_t *tokens)
+{
+    if (p->cached[id] || find_cached(p, block_size, hash, tokens) >= 0)
+        return;
+    p->cached[id] = 1;
+    p->hash[id] = hash;
+    memcpy(p->tokens + (size_t)id * (size_t)block_size, tokens, (size_t)block_size * sizeof *tokens);
+    p->stamp[id] = ++p->clock;
+    p->next[id] = p->buckets[hash & p->mask];
+    p->buckets[hash & p->mask] = id;
+    p->refs[id]++; /* the cache's own reference */
+    p->n_cached++;
+}
+
+/* Grows seq's tables (the windowed one too when the cache has a window) to hold need blocks. */
+static int grow_table(const struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t need)
+{
+    if (need <= seq->cap && (!c->window || seq->wblocks))
         return KIRI_OK;
     int32_t cap = seq->cap ? seq->cap : 8;
     while (cap < need)
@@ -342,28 +452,82 @@ static int grow_table(struct kiri_kv_seq *seq, int32_t need)
     if (!b)
         return KIRI_E_NOMEM;
     seq->blocks = b;
+    if (c->window) {
+        int32_t *w = kiri_mem_realloc(seq->wblocks, (size_t)cap * sizeof *w);
+        if (!w)
+            return KIRI_E_NOMEM;
+        seq->wblocks = w;
+    }
     seq->cap = cap;
     return KIRI_OK;
 }
 
-int kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, uint64_t hash,
-                                  const int32_t *tokens)
+/* The first windowed block the positions from pos on still attend: the one holding key
+ * pos - window + 1. */
+static int32_t window_first_block(const struct kiri_kvcache *c, int64_t pos)
 {
-    if (seq->n_tokens != seq->n_blocks * c->block_size)
-        return KIRI_E_INVALID_ARG;
-    const int32_t id = find_cached(c, hash, tokens);
-    if (id < 0)
-        return KIRI_E_INVALID_ARG;
-    if (grow_table(seq, seq->n_blocks + 1) != KIRI_OK)
+    const int64_t first_key = pos - c->window + 1;
+    return first_key <= 0 ? 0 : (int32_t)(first_key / c->block_size);
+}
+
+/* Returns the windowed blocks no position from seq->n_tokens on attends. */
+static void release_window(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
+{
+    if (!c->window || !seq->wblocks)
+        return;
+    int32_t lo = window_first_block(c, seq->n_tokens);
+    if (lo > seq->n_blocks)
+        lo = seq->n_blocks;
+    while (seq->w_lo < lo)
+        unref(&c->pool[1], seq->wblocks[seq->w_lo++]);
+}
+
+int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, const int32_t *tokens,
+                                      int32_t n_blocks, uint64_t *hash)
+{
+    *hash = 0;
+    if (seq->n_blocks != 0 || n_blocks <= 0)
+        return 0;
+    const int bs = c->block_size;
+    struct pool *g = &c->pool[0], *w = &c->pool[1];
+    /* The longest run of cached global blocks; with a window, the longest prefix of it whose
+     * window is cached too (the last windowed miss lies before that window). */
+    int32_t best = 0, last_miss = -1;
+    uint64_t h = 0;
+    for (int32_t i = 0; i < n_blocks; i++) {
+        const int32_t *t = tokens + (size_t)i * (size_t)bs;
+        h = kiri_kvcache_block_hash(h, t, bs);
+        if (find_cached(g, bs, h, t) < 0)
+            break;
+        if (c->window && find_cached(w, bs, h, t) < 0)
+            last_miss = i;
+        if (!c->window || last_miss < window_first_block(c, (int64_t)(i + 1) * bs))
+            best = i + 1;
+    }
+    if (best == 0)
+        return 0;
+    if (grow_table(c, seq, best) != KIRI_OK)
         return KIRI_E_NOMEM;
-    if (c->refs[id] == 1)
-        c->n_evictable--;
-    c->refs[id]++;
-    c->stamp[id] = ++c->clock;
-    c->hits++;
-    seq->blocks[seq->n_blocks++] = id;
-    seq->n_tokens += c->block_size;
-    return KIRI_OK;
+    const int32_t lo = c->window ? window_first_block(c, (int64_t)best * bs) : 0;
+    h = 0;
+    for (int32_t i = 0; i < best; i++) {
+        const int32_t *t = tokens + (size_t)i * (size_t)bs;
+        h = kiri_kvcache_block_hash(h, t, bs);
+        const int32_t id = find_cached(g, bs, h, t);
+        share_block(g, id);
+        seq->blocks[i] = id;
+        if (c->window) {
+            const int32_t wid = i >= lo ? find_cached(w, bs, h, t) : -1;
+            if (wid >= 0)
+                share_block(w, wid);
+            seq->wblocks[i] = wid >= 0 ? wid : 0; /* a stale entry: never read */
+        }
+    }
+    seq->n_blocks = best;
+    seq->n_tokens = best * bs;
+    seq->w_lo = lo;
+    *hash = h;
+    return best;
 }
 
 void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
@@ -371,57 +535,57 @@ void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq,
 {
     if (i < 0 || i >= seq->n_blocks)
         return;
-    const int32_t id = seq->blocks[i];
-    if (c->cached[id] || find_cached(c, hash, tokens) >= 0)
-        return;
-    c->cached[id] = 1;
-    c->hash[id] = hash;
-    memcpy(c->tokens + (size_t)id * (size_t)c->block_size, tokens, (size_t)c->block_size * sizeof *tokens);
-    c->stamp[id] = ++c->clock;
-    c->next[id] = c->buckets[hash & c->mask];
-    c->buckets[hash & c->mask] = id;
-    c->refs[id]++; /* the cache's own reference */
-    c->n_cached++;
+    publish_block(&c->pool[0], c->block_size, seq->blocks[i], hash, tokens);
+    if (c->window && seq->wblocks && i >= seq->w_lo)
+        publish_block(&c->pool[1], c->block_size, seq->wblocks[i], hash, tokens);
 }
 
 int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens)
 {
     if (n_tokens < 0)
         return KIRI_E_INVALID_ARG;
+    release_window(c, seq);
     const int32_t need = (int32_t)(((int64_t)n_tokens + c->block_size - 1) / c->block_size);
     if (need <= seq->n_blocks)
         return KIRI_OK;
+    /* Every new block holds positions this step writes, so the windowed table needs them all. */
     const int32_t more = need - seq->n_blocks;
-    if (more > c->n_free + c->n_evictable)
+    if (more > available(&c->pool[0]) || (c->window && more > available(&c->pool[1])))
         return KIRI_E_CONTEXT_FULL;
-    if (grow_table(seq, need) != KIRI_OK)
+    if (grow_table(c, seq, need) != KIRI_OK)
         return KIRI_E_NOMEM;
-    while (c->n_free < more && evict_one(c))
-        ;
-    for (int32_t i = 0; i < more; i++) {
-        const int32_t id = c->free_list[--c->n_free];
-        c->refs[id] = 1;
-        seq->blocks[seq->n_blocks++] = id;
-    }
+    take(&c->pool[0], more, seq->blocks + seq->n_blocks);
+    if (c->window)
+        take(&c->pool[1], more, seq->wblocks + seq->n_blocks);
+    seq->n_blocks = need;
     return KIRI_OK;
 }
 
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
 {
     for (int32_t i = 0; i < seq->n_blocks; i++)
-        unref(c, seq->blocks[i]);
+        unref(&c->pool[0], seq->blocks[i]);
+    for (int32_t i = seq->w_lo; seq->wblocks && i < seq->n_blocks; i++)
+        unref(&c->pool[1], seq->wblocks[i]);
     seq->n_blocks = 0;
     seq->n_tokens = 0;
+    seq->w_lo = 0;
 }
 
 void kiri_kvcache_seq_free(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
 {
     kiri_kvcache_seq_clear(c, seq);
     kiri_mem_free(seq->blocks);
+    kiri_mem_free(seq->wblocks);
     memset(seq, 0, sizeof *seq);
 }
 
 int32_t kiri_kvcache_slot(const struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t pos)
 {
     return seq->blocks[pos / c->block_size] * c->block_size + pos % c->block_size;
+}
+
+int32_t kiri_kvcache_slot_window(const struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t pos)
+{
+    return seq->wblocks[pos / c->block_size] * c->block_size + pos % c->block_size;
 }

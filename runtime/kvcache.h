@@ -1,15 +1,26 @@
-/* The paged key/value cache: one pool of fixed-size blocks, each holding block_size token slots
- * of every layer's keys and values, and per-sequence block tables mapping positions to slots.
+/* The paged key/value cache: pools of fixed-size blocks, each block holding block_size token slots
+ * of its layers' keys and values, and per-sequence block tables mapping positions to slots.
  * Blocks are reference counted so sequences can share the blocks of a common prefix (a block is
  * written only while its count is 1).
  *
- * Invariants: a block is either on the free list (count 0) or referenced by at least one
- * sequence; position p of a sequence lives in slot table[p / block_size] * block_size +
- * p % block_size; a sequence's table has exactly ceil(n_tokens / block_size) blocks after
- * kiri_kvcache_seq_reserve for n_tokens. The whole pool is allocated once at init: memory never
- * grows past it (kiri_kvcache_place reallocates it, at the same size). A layer's keys and values
- * live on the backend that runs the layer: layers [0, n_first) on the first backend, the rest on
- * the other.
+ * Sliding-window layers. A layer that attends only its last `window` keys (layer.swa) may keep
+ * them in a pool of its own (kiri_kvcache_init_windowed): the windowed pool, sized for the window
+ * of every sequence rather than its whole context, so a long context costs what the global layers
+ * need plus a constant. Each sequence then has a second table (wblocks) over the same positions;
+ * its entries [0, w_lo) are released blocks, stale ids that the attention never reads (a token
+ * with n keys reads only keys [n - window, n)). Before a step writes positions [a, b)
+ * (kiri_kvcache_seq_reserve from n_tokens = a), the windowed blocks lying wholly below
+ * a - window + 1 go back to the pool, and only blocks for [a - window + 1, b) are reserved.
+ * A cache made without a window has one pool and behaves exactly as before.
+ *
+ * Invariants: a block is either on its pool's free list (count 0) or referenced by at least one
+ * sequence or the prefix cache; position p of a sequence lives in slot table[p / block_size] *
+ * block_size + p % block_size; a sequence's tables have exactly ceil(n_tokens / block_size)
+ * entries after kiri_kvcache_seq_reserve for n_tokens, the windowed one live from w_lo; every
+ * windowed block a position in [n_tokens - window, n_tokens) lies in is live. The whole pool is
+ * allocated once at init: memory never grows past it (kiri_kvcache_place reallocates it, at the
+ * same size). A layer's keys and values live on the backend that runs the layer: layers
+ * [0, n_first) on the first backend, the rest on the other.
  */
 #ifndef KIRI_KVCACHE_H
 #define KIRI_KVCACHE_H
@@ -27,6 +38,16 @@ struct kiri_kv_seq {
     int32_t n_blocks;
     int32_t cap;
     int32_t n_tokens;       /* positions [0, n_tokens) are stored */
+    int32_t *wblocks;       /* owned: windowed-pool block ids, n_blocks of cap (entries [0, w_lo)
+                               stale); NULL for a cache without a window */
+    int32_t w_lo;
+};
+
+/* The sliding-window layers of kiri_kvcache_init_windowed. */
+struct kiri_kvcache_window {
+    const uint8_t *layers;  /* borrowed (n_layer): 1 for a layer that keeps only its window */
+    int32_t window;         /* keys such a layer attends (> 0) */
+    int32_t n_blocks;       /* blocks of the windowed pool (> 0) */
 };
 
 /* Allocates the pool on the backend: n_layer layers of keys and values, each row kv_dim
@@ -41,6 +62,13 @@ int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_
                             const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
                             int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
                             struct kiri_kvcache **out);
+/* The same with the layers w->layers marks in the windowed pool of w->n_blocks blocks, and the
+ * others in the global pool of n_blocks. w = NULL, or one that marks no layer, is
+ * kiri_kvcache_init_split. */
+int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
+                               const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
+                               int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                               const struct kiri_kvcache_window *w, struct kiri_kvcache **out);
 /* Moves layers [0, n_first) to a buffer of their own on backend (first_iface, first_be) and the
  * others to one on (iface, be), keeping what they hold (a one-time copy); a no-op when they are
  * already there. On failure (KIRI_E_INVALID_ARG, KIRI_E_NOMEM, KIRI_E_BACKEND) the cache is
@@ -55,18 +83,30 @@ struct kiri_backend *kiri_kvcache_backend(const struct kiri_kvcache *c, int laye
 void kiri_kvcache_free(struct kiri_kvcache *c);
 
 int kiri_kvcache_block_size(const struct kiri_kvcache *c);
+/* Free blocks of the global pool (the only one without a window) and of the windowed pool (0
+ * without one). */
 int32_t kiri_kvcache_n_free(const struct kiri_kvcache *c);
+int32_t kiri_kvcache_n_free_window(const struct kiri_kvcache *c);
+/* All the pools' keys and values. */
 size_t kiri_kvcache_bytes(const struct kiri_kvcache *c);
-/* The key / value cache of one layer as a tensor (kv_dim, n_blocks * block_size); borrowed. */
+/* The window of the windowed layers (0 without a windowed pool), and whether layer is one. */
+int32_t kiri_kvcache_window(const struct kiri_kvcache *c);
+int kiri_kvcache_layer_windowed(const struct kiri_kvcache *c, int layer);
+/* The key / value cache of one layer as a tensor (kv_dim, n_blocks * block_size) of its pool;
+ * borrowed. */
 struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer);
 struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer);
 
-/* Blocks a reservation could take now: free ones plus cached prefix blocks nobody uses. */
+/* Blocks a reservation could take now: free ones plus cached prefix blocks nobody uses; of the
+ * global pool and of the windowed one (0 without one). */
 int32_t kiri_kvcache_n_available(const struct kiri_kvcache *c);
+int32_t kiri_kvcache_n_available_window(const struct kiri_kvcache *c);
 
-/* Makes room for positions [0, n_tokens) in seq, taking blocks from the pool (evicting the least
- * recently used unreferenced prefix blocks when no block is free). Returns KIRI_OK or
- * KIRI_E_CONTEXT_FULL (nothing taken) when the pool lacks blocks. */
+/* Makes room for positions [0, n_tokens) in seq, taking blocks from the pools (evicting the least
+ * recently used unreferenced prefix blocks when no block is free). The next step writes from
+ * seq->n_tokens on: windowed blocks wholly below seq->n_tokens - window + 1 are released first
+ * (even when the reservation then fails). Returns KIRI_OK or KIRI_E_CONTEXT_FULL (nothing taken)
+ * when a pool lacks blocks. */
 int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens);
 /* Returns all of seq's blocks to the pool and empties it (the table memory is kept). */
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
@@ -80,20 +120,27 @@ void kiri_kvcache_seq_free(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
 /* The chain hash of a block holding tokens[0..n) whose predecessor block has hash parent (0 for
  * the first block). */
 uint64_t kiri_kvcache_block_hash(uint64_t parent, const int32_t *tokens, int n);
-/* Appends the cached block with this hash and tokens (block_size of them) to seq, taking a
- * reference, and returns KIRI_OK; or KIRI_E_INVALID_ARG on a miss. seq must end at a block
- * boundary. */
-int kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, uint64_t hash,
-                                  const int32_t *tokens);
-/* Publishes block index i of seq (full, its keys and values final) under hash; a no-op when a
- * block with that hash is already cached. */
+/* Gives the empty seq the cached blocks of the longest prefix of tokens, at most n_blocks whole
+ * blocks, that is cached in every layer: the global blocks of all its positions and, with a
+ * window, the windowed blocks of the window before its end (the keys the next position attends;
+ * earlier ones are stale entries). A prefix whose windowed blocks were evicted is cut back to one
+ * whose are not, or to none. Returns the blocks shared (seq->n_tokens is that many blocks) and
+ * the chain hash of the last in *hash (0 for none); KIRI_E_NOMEM when the tables cannot grow
+ * (nothing shared). */
+int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, const int32_t *tokens,
+                                      int32_t n_blocks, uint64_t *hash);
+/* Publishes block index i of seq (full, its keys and values final) under hash, in each pool
+ * independently (the windowed block when it is live); a no-op for a pool where a block with that
+ * hash is already cached. */
 void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
                           const int32_t *tokens);
-/* Cached (published) blocks, and lookups that hit since init. */
+/* Cached (published) blocks of the global pool, and global blocks shared since init. */
 int32_t kiri_kvcache_n_cached(const struct kiri_kvcache *c);
 uint64_t kiri_kvcache_prefix_hits(const struct kiri_kvcache *c);
 
-/* The slot of position pos (< blocks reserved * block_size). */
+/* The slot of position pos (< blocks reserved * block_size) in the global pool, and in the
+ * windowed pool (pos in a live block). */
 int32_t kiri_kvcache_slot(const struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t pos);
+int32_t kiri_kvcache_slot_window(const struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t pos);
 
 #endif

@@ -674,20 +674,50 @@ void kiri_model_free(struct kiri_model *m)
     kiri_mem_free(m);
 }
 
-size_t kiri_model_kv_bytes_per_token(const struct kiri_model *m, int kv_type)
+int kiri_model_n_swa_layers(const struct kiri_model *m)
+{
+    int n = 0;
+    for (int l = 0; m->hp.swa_window > 0 && m->layers && l < m->hp.n_layer; l++)
+        n += m->layers[l].swa != 0;
+    return n;
+}
+
+/* Bytes of one token's keys and values in one layer. */
+static size_t kv_layer_token_bytes(const struct kiri_model *m, int kv_type)
 {
     const int64_t kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
     const int64_t bs = kiri_type_block_size(kv_type);
-    if (!bs)
-        return 0;
-    return 2 * (size_t)m->hp.n_layer * (size_t)(kv_dim / bs) * kiri_type_size(kv_type);
+    return bs ? 2 * (size_t)(kv_dim / bs) * kiri_type_size(kv_type) : 0;
+}
+
+size_t kiri_model_kv_bytes_per_token(const struct kiri_model *m, int kv_type)
+{
+    return (size_t)(m->hp.n_layer - kiri_model_n_swa_layers(m)) * kv_layer_token_bytes(m, kv_type);
+}
+
+size_t kiri_model_kv_bytes_window(const struct kiri_model *m, int kv_type)
+{
+    const int n_swa = kiri_model_n_swa_layers(m);
+    return n_swa ? (size_t)n_swa * kv_layer_token_bytes(m, kv_type) * (size_t)m->hp.swa_window : 0;
 }
 
 int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
                             struct kiri_kvcache **out)
 {
-    return kiri_kvcache_init_split(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
-                                   (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks, out);
+    return kiri_model_kvcache_init_swa(m, kv_type, block_size, n_blocks, 0, out);
+}
+
+int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
+                                int32_t n_swa_blocks, struct kiri_kvcache **out)
+{
+    uint8_t layers[KIRI_MAX_LAYERS];
+    const int n_swa = n_swa_blocks > 0 ? kiri_model_n_swa_layers(m) : 0;
+    for (int l = 0; n_swa && l < m->hp.n_layer && l < KIRI_MAX_LAYERS; l++)
+        layers[l] = m->layers[l].swa != 0;
+    const struct kiri_kvcache_window w = {layers, m->hp.swa_window, n_swa_blocks};
+    return kiri_kvcache_init_windowed(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
+                                      (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks,
+                                      n_swa ? &w : NULL, out);
 }
 
 void kiri_model_describe_placement(const struct kiri_model *m, char *buf, size_t cap)

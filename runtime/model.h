@@ -59,8 +59,8 @@ struct kiri_hparams {
     float logit_scale;        /* multiplies the logits: 1 / granite's logit_scale */
     float final_softcap;      /* logits = c * tanh(logits / c) when > 0 (gemma3's final_logit_softcapping) */
     float rope_freq_base_swa; /* the RoPE base of sliding-window layers (gemma3) */
-    int32_t swa_pattern;      /* gemma3: every swa_pattern-th layer is global; 0: the file lists the
-                                 layers; for descriptions */
+    int32_t swa_pattern;      /* gemma3, for descriptions: one layer in every swa_pattern is global; 0:
+                                 every layer slides, or the file lists them */
     int ffn_gelu;             /* 1: the feed-forward gate is GELU (GeGLU, gemma3); 0: SiLU (SwiGLU) */
 };
 
@@ -133,8 +133,17 @@ void kiri_model_free(struct kiri_model *m);
 int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
                             struct kiri_kvcache **out);
 
+/* The same, with the sliding-window layers (layer.swa, hp.swa_window > 0) keeping only their
+ * window in a pool of n_swa_blocks blocks (kiri_kvcache_init_windowed); n_swa_blocks = 0, or a
+ * model without such layers, is kiri_model_kvcache_init. */
+int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
+                                int32_t n_swa_blocks, struct kiri_kvcache **out);
+/* Layers that attend only the last hp.swa_window keys (0 when swa_window is 0). */
+int kiri_model_n_swa_layers(const struct kiri_model *m);
+
 /* kiri_model_describe_placement (kiri.h): which layers run on which backend. */
 
-/* kiri_model_kv_bytes_per_token (kiri.h): the bytes one token's keys and values take. */
+/* kiri_model_kv_bytes_per_token, kiri_model_kv_bytes_window (kiri.h): the bytes one token's keys
+ * and values take in the global layers, and the sliding-window layers' window. */
 
 #endif

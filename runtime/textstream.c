@@ -57,9 +57,19 @@ int kiri_text_stream_push(struct kiri_text_stream *ts, int32_t token)
 {
     if (ts->hit)
         return 1;
-    char piece[KIRI_DETOK_CAP];
-    const int n = kiri_detok_push(ts->tokenizer, &ts->detok, token, 0, piece, sizeof piece);
-    return deliver(ts, piece, n > 0 ? (size_t)n : 0);
+    /* Vocabularies with tokens longer than the usual buffer (code models' runs of spaces) take
+     * a heap buffer for the piece. */
+    char stack[KIRI_DETOK_CAP];
+    const size_t cap = KIRI_DETOK_CAP_FOR(kiri_tokenizer_max_piece(ts->tokenizer));
+    char *piece = cap <= sizeof stack ? stack : kiri_mem_alloc(cap);
+    if (!piece)
+        return KIRI_E_NOMEM;
+    const int n = kiri_detok_push(ts->tokenizer, &ts->detok, token, 0, piece,
+                                  cap <= sizeof stack ? sizeof stack : cap);
+    const int rc = deliver(ts, piece, n > 0 ? (size_t)n : 0);
+    if (piece != stack)
+        kiri_mem_free(piece);
+    return rc;
 }
 
 int kiri_text_stream_finish(struct kiri_text_stream *ts)

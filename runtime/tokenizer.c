@@ -13,6 +13,7 @@
 #include "gguf.h"
 #include "kiri.h"
 #include "mem.h"
+#include "tokenizer_pre.h"
 #include "utf8.h"
 
 /* ============================================================================================
@@ -38,7 +39,6 @@ enum { MODEL_SPM, MODEL_BPE };
 #define MAX_MERGES (1 << 25)
 /* Longest text encode accepts: keeps every index inside int32 even after escaping (3x). */
 #define MAX_TEXT ((size_t)512 << 20)
-#define MAX_REGEX 2
 
 static const char KEY_MODEL[] = "tokenizer.ggml.model";
 static const char KEY_PRE[] = "tokenizer.ggml.pre";
@@ -91,9 +91,13 @@ struct kiri_tokenizer {
     int16_t cp_byte[324];
 
     pcre2_general_context *gctx;   /* owned; routes PCRE2's allocations through kiri_mem */
-    pcre2_code *re[MAX_REGEX];     /* owned; applied in sequence */
+    pcre2_code *re[KIRI_PRE_MAX_REGEX]; /* owned; applied in sequence */
     int n_re;
+    const struct kiri_pre_kind *pre; /* BPE: the pre-tokenizer (static table), else NULL */
     int ignore_merges;             /* take a pre-token that is a token whole (tiktoken-style) */
+    int raw;                       /* BPE over raw UTF-8 with U+2581 for spaces (KIRI_PRE_RAW) */
+    size_t max_token_len;          /* longest token text in bytes */
+    size_t max_piece_len;          /* longest decoded piece in bytes */
 
     struct trie_node *trie;        /* owned, (n_trie); node 0 is the root */
     int32_t n_trie;
@@ -246,13 +250,16 @@ static int load_model_kind(struct kiri_tokenizer *t, const struct kiri_gguf *g,
     int rc = kiri_gguf_get_str(g, KEY_MODEL, 1, &s, info);
     if (rc < 0)
         return rc;
+    /* "gemma4" is byte-level-free BPE whose pre-tokenizer is implied by the model name. */
+    int gemma4 = s.len == 6 && memcmp(s.ptr, "gemma4", 6) == 0;
     if (s.len == 5 && memcmp(s.ptr, "llama", 5) == 0)
         t->model = MODEL_SPM;
-    else if (s.len == 4 && memcmp(s.ptr, "gpt2", 4) == 0)
+    else if ((s.len == 4 && memcmp(s.ptr, "gpt2", 4) == 0) || gemma4)
         t->model = MODEL_BPE;
     else
         return fail(info, KIRI_E_UNSUPPORTED, g, KEY_MODEL,
-                    "tokenizer model \"%.*s\" is not supported (only \"llama\" and \"gpt2\")",
+                    "tokenizer model \"%.*s\" is not supported (only \"llama\", \"gpt2\" and "
+                    "\"gemma4\")",
                     (int)(s.len > 64 ? 64 : s.len), s.ptr);
     t->model_name = kiri_mem_strndup(s.ptr, (size_t)s.len);
     if (!t->model_name)
@@ -265,10 +272,24 @@ static int load_model_kind(struct kiri_tokenizer *t, const struct kiri_gguf *g,
         s.ptr = "default";
         s.len = 7;
     }
+    if (gemma4) {
+        s.ptr = "gemma4";
+        s.len = 6;
+    }
     if (s.len > 256)
         return fail(info, KIRI_E_UNSUPPORTED, g, KEY_PRE, "pre-tokenizer name is too long");
     t->pre_name = kiri_mem_strndup(s.ptr, (size_t)s.len);
-    return t->pre_name ? KIRI_OK : nomem(info);
+    if (!t->pre_name)
+        return nomem(info);
+    if (t->model == MODEL_BPE) {
+        t->pre = kiri_tokenizer_pre_find(t->pre_name);
+        if (!t->pre)
+            return fail(info, KIRI_E_UNSUPPORTED, g, KEY_PRE,
+                        "pre-tokenizer \"%.64s\" is not supported", t->pre_name);
+        t->ignore_merges = (t->pre->flags & KIRI_PRE_IGNORE_MERGES) != 0;
+        t->raw = (t->pre->flags & KIRI_PRE_RAW) != 0;
+    }
+    return KIRI_OK;
 }
 
 /* Reads tokens, scores and token types, validates them, and builds the text arena and the
@@ -309,10 +330,13 @@ static int load_tokens(struct kiri_tokenizer *t, const struct kiri_gguf *g,
     size_t total = 0;
     for (uint64_t i = 0; i < n; i++) {
         struct kiri_gguf_str s = kiri_gguf_arr_str(g, kt, i);
-        if (s.len == 0 || s.len > KIRI_TOKENIZER_MAX_TOKEN_LEN)
-            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TOKENS,
-                        "token %llu has %llu bytes (must be 1..%d)", (unsigned long long)i,
-                        (unsigned long long)s.len, KIRI_TOKENIZER_MAX_TOKEN_LEN);
+        /* Any length GGUF allows (the reader has bounded it by the file); only empty texts are
+         * refused, since no text can match them. */
+        if (s.len == 0)
+            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_TOKENS, "token %llu is empty",
+                        (unsigned long long)i);
+        if ((size_t)s.len > t->max_token_len)
+            t->max_token_len = (size_t)s.len;
         total += (size_t)s.len;
     }
     t->text = kiri_mem_alloc(total);
@@ -443,11 +467,14 @@ static int load_flag(const struct kiri_gguf *g, const char *key, int *v,
     return rc < 0 ? rc : KIRI_OK;
 }
 
-/* Texts of CONTROL tokens that end a turn in common chat formats, so generation stops on them
- * even when the file names only the base model's EOS. */
+/* Texts of tokens that end a turn in common chat formats, so generation stops on them even when
+ * the file names only the base model's EOS. Such a token that is not CONTROL in the file is made
+ * CONTROL (as llama.cpp does): plain text then never matches it. */
 static const char *const eog_texts[] = {
     "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-    "<|end_of_text|>", "<EOT>", "<|return|>", "<|call|>",
+    "<|end_of_text|>", "<EOT>", "_<EOT>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "</s>", "[EOT]", "[EOS]", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>", "[e~[",
 };
 
 static int load_specials(struct kiri_tokenizer *t, const struct kiri_gguf *g,
@@ -463,6 +490,8 @@ static int load_specials(struct kiri_tokenizer *t, const struct kiri_gguf *g,
         }
         t->add_bos = 1;
         t->add_space_prefix = 1;
+    } else {
+        t->add_bos = (t->pre->flags & KIRI_PRE_ADD_BOS) != 0;
     }
     static const struct { const char *key; size_t off; } ids[] = {
         {"tokenizer.ggml.bos_token_id", offsetof(struct kiri_tokenizer, bos)},
@@ -484,6 +513,8 @@ static int load_specials(struct kiri_tokenizer *t, const struct kiri_gguf *g,
         rc = load_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, info);
     if (rc < 0)
         return rc;
+    if (t->model == MODEL_BPE && (t->pre->flags & KIRI_PRE_FORCE_BOS))
+        t->add_bos = 1;
 
     if (t->eos >= 0)
         t->flags[t->eos] |= FLAG_EOG;
@@ -493,8 +524,10 @@ static int load_specials(struct kiri_tokenizer *t, const struct kiri_gguf *g,
         t->flags[t->eom] |= FLAG_EOG;
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         int32_t id = vocab_find(t, eog_texts[i], strlen(eog_texts[i]));
-        if (id >= 0 && t->type[id] == TT_CONTROL)
-            t->flags[id] |= FLAG_EOG;
+        if (id < 0)
+            continue;
+        t->flags[id] |= FLAG_EOG;
+        t->type[id] = TT_CONTROL;
     }
     return KIRI_OK;
 }
@@ -527,28 +560,36 @@ static int load_merges(struct kiri_tokenizer *t, const struct kiri_gguf *g,
         return nomem(info);
     t->merge_mask = cap - 1;
 
-    char buf[2 * KIRI_TOKENIZER_MAX_TOKEN_LEN];
-    for (uint64_t i = 0; i < n; i++) {
+    /* A result longer than the longest token cannot be one, so one buffer of that size will do. */
+    char *buf = kiri_mem_alloc(t->max_token_len);
+    if (!buf)
+        return nomem(info);
+    rc = KIRI_OK;
+    for (uint64_t i = 0; i < n && rc == KIRI_OK; i++) {
         struct kiri_gguf_str s = kiri_gguf_arr_str(g, km, i);
         const char *sp = s.len ? memchr(s.ptr, ' ', (size_t)s.len) : NULL;
         size_t ll = sp ? (size_t)(sp - s.ptr) : 0;
         size_t rl = sp ? (size_t)s.len - ll - 1 : 0;
-        if (!sp || ll == 0 || rl == 0 || memchr(sp + 1, ' ', rl))
-            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_MERGES,
-                        "merge %llu is not \"left right\" with one space", (unsigned long long)i);
-        int32_t l = ll <= KIRI_TOKENIZER_MAX_TOKEN_LEN ? vocab_find(t, s.ptr, ll) : -1;
-        int32_t r = rl <= KIRI_TOKENIZER_MAX_TOKEN_LEN ? vocab_find(t, sp + 1, rl) : -1;
+        if (!sp || ll == 0 || rl == 0 || memchr(sp + 1, ' ', rl)) {
+            rc = fail(info, KIRI_E_MODEL_INVALID, g, KEY_MERGES,
+                      "merge %llu is not \"left right\" with one space", (unsigned long long)i);
+            break;
+        }
+        int32_t l = vocab_find(t, s.ptr, ll);
+        int32_t r = vocab_find(t, sp + 1, rl);
         int32_t res = -1;
-        if (l >= 0 && r >= 0) {
+        if (l >= 0 && r >= 0 && ll + rl <= t->max_token_len) {
             memcpy(buf, s.ptr, ll);
             memcpy(buf + ll, sp + 1, rl);
             res = vocab_find(t, buf, ll + rl);
         }
-        if (res < 0)
-            return fail(info, KIRI_E_MODEL_INVALID, g, KEY_MERGES,
-                        "merge %llu (\"%.*s\") names a %s that is not a token",
-                        (unsigned long long)i, (int)(s.len > 80 ? 80 : s.len), s.ptr,
-                        l < 0 || r < 0 ? "part" : "result");
+        if (res < 0) {
+            rc = fail(info, KIRI_E_MODEL_INVALID, g, KEY_MERGES,
+                      "merge %llu (\"%.*s\") names a %s that is not a token",
+                      (unsigned long long)i, (int)(s.len > 80 ? 80 : s.len), s.ptr,
+                      l < 0 || r < 0 ? "part" : "result");
+            break;
+        }
         uint64_t key = ((uint64_t)(uint32_t)(l + 1) << 32) | (uint32_t)(r + 1);
         size_t j = (size_t)hash_u64(key) & t->merge_mask;
         while (t->merges[j].key && t->merges[j].key != key)
@@ -559,14 +600,15 @@ static int load_merges(struct kiri_tokenizer *t, const struct kiri_gguf *g,
             t->merges[j].result = res;
         }
     }
-    return KIRI_OK;
+    kiri_mem_free(buf);
+    return rc;
 }
 
 static void find_byte_tokens(struct kiri_tokenizer *t)
 {
     for (int b = 0; b < 256; b++)
         t->byte_tok[b] = -1;
-    if (t->model == MODEL_BPE) {
+    if (t->model == MODEL_BPE && !t->raw) {
         for (unsigned b = 0; b < 256; b++) {
             char buf[4];
             size_t n = kiri_utf8_encode(t->byte_cp[b], buf);
@@ -604,7 +646,7 @@ static size_t decode_token(const struct kiri_tokenizer *t, int32_t id, char *out
         memcpy(out, s, n);
         return n;
     }
-    if (t->model == MODEL_SPM) {
+    if (t->model == MODEL_SPM || t->raw) {
         for (size_t i = 0; i < n;) {
             if (i + 3 <= n && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
                 out[o++] = ' ';
@@ -646,7 +688,10 @@ static int build_pieces(struct kiri_tokenizer *t, struct kiri_status_info *info)
     size_t off = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         t->piece_off[id] = off;
-        off += decode_token(t, id, t->piece + off);
+        size_t len = decode_token(t, id, t->piece + off);
+        if (len > t->max_piece_len)
+            t->max_piece_len = len;
+        off += len;
     }
     t->piece_off[t->n_vocab] = off;
     return KIRI_OK;
@@ -698,38 +743,6 @@ static int build_trie(struct kiri_tokenizer *t, struct kiri_status_info *info)
  * Loading: pre-tokenizer regexes
  * ============================================================================================ */
 
-/* The split patterns of the Hugging Face tokenizer definitions these names stand for. */
-#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define RE_LLAMA3                                                                               \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"                    \
-    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                                \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"                         \
-    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_DIGITS "\\p{N}"
-
-static const struct {
-    const char *name;
-    const char *re[MAX_REGEX];
-    int ignore_merges;
-} pre_table[] = {
-    {"default", {RE_GPT2, NULL}, 0},
-    {"gpt-2", {RE_GPT2, NULL}, 0},
-    {"phi-2", {RE_GPT2, NULL}, 0},
-    {"mpt", {RE_GPT2, NULL}, 0},
-    {"olmo", {RE_GPT2, NULL}, 0},
-    {"llama3", {RE_LLAMA3, NULL}, 1},
-    {"llama-v3", {RE_LLAMA3, NULL}, 1},
-    {"llama-bpe", {RE_LLAMA3, NULL}, 1},
-    {"dbrx", {RE_LLAMA3, NULL}, 1},
-    {"smaug-bpe", {RE_LLAMA3, NULL}, 1},
-    {"qwen2", {RE_QWEN2, NULL}, 0},
-    {"deepseek-r1-qwen", {RE_QWEN2, NULL}, 0},
-    {"smollm", {RE_DIGITS, RE_GPT2}, 0},
-    {"starcoder", {RE_DIGITS, RE_GPT2}, 0},
-    {"refact", {RE_DIGITS, RE_GPT2}, 0},
-};
-
 static void *pcre_alloc(PCRE2_SIZE size, void *ud)
 {
     (void)ud;
@@ -745,13 +758,6 @@ static void pcre_free(void *p, void *ud)
 static int compile_pre(struct kiri_tokenizer *t, const struct kiri_gguf *g,
                        struct kiri_status_info *info)
 {
-    size_t k = 0, n_pre = sizeof pre_table / sizeof pre_table[0];
-    while (k < n_pre && strcmp(pre_table[k].name, t->pre_name) != 0)
-        k++;
-    if (k == n_pre)
-        return fail(info, KIRI_E_UNSUPPORTED, g, KEY_PRE, "pre-tokenizer \"%.64s\" is not supported",
-                    t->pre_name);
-    t->ignore_merges = pre_table[k].ignore_merges;
     t->gctx = pcre2_general_context_create(pcre_alloc, pcre_free, NULL);
     if (!t->gctx)
         return nomem(info);
@@ -759,11 +765,12 @@ static int compile_pre(struct kiri_tokenizer *t, const struct kiri_gguf *g,
     if (!cc)
         return nomem(info);
     int rc = KIRI_OK;
-    for (int i = 0; i < MAX_REGEX && pre_table[k].re[i]; i++) {
+    for (int i = 0; i < KIRI_PRE_MAX_REGEX && t->pre->re[i]; i++) {
         int err;
         PCRE2_SIZE erroff;
-        t->re[i] = pcre2_compile((PCRE2_SPTR)pre_table[k].re[i], PCRE2_ZERO_TERMINATED,
-                                 PCRE2_UTF | PCRE2_UCP, &err, &erroff, cc);
+        /* $ is the end of the piece only, as in the ECMAScript regexes llama.cpp runs. */
+        t->re[i] = pcre2_compile((PCRE2_SPTR)t->pre->re[i], PCRE2_ZERO_TERMINATED,
+                                 PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err, &erroff, cc);
         if (!t->re[i]) {
             if (err == PCRE2_ERROR_HEAP_FAILED)
                 rc = nomem(info);
@@ -822,7 +829,7 @@ void kiri_tokenizer_free(struct kiri_tokenizer *t)
 {
     if (!t)
         return;
-    for (int i = 0; i < MAX_REGEX; i++)
+    for (int i = 0; i < KIRI_PRE_MAX_REGEX; i++)
         if (t->re[i])
             pcre2_code_free(t->re[i]);
     if (t->gctx)
@@ -849,6 +856,7 @@ int kiri_tokenizer_add_bos(const struct kiri_tokenizer *t) { return t->add_bos &
 int kiri_tokenizer_add_eos(const struct kiri_tokenizer *t) { return t->add_eos && t->eos >= 0; }
 const char *kiri_tokenizer_model_name(const struct kiri_tokenizer *t) { return t->model_name; }
 const char *kiri_tokenizer_pre_name(const struct kiri_tokenizer *t) { return t->pre_name; }
+size_t kiri_tokenizer_max_piece(const struct kiri_tokenizer *t) { return t->max_piece_len; }
 
 int kiri_tokenizer_is_eog(const struct kiri_tokenizer *t, int32_t id)
 {
@@ -862,7 +870,7 @@ int kiri_tokenizer_is_control(const struct kiri_tokenizer *t, int32_t id)
 
 int32_t kiri_tokenizer_find(const struct kiri_tokenizer *t, const char *text, size_t len)
 {
-    if (!text || len == 0 || len > KIRI_TOKENIZER_MAX_TOKEN_LEN)
+    if (!text || len == 0 || len > t->max_token_len)
         return -1;
     return vocab_find(t, text, len);
 }
@@ -893,6 +901,8 @@ struct scratch {
     char *text;            /* sanitized input, when the input was not valid UTF-8 */
     char *buf;             /* SPM: escaped fragment; BPE: mapped pre-token */
     size_t buf_cap;
+    char *esc;             /* raw BPE: the fragment with spaces as U+2581 */
+    size_t esc_cap;
     struct sym *sym;
     size_t sym_cap;
     struct cand *heap;
@@ -982,8 +992,8 @@ static int spm_try(const struct kiri_tokenizer *t, struct scratch *sc, int32_t l
     if (l < 0 || r < 0)
         return KIRI_OK;
     uint32_t len = sc->sym[l].len + sc->sym[r].len;
-    if (len > KIRI_TOKENIZER_MAX_TOKEN_LEN)
-        return KIRI_OK;
+    if (len > t->max_token_len)
+        return KIRI_OK;   /* cannot be a token: keeps the work linear in the text */
     int32_t id = vocab_find(t, sc->buf + sc->sym[l].start, len);
     if (id < 0 || !mergeable(t, id))
         return KIRI_OK;
@@ -1090,35 +1100,66 @@ static void bpe_emit(const struct kiri_tokenizer *t, struct scratch *sc, int32_t
         emit(sc, t->unk);
 }
 
-/* Tokenizes one pre-token: starting from one symbol per byte, merges the adjacent pair with the
- * lowest merge rank (leftmost on ties) until no pair has a merge. */
+/* Spells the bytes of w[0, n) in <0xHH> tokens, leaving out bytes that have none (raw BPE). */
+static void emit_bytes(const struct kiri_tokenizer *t, struct scratch *sc, const unsigned char *w,
+                       size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (t->byte_tok[w[i]] >= 0)
+            emit(sc, t->byte_tok[w[i]]);
+}
+
+/* The whole pre-token as one token, when the pre-tokenizer takes such pre-tokens unmerged:
+ * tiktoken-style vocabularies, and a run of newlines in raw BPE. -1 otherwise. */
+static int32_t whole_token(const struct kiri_tokenizer *t, struct scratch *sc,
+                           const unsigned char *w, size_t n)
+{
+    if (t->raw) {
+        for (size_t i = 0; i < n; i++)
+            if (w[i] != '\n')
+                return -1;
+        return n <= t->max_token_len ? vocab_find(t, (const char *)w, n) : -1;
+    }
+    if (!t->ignore_merges || n > t->max_token_len)
+        return -1;
+    if (grow((void **)&sc->buf, &sc->buf_cap, 2 * n, 1) < 0)
+        return -1;   /* the merges below give the same tokens, only slower */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        m += kiri_utf8_encode(t->byte_cp[w[i]], sc->buf + m);
+    int32_t id = m <= t->max_token_len ? vocab_find(t, sc->buf, m) : -1;
+    return id >= 0 && mergeable(t, id) ? id : -1;
+}
+
+/* Tokenizes one pre-token: starting from one symbol per byte (per character in raw BPE), merges
+ * the adjacent pair with the lowest merge rank (leftmost on ties) until no pair has a merge. */
 static int bpe_word(const struct kiri_tokenizer *t, struct scratch *sc, const unsigned char *w,
                     size_t n)
 {
     if (n == 0)
         return KIRI_OK;
-    if (n == 1) {
+    if (n == 1 && !t->raw) {
         bpe_emit(t, sc, t->byte_tok[w[0]]);
         return KIRI_OK;
     }
-    if (t->ignore_merges && n <= KIRI_TOKENIZER_MAX_TOKEN_LEN) {
-        char mapped[2 * KIRI_TOKENIZER_MAX_TOKEN_LEN];
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++)
-            m += kiri_utf8_encode(t->byte_cp[w[i]], mapped + m);
-        int32_t id = m <= KIRI_TOKENIZER_MAX_TOKEN_LEN ? vocab_find(t, mapped, m) : -1;
-        if (id >= 0 && mergeable(t, id)) {
-            emit(sc, id);
-            return KIRI_OK;
-        }
+    int32_t whole = whole_token(t, sc, w, n);
+    if (whole >= 0) {
+        emit(sc, whole);
+        return KIRI_OK;
     }
     if (grow((void **)&sc->sym, &sc->sym_cap, n, sizeof *sc->sym) < 0)
         return KIRI_E_NOMEM;
-    for (size_t i = 0; i < n; i++)
-        sc->sym[i] = (struct sym){(int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1, 0, 0,
-                                  t->byte_tok[w[i]]};
+    size_t n_sym = 0;
+    for (size_t i = 0; i < n; n_sym++) {
+        size_t len = t->raw ? char_len((const char *)w + i, n - i) : 1;
+        int32_t id = t->raw ? vocab_find(t, (const char *)w + i, len) : t->byte_tok[w[i]];
+        sc->sym[n_sym] = (struct sym){(int32_t)n_sym - 1, -1, (uint32_t)i, (uint32_t)len, id};
+        if (n_sym)
+            sc->sym[n_sym - 1].next = (int32_t)n_sym;
+        i += len;
+    }
     sc->heap_n = 0;
-    for (size_t i = 0; i + 1 < n; i++)
+    for (size_t i = 0; i + 1 < n_sym; i++)
         if (bpe_try(t, sc, (int32_t)i, (int32_t)i + 1) < 0)
             return KIRI_E_NOMEM;
     while (sc->heap_n) {
@@ -1128,6 +1169,7 @@ static int bpe_word(const struct kiri_tokenizer *t, struct scratch *sc, const un
         if (L->next != r || L->id != c.a || R->id != c.b)
             continue;   /* stale */
         L->id = c.c;
+        L->len += R->len;
         L->next = R->next;
         R->next = -2;
         if (L->next >= 0)
@@ -1135,8 +1177,12 @@ static int bpe_word(const struct kiri_tokenizer *t, struct scratch *sc, const un
         if (bpe_try(t, sc, L->prev, l) < 0 || bpe_try(t, sc, l, L->next) < 0)
             return KIRI_E_NOMEM;
     }
-    for (int32_t i = 0; i >= 0; i = sc->sym[i].next)
-        bpe_emit(t, sc, sc->sym[i].id);
+    for (int32_t i = 0; i >= 0; i = sc->sym[i].next) {
+        if (t->raw && sc->sym[i].id < 0)
+            emit_bytes(t, sc, w + sc->sym[i].start, sc->sym[i].len);
+        else
+            bpe_emit(t, sc, sc->sym[i].id);
+    }
     return KIRI_OK;
 }
 
@@ -1236,7 +1282,20 @@ static int encode_fragment(const struct kiri_tokenizer *t, struct scratch *sc, c
         return KIRI_OK;
     if (t->model == MODEL_SPM)
         return spm_fragment(t, sc, s, n, t->add_space_prefix);
-    return bpe_split(t, sc, 0, s, n);
+    if (!t->raw)
+        return bpe_split(t, sc, 0, s, n);
+    if (n > SIZE_MAX / 3 || grow((void **)&sc->esc, &sc->esc_cap, 3 * n, 1) < 0)
+        return KIRI_E_NOMEM;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(sc->esc + m, "\xE2\x96\x81", 3);
+            m += 3;
+        } else {
+            sc->esc[m++] = s[i];
+        }
+    }
+    return bpe_split(t, sc, 0, sc->esc, m);
 }
 
 int kiri_tokenizer_encode(const struct kiri_tokenizer *t, const char *text, size_t len, int add_bos,
@@ -1296,6 +1355,7 @@ done:
         pcre2_match_data_free(sc.md);
     kiri_mem_free(sc.text);
     kiri_mem_free(sc.buf);
+    kiri_mem_free(sc.esc);
     kiri_mem_free(sc.sym);
     kiri_mem_free(sc.heap);
     return rc;
@@ -1336,20 +1396,34 @@ int kiri_detok_push(const struct kiri_tokenizer *t, struct kiri_detok_stream *s,
     if (!t || !s || id < 0 || id >= t->n_vocab || s->n_pending < 0 || s->n_pending > 3 ||
         (cap && !out))
         return KIRI_E_INVALID_ARG;
-    unsigned char buf[8 + KIRI_TOKENIZER_MAX_TOKEN_LEN];
     size_t n;
     const char *p = piece_of(t, id, render_special, &n);
+    /* The held bytes and the piece, joined: on the stack for the usual piece, on the heap for the
+     * rare long one (vocabularies of code models carry tokens of a thousand spaces). */
+    unsigned char stack[8 + 256];
+    unsigned char *buf = stack;
+    if (n > sizeof stack - 8) {
+        buf = kiri_mem_alloc(n + 8);
+        if (!buf)
+            return KIRI_E_NOMEM;
+    }
     memcpy(buf, s->pending, (size_t)s->n_pending);
     memcpy(buf + s->n_pending, p, n);
     n += (size_t)s->n_pending;
     size_t hold;
     size_t need = kiri_utf8_repair(buf, n, NULL, &hold);
-    if (need > cap || need > INT_MAX)
-        return KIRI_E_INVALID_ARG;
-    kiri_utf8_repair(buf, n, out, &hold);
-    memcpy(s->pending, buf + n - hold, hold);
-    s->n_pending = (int)hold;
-    return (int)need;
+    int rc;
+    if (need > cap || need > INT_MAX) {
+        rc = KIRI_E_INVALID_ARG;
+    } else {
+        kiri_utf8_repair(buf, n, out, &hold);
+        memcpy(s->pending, buf + n - hold, hold);
+        s->n_pending = (int)hold;
+        rc = (int)need;
+    }
+    if (buf != stack)
+        kiri_mem_free(buf);
+    return rc;
 }
 
 int kiri_detok_flush(struct kiri_detok_stream *s, char *out, size_t cap)

@@ -1,15 +1,16 @@
 /* Text to token ids and back, built from a GGUF file's tokenizer.* metadata: SentencePiece-style
- * ("llama": score-driven merges over the text with spaces as U+2581, byte fallback) and byte-level
+ * ("llama": score-driven merges over the text with spaces as U+2581, byte fallback), byte-level
  * BPE ("gpt2": ranked merges after a pre-tokenizer split chosen by tokenizer.ggml.pre, run with
- * PCRE2), special/control tokens, and the add-BOS/EOS rules from the metadata.
+ * PCRE2), BPE over raw UTF-8 ("gemma4": spaces as U+2581, <0xHH> byte fallback),
+ * special/control tokens, and the add-BOS/EOS rules from the metadata.
  *
  * Invariants: every id the tokenizer returns is < n_vocab; token texts are owned copies; the
  * special-token ids it reports are either -1 or valid ids. A tokenizer is immutable after init, so
  * several threads may encode and decode with one tokenizer at once.
  *
  * Decisions about malformed or unusual vocabularies:
- * - tokens must be a string array of 1..2^24 entries, each 1..KIRI_TOKENIZER_MAX_TOKEN_LEN bytes
- *   (real vocabularies reach 256 bytes). scores (FLOAT32, no NaN) and token_type (INT32, values
+ * - tokens must be a string array of 1..2^24 entries, each at least one byte long and as long as
+ *   GGUF allows (real vocabularies reach 1024 bytes; the file bounds them). scores (FLOAT32, no NaN) and token_type (INT32, values
  *   0..6) are optional, but when present must have exactly one element per token; any other
  *   element type is rejected. A BYTE token (type 6) must read <0xHH>. If <arch>.vocab_size is
  *   present it must equal the token count. Duplicate token texts are allowed: lookups find the
@@ -21,8 +22,9 @@
  *   convention).
  * - merges ("gpt2" only, required) must each be "left right" with exactly one space, both parts
  *   and their concatenation known tokens; a repeated pair keeps its first (best) rank.
- * - End of generation: eos, eot and eom ids, plus CONTROL tokens whose text is a well-known
- *   end-of-turn marker (<|eot_id|>, <|im_end|>, <|endoftext|>, <end_of_turn>, ...).
+ * - End of generation: eos, eot and eom ids, plus tokens whose text is a well-known end-of-turn
+ *   marker (<|eot_id|>, <|im_end|>, <|endoftext|>, <end_of_turn>, </s>, ...); such a token is
+ *   made CONTROL when the file has it otherwise, as llama.cpp does.
  * - Encoding: CONTROL and UNKNOWN token texts in the input become their ids only when
  *   parse_special is set; USER_DEFINED token texts always do (as in Hugging Face tokenizers and
  *   llama.cpp). Overlapping matches resolve leftmost, then longest. Plain text never produces a
@@ -31,11 +33,16 @@
  *   (tokenizer.ggml.add_space_prefix, default true); pieces without a token fall back to <0xHH>
  *   byte tokens, then to the unknown token. In byte-level BPE a byte whose character is not a
  *   token becomes the unknown token, or nothing when there is none.
- * - Pre-tokenizers (tokenizer.ggml.pre, absent = "default"): "default", "gpt-2", "phi-2", "mpt",
- *   "olmo" use the GPT-2 regex; "llama3", "llama-v3", "llama-bpe", "dbrx", "smaug-bpe" the Llama 3
- *   one (and, like tiktoken, take a whole pre-token that is itself a token without merging);
- *   "qwen2", "deepseek-r1-qwen" the Qwen2 one; "smollm", "starcoder", "refact" split digits
- *   singly, then apply the GPT-2 regex. Anything else is KIRI_E_UNSUPPORTED.
+ * - Pre-tokenizers (tokenizer.ggml.pre, absent = "default"): the names llama.cpp knows, each with
+ *   the split regexes it stands for (tokenizer_pre.c's table: GPT-2, Llama 3, Qwen2/3.5,
+ *   DeepSeek LLM/Coder/V3, Falcon, StarCoder/Refact/Command-R/SmolLM, GPT-4o, Tekken, Bloom,
+ *   Chameleon, ...), applied in sequence, each splitting what the previous one left. As in
+ *   llama.cpp, the Llama 3 family (not dbrx/smaug-bpe), Tekken, YouTu and MiniCPM5 take a whole
+ *   pre-token that is itself a token without merging, and the Llama 3 family, Tekken and
+ *   Chameleon add BOS unless the file says otherwise; "gemma4" (and a "gemma4" model) always adds
+ *   BOS. Names that need more than a regex split (BERT-style separators, hand-written splitters
+ *   such as kimi-k2, afmoe, superbpe, tiny_aya, whitespace; the GLM family's BOS rule) are
+ *   KIRI_E_UNSUPPORTED, as is anything unknown.
  * - Decoding: NORMAL tokens decode as described at kiri_tokenizer_piece; USER_DEFINED tokens give
  *   their text verbatim; CONTROL, UNKNOWN and UNUSED tokens give their text only with
  *   render_special.
@@ -46,12 +53,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Longest token text accepted, in bytes (longer ones are malformed; the longest token of the
- * Llama 3 and Qwen vocabularies is exactly 256 bytes); pieces are never longer. */
+/* The piece length fixed-size buffers are sized for (the longest token of the Llama 3 and Qwen
+ * vocabularies is 256 bytes). Longer tokens exist and load (code vocabularies carry 1024-byte runs
+ * of spaces): kiri_tokenizer_max_piece gives a vocabulary's longest piece. */
 #define KIRI_TOKENIZER_MAX_TOKEN_LEN 256
-/* An output size for kiri_detok_push that is always enough: a held partial character plus the
- * longest piece, with every byte possibly replaced by U+FFFD (3 bytes). */
-#define KIRI_DETOK_CAP (3 * (KIRI_TOKENIZER_MAX_TOKEN_LEN + 8))
+/* An output size for kiri_detok_push that is always enough for pieces of up to n bytes: a held
+ * partial character plus the piece, with every byte possibly replaced by U+FFFD (3 bytes). */
+#define KIRI_DETOK_CAP_FOR(n) (3 * ((size_t)(n) + 8))
+#define KIRI_DETOK_CAP KIRI_DETOK_CAP_FOR(KIRI_TOKENIZER_MAX_TOKEN_LEN)
 
 struct kiri_gguf;
 struct kiri_status_info;
@@ -79,6 +88,8 @@ int kiri_tokenizer_is_control(const struct kiri_tokenizer *t, int32_t id);
 /* The model family name ("llama" or "gpt2") and pre-tokenizer ("default", "llama-bpe", ...). */
 const char *kiri_tokenizer_model_name(const struct kiri_tokenizer *t);
 const char *kiri_tokenizer_pre_name(const struct kiri_tokenizer *t);
+/* The longest piece any token decodes to, in bytes (render_special included). */
+size_t kiri_tokenizer_max_piece(const struct kiri_tokenizer *t);
 /* Looks a token up by its exact text; -1 if absent. */
 int32_t kiri_tokenizer_find(const struct kiri_tokenizer *t, const char *text, size_t len);
 
@@ -105,8 +116,10 @@ struct kiri_detok_stream {
 };
 
 /* Appends token id's piece to the stream and writes out the complete characters (at most cap
- * bytes; cap >= KIRI_DETOK_CAP is always enough). Returns bytes written, or KIRI_E_INVALID_ARG for
- * an invalid id or a cap too small for this token's output, and then leaves the stream unchanged. */
+ * bytes; cap >= KIRI_DETOK_CAP_FOR(kiri_tokenizer_max_piece(t)) is always enough, KIRI_DETOK_CAP
+ * for the usual vocabulary). Returns bytes written, or KIRI_E_INVALID_ARG for an invalid id or a
+ * cap too small for this token's output (KIRI_E_NOMEM when a long piece needs memory that is not
+ * there), and then leaves the stream unchanged. */
 int kiri_detok_push(const struct kiri_tokenizer *t, struct kiri_detok_stream *s, int32_t id,
                     int render_special, char *out, size_t cap);
 /* Writes out whatever remains (one U+FFFD for an incomplete character; needs cap >= 3) and resets

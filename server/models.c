@@ -180,9 +180,7 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
         goto fail;
     struct kiri_batcher_stats st;
     kiri_batcher_get_stats(m->batcher, &st);
-    m->cost = kiri_model_file_bytes(m->model) +
-              (uint64_t)st.kv_blocks_total * (uint64_t)(st.kv_block_size > 0 ? st.kv_block_size : 0) *
-                  (uint64_t)kiri_model_kv_bytes_per_token(m->model, r->p.kv_type);
+    m->cost = kiri_model_file_bytes(m->model) + st.kv_bytes;
     /* A split (--gpu-layers below the layer count) runs on two backends, both named. */
     snprintf(m->backend, sizeof m->backend, "%s", kiri_model_backend_name(m->model));
     *out = m;

@@ -95,6 +95,22 @@ int kiri_chat_template_render_json(const struct kiri_chat_template *t, const cha
                                    const struct kiri_chat_limits *limits, char **out, size_t *out_len,
                                    struct kiri_status_info *info);
 
+/* Most variables kiri_chat_template_render_json_vars takes in vars. */
+#define KIRI_CHAT_MAX_EXTRA_VARS 8
+
+/* kiri_chat_template_render_json with further template variables, as keyword arguments to
+ * transformers' apply_chat_template reach the template (enable_thinking, ...): vars[0..vars_len)
+ * is a JSON object of at most KIRI_CHAT_MAX_EXTRA_VARS members, or vars NULL for none. A member
+ * named like a variable the render binds itself (messages, tools, add_generation_prompt,
+ * documents, bos_token, eos_token), or anything but an object, is KIRI_E_INVALID_ARG with field
+ * "vars". */
+int kiri_chat_template_render_json_vars(const struct kiri_chat_template *t, const char *messages,
+                                        size_t messages_len, const char *tools, size_t tools_len,
+                                        const char *vars, size_t vars_len, const char *bos_token,
+                                        const char *eos_token, int add_generation_prompt,
+                                        const struct kiri_chat_limits *limits, char **out,
+                                        size_t *out_len, struct kiri_status_info *info);
+
 /* The ChatML template (<|im_start|>role\ncontent<|im_end|>\n), the fallback for a model that has
  * no template or whose template kiri refuses. A static string. */
 const char *kiri_chat_template_chatml(void);

@@ -958,6 +958,58 @@ static int filter_items(struct kiri_chat_render *r, int64_t at, struct kiri_chat
     return dict_entries(r, in.u.dict, DICT_ITEMS, out);
 }
 
+/* jinja2's dictsort(case_sensitive=false, by='key', reverse=false): the (key, value) pairs of a
+ * mapping, sorted stably by key or value, strings compared in lower case unless case_sensitive. */
+static int filter_dictsort(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
+                           struct kiri_chat_args *a, struct kiri_chat_value *out)
+{
+    static const char *const names[] = {"case_sensitive", "by", "reverse"};
+    struct kiri_chat_value p[3];
+    if (bind(r, at, "dictsort", a, names, 3, p) < 0)
+        return -1;
+    if (in.type != KIRI_CHAT_TYPE_DICT)
+        return kiri_chat_fail(r, at, "dictsort: you can only sort dictionaries");
+    const int case_sensitive = !MISSING(p[0]) && kiri_chat_truthy(p[0]);
+    const int reverse = !MISSING(p[2]) && kiri_chat_truthy(p[2]);
+    int by_value = 0;
+    if (!MISSING(p[1])) {
+        if (p[1].type == KIRI_CHAT_TYPE_STR && p[1].u.s.n == 5 && !memcmp(p[1].u.s.p, "value", 5))
+            by_value = 1;
+        else if (!(p[1].type == KIRI_CHAT_TYPE_STR && p[1].u.s.n == 3 && !memcmp(p[1].u.s.p, "key", 3)))
+            return kiri_chat_fail(r, at, "dictsort: you can only sort by either \"key\" or \"value\"");
+    }
+    const size_t n = in.u.dict->n;
+    struct kiri_chat_value keys;
+    if (dict_entries(r, in.u.dict, DICT_ITEMS, out) < 0 || kiri_chat_new_list(r, n, 0, &keys) < 0)
+        return -1;
+    struct kiri_chat_value *items = out->u.list->v, *k = keys.u.list->v;
+    for (size_t i = 0; i < n; i++) {
+        k[i] = by_value ? in.u.dict->v[i] : in.u.dict->k[i];
+        if (!case_sensitive && k[i].type == KIRI_CHAT_TYPE_STR &&
+            change_case(r, k[i], CASE_LOWER, &k[i]) < 0)
+            return -1;
+    }
+    /* Insertion sort: stable, and a template's dicts are small; each comparison is a step. */
+    for (size_t i = 1; i < n; i++) {
+        struct kiri_chat_value ki = k[i], vi = items[i];
+        size_t j = i;
+        while (j > 0) {
+            int before;
+            if (kiri_chat_step(r, 1) < 0 ||
+                kiri_chat_less(r, at, reverse ? k[j - 1] : ki, reverse ? ki : k[j - 1], &before) < 0)
+                return -1;
+            if (!before)
+                break;
+            k[j] = k[j - 1];
+            items[j] = items[j - 1];
+            j--;
+        }
+        k[j] = ki;
+        items[j] = vi;
+    }
+    return 0;
+}
+
 static int filter_join(struct kiri_chat_render *r, int64_t at, struct kiri_chat_value in,
                        struct kiri_chat_args *a, struct kiri_chat_value *out)
 {
@@ -1085,6 +1137,7 @@ static const struct {
     {"count", filter_length, NULL, 0},
     {"d", filter_default, NULL, 0},
     {"default", filter_default, NULL, 0},
+    {"dictsort", filter_dictsort, NULL, 0},
     {"e", filter_escape, NULL, 0},
     {"escape", filter_escape, NULL, 0},
     {"first", NULL, end_item, 0},
@@ -1322,7 +1375,7 @@ static const struct {
     {"mapping", test_type, TYPE_BIT(KIRI_CHAT_TYPE_DICT), 0},
     {"iterable", test_type, SEQUENCE_TYPES | TYPE_BIT(KIRI_CHAT_TYPE_LOOP), 0},
     {"sequence", test_type, SEQUENCE_TYPES, 0},
-    {"callable", test_type, TYPE_BIT(KIRI_CHAT_TYPE_FUNC), 0},
+    {"callable", test_type, TYPE_BIT(KIRI_CHAT_TYPE_FUNC) | TYPE_BIT(KIRI_CHAT_TYPE_MACRO), 0},
     {"sameas", test_sameas, 0, 1},
     {"escaped", test_type, 0, 0}, /* nothing is marked escaped without autoescaping */
     {"in", test_in, 0, 1},

@@ -20,7 +20,12 @@ struct eval {
     struct kiri_chat_buf *out;          /* where text goes now (a set block redirects it) */
     struct kiri_chat_scope *scope;      /* innermost variable scope */
     struct kiri_chat_value block_input; /* the body text a {% set %} block's filters receive */
+    struct kiri_chat_scope *root;       /* the template's top level, where macros live */
+    int macro_depth;                    /* macro calls in progress */
 };
+
+/* Nested macro calls (recursion included) allowed at once; each costs C stack. */
+#define MAX_MACRO_DEPTH 32
 
 /* ---------------------------------------------------------------------------------------------
  * Operators
@@ -422,6 +427,68 @@ static struct kiri_chat_value lookup(struct eval *ev, const char *name, size_t n
  * ------------------------------------------------------------------------------------------- */
 
 static int eval(struct eval *ev, const struct kiri_chat_expr *e, struct kiri_chat_value *out);
+static int exec_body(struct eval *ev, const struct kiri_chat_stmt *s);
+
+/* Calls macro m with arguments a: a scope of its own under the top level holds the parameters
+ * (given, else the default evaluated there, else undefined), and the text its body writes is the
+ * result, as jinja2 does. */
+static int call_macro(struct eval *ev, int64_t at, const struct kiri_chat_stmt *m,
+                      const struct kiri_chat_args *a, struct kiri_chat_value *out)
+{
+    if (ev->macro_depth >= MAX_MACRO_DEPTH)
+        return kiri_chat_fail(ev->r, at, "macro calls nested deeper than %d", MAX_MACRO_DEPTH);
+    struct kiri_chat_value given[KIRI_CHAT_MAX_PARAMS];
+    int have[KIRI_CHAT_MAX_PARAMS] = {0}, n_pos = 0;
+    for (int i = 0; i < a->n; i++) {
+        int j = -1;
+        if (a->kw[i]) {
+            for (int k = 0; k < m->n_targets && j < 0; k++)
+                if (m->targets[k].name_len == a->kw_len[i] &&
+                    memcmp(m->targets[k].name, a->kw[i], a->kw_len[i]) == 0)
+                    j = k;
+            if (j < 0)
+                return kiri_chat_fail(ev->r, at, "macro '%.*s' takes no keyword argument '%.*s'",
+                                      (int)m->text_len, m->text, (int)a->kw_len[i], a->kw[i]);
+        } else {
+            if (n_pos >= m->n_targets)
+                return kiri_chat_fail(ev->r, at, "macro '%.*s' takes not more than %d argument(s)",
+                                      (int)m->text_len, m->text, m->n_targets);
+            j = n_pos++;
+        }
+        if (have[j])
+            return kiri_chat_fail(ev->r, at, "macro '%.*s' got multiple values for argument '%.*s'",
+                                  (int)m->text_len, m->text, (int)m->targets[j].name_len,
+                                  m->targets[j].name);
+        have[j] = 1;
+        given[j] = a->v[i];
+    }
+    struct kiri_chat_scope sc = {ev->root, NULL, NULL}, *saved_scope = ev->scope;
+    struct kiri_chat_buf capture = {0}, *saved_out = ev->out;
+    capture.is_output = 1;
+    ev->scope = &sc;
+    int rc = 0;
+    for (int j = 0; j < m->n_targets && rc == 0; j++) {
+        const struct kiri_chat_target *p = &m->targets[j];
+        struct kiri_chat_value v = have[j] ? given[j] : kiri_chat_undef(p->name, p->name_len);
+        if (!have[j] && m->defaults[j])
+            rc = eval(ev, m->defaults[j], &v);
+        if (rc == 0)
+            rc = scope_set(ev->r, &sc, p->name, p->name_len, v);
+    }
+    if (rc == 0) {
+        ev->out = &capture;
+        ev->macro_depth++;
+        rc = exec_body(ev, m->body);
+        ev->macro_depth--;
+        ev->out = saved_out;
+    }
+    ev->scope = saved_scope;
+    if (rc < 0) {
+        kiri_chat_buf_free(&capture);
+        return -1;
+    }
+    return kiri_chat_buf_finish(ev->r, &capture, out);
+}
 
 static int eval_args(struct eval *ev, const struct kiri_chat_expr *e,
                      struct kiri_chat_args *a)
@@ -468,6 +535,8 @@ static int eval_call(struct eval *ev, const struct kiri_chat_expr *e,
     }
     if (f.type == KIRI_CHAT_TYPE_UNDEF)
         return kiri_chat_undefined_error(ev->r, e->pos, f);
+    if (f.type == KIRI_CHAT_TYPE_MACRO)
+        return call_macro(ev, e->pos, f.u.macro, &a, out);
     if (f.type != KIRI_CHAT_TYPE_FUNC)
         return kiri_chat_fail(ev->r, e->pos, "'%s' object is not callable", kiri_chat_type_name(f));
     return kiri_chat_global_call(ev->r, e->pos, (int)f.u.i, &a, out);
@@ -676,8 +745,6 @@ static int eval(struct eval *ev, const struct kiri_chat_expr *e, struct kiri_cha
  * Statements
  * ------------------------------------------------------------------------------------------- */
 
-static int exec_body(struct eval *ev, const struct kiri_chat_stmt *s);
-
 static int assign_one(struct eval *ev, const struct kiri_chat_stmt *s,
                       const struct kiri_chat_target *t, struct kiri_chat_value v)
 {
@@ -832,6 +899,12 @@ static int exec_body(struct eval *ev, const struct kiri_chat_stmt *s)
             if ((rc = exec_body(ev, s->body)) != 0)
                 return rc;
             break;
+        case KIRI_CHAT_STMT_MACRO:
+            v.type = KIRI_CHAT_TYPE_MACRO;
+            v.u.macro = s;
+            if (scope_set(ev->r, ev->scope, s->text, s->text_len, v) < 0)
+                return -1;
+            break;
         default: return kiri_chat_fail(ev->r, KIRI_CHAT_NOWHERE, "unexpected statement");
         }
     }
@@ -852,6 +925,7 @@ int kiri_chat_eval_run(struct kiri_chat_render *r, const struct kiri_chat_templa
     ev.r = r;
     ev.out = out;
     ev.scope = &root;
+    ev.root = &root;
     for (size_t i = 0; i < n_vars; i++)
         if (scope_set(r, &root, vars[i].name, strlen(vars[i].name), vars[i].value) < 0)
             return -1;

@@ -26,7 +26,7 @@ int kiri_chat_eval_run(struct kiri_chat_render *r, const struct kiri_chat_templa
 
 /* ---- one render, shared by the entry points (chat_template.c, chat_template_json.c) ---- */
 
-#define KIRI_CHAT_MAX_BINDINGS 8
+#define KIRI_CHAT_MAX_BINDINGS 16
 
 struct kiri_chat_limits;
 struct kiri_status_info;

@@ -75,6 +75,7 @@ static int to_value(struct kiri_chat_render *r, json_t *j, int depth, struct kir
 
 struct json_binder {
     json_t *messages, *tools; /* borrowed; tools NULL for none */
+    json_t *vars;             /* borrowed: an object of further variables, or NULL */
     const char *bos, *eos;
     int add_generation_prompt;
 };
@@ -86,6 +87,15 @@ static int bind_json(struct kiri_chat_render *r, void *user, struct kiri_chat_bi
     if (to_value(r, jb->messages, 0, &messages) < 0 || (jb->tools && to_value(r, jb->tools, 0, &tools) < 0))
         return -1;
     int n = 0;
+    const char *key;
+    json_t *v;
+    if (jb->vars)
+        json_object_foreach(jb->vars, key, v) {
+            struct kiri_chat_value x;
+            if (to_value(r, v, 1, &x) < 0)
+                return -1;
+            vars[n++] = (struct kiri_chat_binding){key, x};
+        }
     vars[n++] = (struct kiri_chat_binding){"messages", messages};
     vars[n++] = (struct kiri_chat_binding){"tools", tools};
     return n + kiri_chat_bind_common(jb->bos, jb->eos, jb->add_generation_prompt, vars + n);
@@ -101,18 +111,41 @@ static json_t *load(const char *text, size_t len, const char *field, struct kiri
     return j;
 }
 
+/* The names every render binds itself; further variables may not take them. */
+static int reserved_name(const char *k)
+{
+    static const char *const names[] = {"messages", "tools", "add_generation_prompt", "documents",
+                                        "bos_token", "eos_token"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(k, names[i]))
+            return 1;
+    return 0;
+}
+
 int kiri_chat_template_render_json(const struct kiri_chat_template *t, const char *messages,
                                    size_t messages_len, const char *tools, size_t tools_len,
                                    const char *bos_token, const char *eos_token, int add_generation_prompt,
                                    const struct kiri_chat_limits *limits, char **out, size_t *out_len,
                                    struct kiri_status_info *info)
 {
+    return kiri_chat_template_render_json_vars(t, messages, messages_len, tools, tools_len, NULL, 0,
+                                               bos_token, eos_token, add_generation_prompt, limits,
+                                               out, out_len, info);
+}
+
+int kiri_chat_template_render_json_vars(const struct kiri_chat_template *t, const char *messages,
+                                        size_t messages_len, const char *tools, size_t tools_len,
+                                        const char *vars, size_t vars_len, const char *bos_token,
+                                        const char *eos_token, int add_generation_prompt,
+                                        const struct kiri_chat_limits *limits, char **out,
+                                        size_t *out_len, struct kiri_status_info *info)
+{
     if (!t || !messages || !out || !out_len)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "chat template render: bad arguments");
     if ((bos_token && !kiri_chat_text_valid(bos_token, strlen(bos_token))) ||
         (eos_token && !kiri_chat_text_valid(eos_token, strlen(eos_token))))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "chat template: a special token is not valid UTF-8");
-    struct json_binder jb = {NULL, NULL, bos_token, eos_token, add_generation_prompt};
+    struct json_binder jb = {NULL, NULL, NULL, bos_token, eos_token, add_generation_prompt};
     jb.messages = load(messages, messages_len, "messages", info);
     if (!jb.messages)
         return KIRI_E_INVALID_ARG;
@@ -132,8 +165,26 @@ int kiri_chat_template_render_json(const struct kiri_chat_template *t, const cha
             jb.tools = NULL;
         }
     }
+    if (rc == KIRI_OK && vars) {
+        jb.vars = load(vars, vars_len, "vars", info);
+        if (!jb.vars)
+            rc = KIRI_E_INVALID_ARG;
+        else if (!json_is_object(jb.vars) || json_object_size(jb.vars) > KIRI_CHAT_MAX_EXTRA_VARS)
+            rc = kiri_error_at(info, KIRI_E_INVALID_ARG, "vars", -1,
+                               "chat template: vars must be an object of at most %d variables",
+                               KIRI_CHAT_MAX_EXTRA_VARS);
+        const char *key;
+        json_t *v;
+        if (rc == KIRI_OK)
+            json_object_foreach(jb.vars, key, v) {
+                if (rc == KIRI_OK && (reserved_name(key) || !kiri_chat_text_valid(key, strlen(key))))
+                    rc = kiri_error_at(info, KIRI_E_INVALID_ARG, "vars", -1,
+                                       "chat template: \"%.40s\" cannot be a variable here", key);
+            }
+    }
     if (rc == KIRI_OK)
         rc = kiri_chat_template_run(t, limits, bind_json, &jb, out, out_len, info);
+    json_decref(jb.vars);
     json_decref(jb.tools);
     json_decref(jb.messages);
     return rc;

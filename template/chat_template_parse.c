@@ -26,6 +26,7 @@ struct parser {
     int head, count;
     int depth;      /* recursion depth of the parser itself */
     int loop_depth; /* for loops around the statement being parsed (for break/continue) */
+    int block_depth; /* block tags around the statement being parsed (macros go at the top) */
     int failed;
     int code; /* the status of the first error */
     const struct kiri_chat_names *names;
@@ -807,7 +808,9 @@ static struct kiri_chat_stmt *parse_block_body(struct parser *p, const char *con
         next(p);
     if (expect_kind(p, KIRI_CHAT_TOK_BLOCK_END, "'%}'") < 0)
         return NULL;
+    p->block_depth++;
     struct kiri_chat_stmt *b = parse_body(p, ends, n_ends);
+    p->block_depth--;
     *ok = !p->failed;
     return b;
 }
@@ -908,13 +911,74 @@ static struct kiri_chat_stmt *parse_set(struct parser *p, size_t pos)
     return s;
 }
 
+/* {% macro name(a, b=default, ...) %}body{% endmacro %}, at the top level of the template. */
+static struct kiri_chat_stmt *parse_macro(struct parser *p, size_t pos)
+{
+    static const char *const ends[] = {"endmacro"};
+    if (p->block_depth)
+        return fail(p, pos, "a macro inside another block is not supported");
+    struct kiri_chat_token name = next(p);
+    if (name.kind != KIRI_CHAT_TOK_NAME)
+        return unexpected(p, &name, "a macro name");
+    struct kiri_chat_stmt *s = mk_stmt(p, KIRI_CHAT_STMT_MACRO, pos);
+    if (!s)
+        return NULL;
+    s->text = name.s;
+    s->text_len = name.n;
+    struct kiri_chat_token t = next(p);
+    if (!is_op(&t, '('))
+        return unexpected(p, &t, "'('");
+    struct kiri_chat_target tg[KIRI_CHAT_MAX_PARAMS];
+    struct kiri_chat_expr *def[KIRI_CHAT_MAX_PARAMS];
+    int n = 0;
+    while (!is_op(peek(p, 0), ')')) {
+        struct kiri_chat_token a = next(p);
+        if (a.kind != KIRI_CHAT_TOK_NAME)
+            return unexpected(p, &a, "a parameter name");
+        if (n == KIRI_CHAT_MAX_PARAMS)
+            return fail(p, a.pos, "too many macro parameters (at most %d)", KIRI_CHAT_MAX_PARAMS);
+        memset(&tg[n], 0, sizeof tg[n]);
+        tg[n].name = a.s;
+        tg[n].name_len = a.n;
+        def[n] = NULL;
+        if (is_op(peek(p, 0), '=')) {
+            next(p);
+            if (!(def[n] = parse_expression(p, 1)))
+                return NULL;
+        } else if (n && def[n - 1]) {
+            return fail(p, a.pos, "a parameter without a default follows one with a default");
+        }
+        n++;
+        if (!is_op(peek(p, 0), ','))
+            break;
+        next(p);
+    }
+    t = next(p);
+    if (!is_op(&t, ')'))
+        return unexpected(p, &t, "')'");
+    s->targets = alloc(p, sizeof *s->targets * (size_t)(n ? n : 1));
+    s->defaults = alloc(p, sizeof *s->defaults * (size_t)(n ? n : 1));
+    if (!s->targets || !s->defaults)
+        return NULL;
+    memcpy(s->targets, tg, sizeof *tg * (size_t)n);
+    memcpy(s->defaults, def, sizeof *def * (size_t)n);
+    s->n_targets = n;
+    int ok, saved_loops = p->loop_depth;
+    p->loop_depth = 0;   /* break and continue do not reach through a macro */
+    s->body = parse_block_body(p, ends, 1, &ok);
+    p->loop_depth = saved_loops;
+    if (!ok || end_tag(p, "endmacro") < 0)
+        return NULL;
+    return s;
+}
+
 static struct kiri_chat_stmt *parse_statement(struct parser *p)
 {
-    static const char *const refused[] = {"macro", "call", "filter", "block", "extends",
+    static const char *const refused[] = {"call", "filter", "block", "extends",
                                           "include", "import", "from", "with", "autoescape",
                                           "do"};
     static const char *const closers[] = {"endif", "elif", "else", "endfor", "endset",
-                                          "endgeneration", "endraw"};
+                                          "endgeneration", "endraw", "endmacro"};
     static const char *const gen_ends[] = {"endgeneration"};
     struct kiri_chat_token t = next(p);
     if (t.kind != KIRI_CHAT_TOK_NAME)
@@ -929,6 +993,8 @@ static struct kiri_chat_stmt *parse_statement(struct parser *p)
         s = parse_for(p, t.pos);
     } else if (is_name(&t, "set")) {
         s = parse_set(p, t.pos);
+    } else if (is_name(&t, "macro")) {
+        s = parse_macro(p, t.pos);
     } else if (is_name(&t, "print")) {
         if ((s = mk_stmt(p, KIRI_CHAT_STMT_PRINT, t.pos)) && !(s->expr = parse_tuple(p, 1, 0, NULL)))
             s = NULL;

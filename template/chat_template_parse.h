@@ -111,7 +111,8 @@ enum kiri_chat_stmt_kind {
     KIRI_CHAT_STMT_SET_BLOCK, /* set targets[0] [| filter] %}body{% endset */
     KIRI_CHAT_STMT_BREAK,
     KIRI_CHAT_STMT_CONTINUE,
-    KIRI_CHAT_STMT_BLOCK      /* body run as is ({% generation %} from transformers) */
+    KIRI_CHAT_STMT_BLOCK,     /* body run as is ({% generation %} from transformers) */
+    KIRI_CHAT_STMT_MACRO      /* macro text(targets = defaults): body; only at the top level */
 };
 
 /* An assignment target: a name, or a namespace attribute name.attr (attr non-NULL). */
@@ -132,9 +133,13 @@ struct kiri_chat_stmt {
     struct kiri_chat_expr *cond;   /* FOR: the inline filter, or NULL */
     struct kiri_chat_expr *filter; /* SET_BLOCK: filters applied to the body's text, or NULL */
     struct kiri_chat_stmt *body, *orelse;
-    struct kiri_chat_target *targets; /* FOR, SET, SET_BLOCK: n_targets of them */
+    struct kiri_chat_target *targets; /* FOR, SET, SET_BLOCK, MACRO (parameters): n_targets */
     int n_targets;
+    struct kiri_chat_expr **defaults; /* MACRO: each parameter's default, or NULL */
 };
+
+/* Most parameters a macro may declare. */
+#define KIRI_CHAT_MAX_PARAMS 16
 
 struct kiri_chat_template {
     struct kiri_chat_arena arena; /* owns the source copy and every node */

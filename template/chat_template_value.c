@@ -220,6 +220,7 @@ const char *kiri_chat_type_name(struct kiri_chat_value v)
     case KIRI_CHAT_TYPE_NS: return "Namespace";
     case KIRI_CHAT_TYPE_LOOP: return "LoopContext";
     case KIRI_CHAT_TYPE_FUNC: return "function";
+    case KIRI_CHAT_TYPE_MACRO: return "Macro";
     default: return "missing";
     }
 }
@@ -235,7 +236,8 @@ int kiri_chat_truthy(struct kiri_chat_value v)
     case KIRI_CHAT_TYPE_DICT: return v.u.dict->n != 0;
     case KIRI_CHAT_TYPE_NS:
     case KIRI_CHAT_TYPE_LOOP:
-    case KIRI_CHAT_TYPE_FUNC: return 1;
+    case KIRI_CHAT_TYPE_FUNC:
+    case KIRI_CHAT_TYPE_MACRO: return 1;
     default: return 0;
     }
 }
@@ -283,6 +285,7 @@ int kiri_chat_equal(struct kiri_chat_value a, struct kiri_chat_value b, int dept
     case KIRI_CHAT_TYPE_NS: return a.u.dict == b.u.dict;
     case KIRI_CHAT_TYPE_LOOP: return a.u.loop == b.u.loop;
     case KIRI_CHAT_TYPE_FUNC: return a.u.i == b.u.i;
+    case KIRI_CHAT_TYPE_MACRO: return a.u.macro == b.u.macro;
     default: return 0;
     }
 }

@@ -38,8 +38,11 @@ enum kiri_chat_type {
     KIRI_CHAT_TYPE_DICT,
     KIRI_CHAT_TYPE_NS,           /* namespace(): a dict whose attributes can be set */
     KIRI_CHAT_TYPE_LOOP,         /* the `loop` variable of a for loop */
-    KIRI_CHAT_TYPE_FUNC          /* a global function; i is its id among the built-ins */
+    KIRI_CHAT_TYPE_FUNC,         /* a global function; i is its id among the built-ins */
+    KIRI_CHAT_TYPE_MACRO         /* a {% macro %}; macro is its statement in the template */
 };
+
+struct kiri_chat_stmt;
 
 struct kiri_chat_value {
     int type; /* enum kiri_chat_type */
@@ -53,6 +56,7 @@ struct kiri_chat_value {
         struct kiri_chat_list *list;
         struct kiri_chat_dict *dict;
         struct kiri_chat_loop *loop;
+        const struct kiri_chat_stmt *macro;
     } u;
 };
 

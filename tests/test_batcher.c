@@ -1,7 +1,11 @@
 /* The continuous-batching loop on stories260K: concurrent greedy requests give exactly the tokens
  * each gives alone (through kiri_generate), with chunked prefill, prefix sharing and preemption
  * under a tight KV budget; the text of the events, stop strings included, is llama.cpp's greedy
- * text; cancellation returns blocks; queue and prompt limits; log-probs. */
+ * text; cancellation returns blocks; queue and prompt limits; log-probs. Sliding-window layers
+ * (stories260K with some layers marked windowed): the cache that keeps only their window gives
+ * the logits of a full-size cache with the same windowed attention, batched, in chunks, one token
+ * at a time, through prefix reuse and preemption, and the library's contexts; its memory is the
+ * global layers' per token plus a constant. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +14,7 @@
 #include "batcher.h"
 #include "hex.h"
 #include "kiri.h"
+#include "model.h"
 #include "platform.h"
 #include "test.h"
 
@@ -407,12 +412,404 @@ static void test_text_matches_reference(void)
     kiri_batcher_free(b);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Sliding-window layers
+ * ------------------------------------------------------------------------------------------- */
+
+#define SW_WINDOW 37            /* not a multiple of the 16-token block */
+#define SW_SEQS 3
+#define SW_MAXPOS 400
+
+static struct kiri_model *swmodel; /* stories260K, layers 0, 1 and 3 windowed */
+static int32_t sw_script[SW_SEQS][SW_MAXPOS];
+static const int32_t sw_prompt[SW_SEQS] = {150, 97, 200};
+
+/* The logits after each position of one held sequence. */
+struct sw_seq {
+    float *logits;              /* owned (SW_MAXPOS, n_vocab) */
+    uint8_t have[SW_MAXPOS];
+    int32_t first_cached;       /* n_cached of its first logits event, -1 before */
+};
+
+static int on_sw(void *user, const struct kiri_token_event *ev)
+{
+    struct sw_seq *q = user;
+    const int32_t V = kiri_model_n_vocab(swmodel);
+    if (ev->logits && ev->n_prompt >= 1 && ev->n_prompt <= SW_MAXPOS) {
+        memcpy(q->logits + (size_t)(ev->n_prompt - 1) * (size_t)V, ev->logits, (size_t)V * sizeof(float));
+        q->have[ev->n_prompt - 1] = 1;
+        if (q->first_cached < 0)
+            q->first_cached = ev->n_cached;
+    }
+    return 0;
+}
+
+static void sw_seqs_init(struct sw_seq *q, int n)
+{
+    for (int i = 0; i < n; i++) {
+        memset(&q[i], 0, sizeof q[i]);
+        q[i].logits = calloc((size_t)SW_MAXPOS * (size_t)kiri_model_n_vocab(swmodel), sizeof(float));
+        q[i].first_cached = -1;
+        CHECK(q[i].logits != NULL);
+    }
+}
+
+static void sw_seqs_free(struct sw_seq *q, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(q[i].logits);
+}
+
+/* The largest difference between the logits both runs delivered (they must deliver the same
+ * positions); *n_compared counts the positions. */
+static double sw_diff(const struct sw_seq *a, const struct sw_seq *b, int n, int *n_compared)
+{
+    const int32_t V = kiri_model_n_vocab(swmodel);
+    double worst = 0;
+    *n_compared = 0;
+    for (int i = 0; i < n; i++)
+        for (int p = 0; p < SW_MAXPOS; p++) {
+            CHECK_EQ_INT(a[i].have[p], b[i].have[p]);
+            if (!a[i].have[p] || !b[i].have[p])
+                continue;
+            ++*n_compared;
+            for (int32_t v = 0; v < V; v++) {
+                const double d = fabs((double)a[i].logits[(size_t)p * V + v] - (double)b[i].logits[(size_t)p * V + v]);
+                worst = d > worst ? d : worst;
+            }
+        }
+    return worst;
+}
+
+static struct kiri_batcher *sw_batcher(int swa_full, int32_t max_seqs, int32_t chunk, size_t kv_memory, int prefix)
+{
+    struct kiri_batcher_params p;
+    kiri_batcher_params_default(&p);
+    p.max_seqs = max_seqs;
+    p.chunk = chunk;
+    p.n_ctx = 512;
+    p.kv_memory = kv_memory;
+    p.prefix_cache = prefix;
+    p.swa_full = swa_full;
+    struct kiri_batcher *b = NULL;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_batcher_init(swmodel, &p, &b, &info), 0);
+    return b;
+}
+
+static uint64_t sw_submit(struct kiri_batcher *b, const int32_t *tokens, int32_t n, struct sw_seq *q)
+{
+    struct kiri_request req;
+    memset(&req, 0, sizeof req);
+    req.tokens = tokens;
+    req.n_tokens = n;
+    uint64_t id = 0;
+    CHECK_EQ_INT(kiri_batcher_submit_held(b, &req, on_sw, q, &id, NULL), 0);
+    return id;
+}
+
+/* The script: SW_SEQS held sequences with prompts of several windows computed together, then 40
+ * steps that append one token to each (every eighth step a chunk of 29), all driven from this
+ * thread. */
+static void sw_run(struct kiri_batcher *b, struct sw_seq *q, struct kiri_batcher_stats *st)
+{
+    uint64_t id[SW_SEQS];
+    int32_t at[SW_SEQS];
+    for (int i = 0; i < SW_SEQS; i++) {
+        id[i] = sw_submit(b, sw_script[i], sw_prompt[i], &q[i]);
+        at[i] = sw_prompt[i];
+    }
+    kiri_batcher_run(b, NULL);
+    for (int step = 0; step < 40; step++) {
+        for (int i = 0; i < SW_SEQS; i++) {
+            const int32_t n = step % 8 == 7 ? 29 : 1;
+            CHECK_EQ_INT(kiri_batcher_append(b, id[i], sw_script[i] + at[i], n, NULL), 0);
+            at[i] += n;
+        }
+        kiri_batcher_run(b, NULL);
+    }
+    kiri_batcher_get_stats(b, st);
+    for (int i = 0; i < SW_SEQS; i++)
+        kiri_batcher_cancel(b, id[i]);
+    kiri_batcher_run(b, NULL);
+}
+
+/* Bytes of one token's keys and values in one layer (F16). */
+static size_t sw_layer_token(void)
+{
+    return 2 * (size_t)swmodel->hp.n_head_kv * (size_t)swmodel->hp.head_dim * 2;
+}
+
+static void sw_setup(void)
+{
+    struct kiri_model_params mp;
+    kiri_model_params_default(&mp);
+    mp.n_threads = 2;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_model_open(KIRI_SOURCE_DIR "/models/stories260K.gguf", &mp, &swmodel, &info), 0);
+    if (!swmodel)
+        return;
+    swmodel->hp.swa_window = SW_WINDOW;
+    swmodel->layers[0].swa = swmodel->layers[1].swa = swmodel->layers[3].swa = 1;
+    uint32_t x = 12345;
+    for (int i = 0; i < SW_SEQS; i++)
+        for (int p = 0; p < SW_MAXPOS; p++) {
+            x = x * 1664525u + 1013904223u;
+            sw_script[i][p] = (int32_t)(3 + (x >> 8) % 500);
+        }
+}
+
+/* Batched prompts in chunks and decode steps: the windowed pool against a full-size cache with
+ * the same windowed attention, for two chunk sizes; and windowed attention really differs from
+ * full attention. */
+static void test_window_logits(void)
+{
+    CHECK(swmodel != NULL);
+    if (!swmodel)
+        return;
+    const int32_t chunks[2] = {64, 7};
+    for (int c = 0; c < 2; c++) {
+        struct sw_seq win[SW_SEQS], full[SW_SEQS];
+        sw_seqs_init(win, SW_SEQS);
+        sw_seqs_init(full, SW_SEQS);
+        struct kiri_batcher_stats sw, sf;
+        struct kiri_batcher *b = sw_batcher(0, SW_SEQS, chunks[c], 0, 0);
+        if (b)
+            sw_run(b, win, &sw);
+        kiri_batcher_free(b);
+        b = sw_batcher(1, SW_SEQS, chunks[c], 0, 0);
+        if (b)
+            sw_run(b, full, &sf);
+        kiri_batcher_free(b);
+        int n = 0;
+        const double d = sw_diff(win, full, SW_SEQS, &n);
+        if (d > 1e-6)
+            fprintf(stderr, "chunk %d: windowed pool vs full cache differ by %g\n", chunks[c], d);
+        CHECK(d <= 1e-6);
+        CHECK_EQ_INT(n, SW_SEQS * 41);
+        CHECK(sw.kv_bytes < sf.kv_bytes * 6 / 10); /* 2 of 5 layers, plus the windows */
+        CHECK(sw.peak_batch_seqs == SW_SEQS);
+        if (c == 0) {
+            /* Full attention (no layer windowed) gives other logits: the window is applied. */
+            struct sw_seq plain[SW_SEQS];
+            sw_seqs_init(plain, SW_SEQS);
+            swmodel->layers[0].swa = swmodel->layers[1].swa = swmodel->layers[3].swa = 0;
+            b = sw_batcher(0, SW_SEQS, chunks[c], 0, 0);
+            if (b)
+                sw_run(b, plain, &sf);
+            kiri_batcher_free(b);
+            swmodel->layers[0].swa = swmodel->layers[1].swa = swmodel->layers[3].swa = 1;
+            CHECK(sw_diff(plain, full, SW_SEQS, &n) > 1e-3);
+            sw_seqs_free(plain, SW_SEQS);
+        }
+        sw_seqs_free(win, SW_SEQS);
+        sw_seqs_free(full, SW_SEQS);
+    }
+}
+
+/* Preemption under a budget of 40 global blocks (both runs get the same global pool, so the same
+ * schedule): preempted sequences are recomputed into the windowed pool and give the same logits. */
+static void test_window_preemption(void)
+{
+    if (!swmodel)
+        return;
+    struct kiri_batcher_stats st;
+    struct kiri_batcher *b = sw_batcher(0, SW_SEQS, 64, 0, 0);
+    if (!b)
+        return;
+    kiri_batcher_get_stats(b, &st);
+    kiri_batcher_free(b);
+    const size_t global_token = (size_t)(swmodel->hp.n_layer - 3) * sw_layer_token();
+    const size_t swa_bytes = st.kv_bytes - (size_t)st.kv_blocks_total * 16 * global_token;
+    struct sw_seq win[SW_SEQS], full[SW_SEQS];
+    sw_seqs_init(win, SW_SEQS);
+    sw_seqs_init(full, SW_SEQS);
+    struct kiri_batcher_stats sw, sf;
+    b = sw_batcher(0, SW_SEQS, 64, 40 * 16 * global_token + swa_bytes, 0);
+    if (b)
+        sw_run(b, win, &sw);
+    kiri_batcher_free(b);
+    b = sw_batcher(1, SW_SEQS, 64, 40 * 16 * (size_t)swmodel->hp.n_layer * sw_layer_token(), 0);
+    if (b)
+        sw_run(b, full, &sf);
+    kiri_batcher_free(b);
+    CHECK_EQ_INT(sw.kv_blocks_total, 40);
+    CHECK_EQ_INT(sf.kv_blocks_total, 40);
+    CHECK(sw.preemptions > 0);
+    CHECK_EQ_INT((int)sw.preemptions, (int)sf.preemptions);
+    int n = 0;
+    const double d = sw_diff(win, full, SW_SEQS, &n);
+    if (d > 1e-6)
+        fprintf(stderr, "preemption: windowed pool vs full cache differ by %g\n", d);
+    CHECK(d <= 1e-6);
+    CHECK(n > SW_SEQS * 10);
+    sw_seqs_free(win, SW_SEQS);
+    sw_seqs_free(full, SW_SEQS);
+}
+
+/* Prefix reuse: A's 160-token prompt is cached; B extends it by 20 tokens and decodes 10. With
+ * evict, a long unrelated prompt C runs in between, cycling the windowed pool: the global blocks of
+ * A stay cached, the windowed ones do not, so B must recompute everything rather than attend keys
+ * that are gone. */
+static void sw_prefix(int swa_full, int evict, struct sw_seq *q)
+{
+    struct kiri_batcher *b = sw_batcher(swa_full, 2, 64, 0, 1);
+    if (!b)
+        return;
+    struct sw_seq scratch[1];
+    sw_seqs_init(scratch, 1);
+    uint64_t id = sw_submit(b, sw_script[0], 160, scratch);
+    kiri_batcher_run(b, NULL);
+    kiri_batcher_cancel(b, id);
+    kiri_batcher_run(b, NULL);
+    if (evict) {
+        id = sw_submit(b, sw_script[1], 300, scratch);
+        kiri_batcher_run(b, NULL);
+        kiri_batcher_cancel(b, id);
+        kiri_batcher_run(b, NULL);
+    }
+    static int32_t tokens[200];
+    memcpy(tokens, sw_script[0], 160 * sizeof *tokens);
+    memcpy(tokens + 160, sw_script[2], 30 * sizeof *tokens);
+    id = sw_submit(b, tokens, 180, q);
+    kiri_batcher_run(b, NULL);
+    for (int i = 180; i < 190; i++) {
+        CHECK_EQ_INT(kiri_batcher_append(b, id, tokens + i, 1, NULL), 0);
+        kiri_batcher_run(b, NULL);
+    }
+    kiri_batcher_cancel(b, id);
+    kiri_batcher_run(b, NULL);
+    struct kiri_batcher_stats st;
+    kiri_batcher_get_stats(b, &st);
+    CHECK_EQ_INT(st.kv_blocks_used, 0); /* cached blocks are available */
+    CHECK_EQ_INT(st.kv_window_blocks_used, 0);
+    CHECK_EQ_INT(st.kv_window_blocks_total, swa_full ? 0 : 2 * 8);
+    sw_seqs_free(scratch, 1);
+    kiri_batcher_free(b);
+}
+
+static void test_window_prefix_reuse(void)
+{
+    if (!swmodel)
+        return;
+    struct sw_seq q[4];
+    sw_seqs_init(q, 4);
+    sw_prefix(0, 0, &q[0]); /* windowed blocks cached: the prefix is reused */
+    sw_prefix(1, 0, &q[1]);
+    sw_prefix(0, 1, &q[2]); /* windowed blocks evicted: recomputed */
+    sw_prefix(1, 1, &q[3]); /* the full cache still has every layer's keys */
+    CHECK_EQ_INT(q[0].first_cached, 160);
+    CHECK_EQ_INT(q[1].first_cached, 160);
+    CHECK_EQ_INT(q[2].first_cached, 0);
+    CHECK_EQ_INT(q[3].first_cached, 160);
+    int n = 0;
+    double d = sw_diff(&q[0], &q[1], 1, &n);
+    CHECK(d <= 1e-6);
+    CHECK_EQ_INT(n, 11);
+    CHECK(sw_diff(&q[3], &q[1], 1, &n) <= 1e-6);
+    /* Recomputed in other chunks than the cached run: the same up to rounding. */
+    d = sw_diff(&q[2], &q[1], 1, &n);
+    fprintf(stderr, "windowed prefix recomputed vs reused: logits differ by %g\n", d);
+    CHECK(d <= 1e-4);
+    sw_seqs_free(q, 4);
+}
+
+/* The library's contexts keep only the window too, and give the logits of a full-size cache. */
+static void test_window_context(void)
+{
+    if (!swmodel)
+        return;
+    struct kiri_context_params cp;
+    kiri_context_params_default(&cp);
+    cp.n_ctx = 512;
+    cp.n_batch = 16;
+    struct kiri_context *c = NULL;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_context_init(swmodel, &cp, &c, &info), 0);
+    if (!c)
+        return;
+    struct sw_seq q[2];
+    sw_seqs_init(q, 2);
+    const int32_t V = kiri_model_n_vocab(swmodel);
+    const float *lg = NULL;
+    CHECK_EQ_INT(kiri_context_eval(c, sw_script[0], 150, &lg, &info), 0);
+    if (lg)
+        memcpy(q[0].logits + 149 * (size_t)V, lg, (size_t)V * sizeof(float));
+    q[0].have[149] = 1;
+    for (int p = 150; p < 190; p++) {
+        lg = NULL;
+        CHECK_EQ_INT(kiri_context_eval(c, sw_script[0] + p, 1, &lg, &info), 0);
+        if (lg)
+            memcpy(q[0].logits + (size_t)p * V, lg, (size_t)V * sizeof(float));
+        q[0].have[p] = 1;
+    }
+    kiri_context_free(c);
+    struct kiri_batcher *b = sw_batcher(1, 1, 16, 0, 0);
+    if (b) {
+        const uint64_t id = sw_submit(b, sw_script[0], 150, &q[1]);
+        kiri_batcher_run(b, NULL);
+        for (int p = 150; p < 190; p++) {
+            CHECK_EQ_INT(kiri_batcher_append(b, id, sw_script[0] + p, 1, NULL), 0);
+            kiri_batcher_run(b, NULL);
+        }
+    }
+    kiri_batcher_free(b);
+    int n = 0;
+    CHECK(sw_diff(&q[0], &q[1], 1, &n) <= 1e-6);
+    CHECK_EQ_INT(n, 41);
+    sw_seqs_free(q, 2);
+}
+
+/* The pool of a windowed model: its global part grows with the context, its windowed part is a
+ * constant of about max_seqs windows plus a chunk each; without windowed layers nothing changes. */
+static void test_window_memory(void)
+{
+    if (!swmodel)
+        return;
+    struct kiri_batcher_stats st[3];
+    const int32_t n_ctx[2] = {256, 512};
+    for (int i = 0; i < 3; i++) {
+        struct kiri_batcher_params p;
+        kiri_batcher_params_default(&p);
+        p.max_seqs = 4;
+        p.chunk = 64;
+        p.n_ctx = i == 2 ? 512 : n_ctx[i];
+        p.swa_full = i == 2;
+        struct kiri_batcher *b = NULL;
+        CHECK_EQ_INT(kiri_batcher_init(swmodel, &p, &b, NULL), 0);
+        if (b)
+            kiri_batcher_get_stats(b, &st[i]);
+        kiri_batcher_free(b);
+    }
+    const size_t per_layer = sw_layer_token(), global = 2 * per_layer, windowed = 3 * per_layer;
+    CHECK_EQ_INT((long long)kiri_model_kv_bytes_per_token(swmodel, KIRI_TYPE_F16), (long long)global);
+    CHECK_EQ_INT((long long)kiri_model_kv_bytes_window(swmodel, KIRI_TYPE_F16), (long long)(windowed * SW_WINDOW));
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(st[i].kv_blocks_total, 4 * n_ctx[i] / 16);
+        const size_t fixed = (size_t)st[i].kv_bytes - (size_t)st[i].kv_blocks_total * 16 * global;
+        /* The window before a step plus its chunk, rounded out to whole blocks, per sequence. */
+        CHECK((long long)fixed >= 4LL * (SW_WINDOW + 64) * (long long)windowed);
+        CHECK((long long)fixed <= 4LL * (SW_WINDOW + 64 + 2 * 16) * (long long)windowed);
+    }
+    CHECK_EQ_INT((long long)(st[1].kv_bytes - st[0].kv_bytes), 4LL * 256 * (long long)global);
+    CHECK_EQ_INT((long long)st[2].kv_bytes, 4LL * 512 * (long long)(global + windowed));
+    fprintf(stderr, "windowed model, 4 x 512 tokens: %llu KV bytes (every token in every layer: %llu)\n",
+            (unsigned long long)st[1].kv_bytes, (unsigned long long)st[2].kv_bytes);
+    /* kiri info: the global layers' cost per token and the windows' fixed cost. */
+    static char text[1 << 14];
+    kiri_model_describe(swmodel, text, sizeof text);
+    CHECK(strstr(text, "0.2 KiB per token (F16) in the 2 global layers, plus 0.01 MiB for the 3 sliding-window "
+                       "layers' 37-token window") != NULL);
+}
+
 static void test_teardown(void)
 {
     kiri_model_close(model);
+    kiri_model_close(swmodel);
     kiri_platform_cond_free(done_cond);
     kiri_platform_mutex_free(lock);
 }
 
 TEST_MAIN(test_setup, test_concurrent_equals_solo, test_chunked_prefill, test_preemption, test_prefix_reuse,
-          test_cancel_and_limits, test_text_matches_reference, test_teardown)
+          test_cancel_and_limits, test_text_matches_reference, sw_setup, test_window_logits,
+          test_window_preemption, test_window_prefix_reuse, test_window_context, test_window_memory, test_teardown)

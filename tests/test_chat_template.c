@@ -208,7 +208,10 @@ static void test_malformed(void)
         {"{{ [1, 2) }}", "unexpected ')', expected ']'"},
         {"{{ x|nosuchfilter }}", "unknown filter 'nosuchfilter'"},
         {"{{ x is nosuchtest }}", "unknown test 'nosuchtest'"},
-        {"{% macro m() %}{% endmacro %}", "'macro' tag is not supported"},
+        {"{% if x %}{% macro m() %}{% endmacro %}{% endif %}", "macro inside another block"},
+        {"{% macro m(a=1, b) %}{% endmacro %}", "without a default follows one with"},
+        {"{% call m() %}{% endcall %}", "'call' tag is not supported"},
+        {"{% endmacro %}", "'endmacro' without a matching opening tag"},
         {"{% include 'x' %}", "'include' tag is not supported"},
         {"{% frobnicate %}", "unknown tag 'frobnicate'"},
         {"{% break %}", "outside a for loop"},
@@ -410,7 +413,7 @@ static void test_fallback(void)
 {
     struct kiri_chat_template *t = NULL;
     struct kiri_status_info info;
-    const char *bad = "{% macro render(m) %}{{ m.content }}{% endmacro %}";
+    const char *bad = "{% call render(m) %}{{ m.content }}{% endcall %}";
     CHECK_EQ_INT(kiri_chat_template_init(bad, strlen(bad), &t, &info), KIRI_E_UNSUPPORTED);
     const char *ml = kiri_chat_template_chatml();
     CHECK_EQ_INT(kiri_chat_template_init(ml, strlen(ml), &t, &info), KIRI_OK);

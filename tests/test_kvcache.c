@@ -1,5 +1,7 @@
 /* The paged KV cache: block accounting, slots through block tables, exhaustion without partial
- * reservations, reuse of freed blocks, and allocation failures. */
+ * reservations, reuse of freed blocks, and allocation failures; a windowed pool for sliding-window
+ * layers (its size, blocks released as the window slides, prefix sharing cut back to what every
+ * layer still has cached). */
 #include <string.h>
 
 #include "backend.h"
@@ -70,14 +72,212 @@ static void test_bad_shapes(void)
     CHECK(c == NULL);
 }
 
+/* Three layers, the middle one windowed: window 6 keys, blocks of 4. */
+enum { WIN = 6, BS = 4 };
+static const uint8_t windowed_layers[3] = {0, 1, 0};
+
+static struct kiri_kvcache *windowed_cache(int32_t n_blocks, int32_t n_window_blocks)
+{
+    const struct kiri_kvcache_window w = {windowed_layers, WIN, n_window_blocks};
+    struct kiri_kvcache *c = NULL;
+    CHECK_EQ_INT(kiri_kvcache_init_windowed(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 3, 64, KIRI_TYPE_F16, BS,
+                                            n_blocks, &w, &c), 0);
+    return c;
+}
+
+/* Writes positions [n_tokens, n) as a step does: reserve, then advance. */
+static int advance(struct kiri_kvcache *c, struct kiri_kv_seq *s, int32_t n)
+{
+    const int rc = kiri_kvcache_seq_reserve(c, s, n);
+    if (rc == 0)
+        s->n_tokens = n;
+    return rc;
+}
+
+static void test_window_pool(void)
+{
+    struct kiri_kvcache *c = windowed_cache(30, 8);
+    if (!c)
+        return;
+    /* Two global layers of 120 slots, one windowed layer of 32, F16 rows of 64. */
+    CHECK_EQ_INT(kiri_kvcache_bytes(c), 2 * 2 * 64 * 2 * 120 + 1 * 2 * 64 * 2 * 32);
+    CHECK_EQ_INT(kiri_kvcache_k(c, 0)->ne[1], 120);
+    CHECK_EQ_INT(kiri_kvcache_v(c, 1)->ne[1], 32);
+    CHECK(kiri_kvcache_layer_windowed(c, 1) && !kiri_kvcache_layer_windowed(c, 2));
+    CHECK_EQ_INT(kiri_kvcache_window(c), WIN);
+    CHECK(kiri_kvcache_k(c, 1)->buffer == kiri_kvcache_k(c, 0)->buffer);
+
+    /* Two sequences decode one token at a time past many windows: the global pool grows with
+     * them, each holds at most ceil((WIN - 1 + 1) / BS) + 1 windowed blocks, and the live keys
+     * of the window never share a slot. */
+    struct kiri_kv_seq a = {0}, b = {0};
+    for (int32_t n = 1; n <= 56; n++) {
+        CHECK_EQ_INT(advance(c, &a, n), 0);
+        CHECK_EQ_INT(advance(c, &b, n), 0);
+        CHECK_EQ_INT(a.n_blocks, (n + BS - 1) / BS);
+        const int32_t first = n - WIN > 0 ? n - WIN : 0; /* the keys a token at n - 1 reads */
+        CHECK_EQ_INT(a.w_lo, (n - 1 - WIN + 1 > 0 ? n - 1 - WIN + 1 : 0) / BS);
+        CHECK(a.n_blocks - a.w_lo <= (WIN - 1 + 1 + BS - 1) / BS + 1);
+        int used[32] = {0};
+        for (int32_t p = first; p < n; p++) {
+            const int32_t sa = kiri_kvcache_slot_window(c, &a, p), sb = kiri_kvcache_slot_window(c, &b, p);
+            CHECK(sa >= 0 && sa < 32 && sb >= 0 && sb < 32);
+            used[sa]++;
+            used[sb]++;
+        }
+        for (int i = 0; i < 32; i++)
+            CHECK(used[i] <= 1);
+    }
+    CHECK_EQ_INT(kiri_kvcache_n_free(c), 30 - 2 * 14);
+    CHECK(kiri_kvcache_n_free_window(c) >= 8 - 2 * 3);
+    /* A chunk of 9 tokens needs its window plus the chunk: 14 keys over at most 5 blocks. */
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 65), KIRI_E_CONTEXT_FULL); /* the global pool is short */
+    CHECK_EQ_INT(a.n_blocks, 14);
+    kiri_kvcache_seq_clear(c, &b);
+    CHECK_EQ_INT(advance(c, &a, 65), 0);
+    CHECK(a.n_blocks - a.w_lo <= 5);
+    /* Clearing returns both kinds of blocks. */
+    kiri_kvcache_seq_free(c, &a);
+    kiri_kvcache_seq_free(c, &b);
+    CHECK_EQ_INT(kiri_kvcache_n_free(c), 30);
+    CHECK_EQ_INT(kiri_kvcache_n_free_window(c), 8);
+    kiri_kvcache_free(c);
+}
+
+/* A windowed pool that runs dry refuses the whole reservation, global blocks included. */
+static void test_window_pool_full(void)
+{
+    struct kiri_kvcache *c = windowed_cache(30, 3);
+    if (!c)
+        return;
+    struct kiri_kv_seq a = {0};
+    CHECK_EQ_INT(advance(c, &a, 8), 0);
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 20), KIRI_E_CONTEXT_FULL); /* 3 more, 1 windowed free */
+    CHECK_EQ_INT(a.n_blocks, 2);
+    CHECK_EQ_INT(kiri_kvcache_n_free(c), 28);
+    CHECK_EQ_INT(kiri_kvcache_n_free_window(c), 1);
+    kiri_kvcache_seq_free(c, &a);
+    kiri_kvcache_free(c);
+}
+
+/* Writes tokens [n_tokens, n) and publishes the blocks they complete, as the batcher does. */
+static void write_and_publish(struct kiri_kvcache *c, struct kiri_kv_seq *s, const int32_t *tokens, int32_t n,
+                              uint64_t *hash, int32_t *n_published)
+{
+    while (s->n_tokens < n) {
+        const int32_t to = s->n_tokens + BS < n ? s->n_tokens + BS : n;
+        CHECK_EQ_INT(advance(c, s, to), 0);
+        while (*n_published < s->n_tokens / BS) {
+            const int32_t *t = tokens + *n_published * BS;
+            *hash = kiri_kvcache_block_hash(*hash, t, BS);
+            kiri_kvcache_publish(c, s, *n_published, *hash, t);
+            ++*n_published;
+        }
+    }
+}
+
+static void test_window_prefix(void)
+{
+    /* Room for everything in the global pool, 12 windowed blocks. */
+    struct kiri_kvcache *c = windowed_cache(64, 12);
+    if (!c)
+        return;
+    int32_t text[48];
+    for (int i = 0; i < 48; i++)
+        text[i] = 100 + i;
+    uint64_t h = 0, hb = 0;
+    int32_t np = 0;
+    struct kiri_kv_seq a = {0}, b = {0}, d = {0};
+    write_and_publish(c, &a, text, 40, &h, &np);
+    CHECK_EQ_INT(np, 10);
+    CHECK_EQ_INT(kiri_kvcache_n_cached(c), 10);
+    kiri_kvcache_seq_clear(c, &a);
+    CHECK_EQ_INT(kiri_kvcache_n_available_window(c), 12);
+
+    /* Every layer has it: the whole prefix is shared; the windowed table holds the window before
+     * position 40 (keys 35..39, blocks 8 and 9) and stale entries below. */
+    uint64_t got = 0;
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &a, text, 10, &got), 10);
+    CHECK(got == h);
+    CHECK_EQ_INT(a.n_tokens, 40);
+    CHECK_EQ_INT(a.w_lo, 8);
+    CHECK_EQ_INT(kiri_kvcache_n_available_window(c), 10);
+    kiri_kvcache_seq_clear(c, &a);
+
+    /* A sequence sharing the first 6 blocks refreshes windowed blocks 4 and 5 only. */
+    int32_t fork[32];
+    memcpy(fork, text, 24 * sizeof *fork);
+    for (int i = 24; i < 32; i++)
+        fork[i] = 7;
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &b, fork, 7, &hb), 6);
+    CHECK_EQ_INT(b.w_lo, 4);
+    kiri_kvcache_seq_clear(c, &b);
+    /* Another text takes 10 windowed blocks: the 2 free ones, then the 8 least recently used
+     * (windowed blocks 0-3 and 6-9 of the text; 4 and 5 stay). Its own blocks are not
+     * published. */
+    struct kiri_kv_seq e = {0};
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &e, 40), 0);
+    kiri_kvcache_seq_free(c, &e);
+    /* The global blocks of all 40 positions are still cached, but the window before position 40
+     * is not: the prefix is cut back to 6 blocks, whose window (blocks 4 and 5) is there. */
+    CHECK_EQ_INT(kiri_kvcache_n_cached(c), 10);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, text, 10, &got), 6);
+    CHECK_EQ_INT(d.n_tokens, 24);
+    CHECK_EQ_INT(d.w_lo, 4);
+    kiri_kvcache_seq_clear(c, &d);
+    /* With those gone too, no prefix is usable: position 4 on needs windowed block 0. */
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &e, 48), 0);
+    kiri_kvcache_seq_free(c, &e);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, text, 10, &got), 0);
+    CHECK_EQ_INT(d.n_tokens, 0);
+    CHECK(got == 0);
+    /* A sequence that computes the text again publishes its windowed blocks again. */
+    h = 0;
+    np = 0;
+    write_and_publish(c, &d, text, 44, &h, &np);
+    kiri_kvcache_seq_clear(c, &d);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, text, 11, &got), 11);
+    CHECK_EQ_INT(d.w_lo, 9);
+    kiri_kvcache_seq_free(c, &d);
+    kiri_kvcache_seq_free(c, &b);
+    kiri_kvcache_seq_free(c, &a);
+    CHECK_EQ_INT(kiri_kvcache_n_available(c), 64);
+    CHECK_EQ_INT(kiri_kvcache_n_available_window(c), 12);
+    kiri_kvcache_free(c);
+}
+
+/* Without windowed layers the cache is the one-pool cache. */
+static void test_window_none(void)
+{
+    const uint8_t none[3] = {0, 0, 0};
+    const struct kiri_kvcache_window w = {none, WIN, 8};
+    struct kiri_kvcache *c = NULL;
+    CHECK_EQ_INT(kiri_kvcache_init_windowed(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 3, 64, KIRI_TYPE_F16, BS,
+                                            30, &w, &c), 0);
+    if (!c)
+        return;
+    CHECK_EQ_INT(kiri_kvcache_bytes(c), 3 * 2 * 64 * 2 * 120);
+    CHECK_EQ_INT(kiri_kvcache_window(c), 0);
+    struct kiri_kv_seq a = {0};
+    CHECK_EQ_INT(advance(c, &a, 40), 0);
+    CHECK(a.wblocks == NULL);
+    kiri_kvcache_seq_free(c, &a);
+    kiri_kvcache_free(c);
+    const struct kiri_kvcache_window bad = {windowed_layers, 0, 8};
+    CHECK_EQ_INT(kiri_kvcache_init_windowed(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 3, 64, KIRI_TYPE_F16, BS,
+                                            30, &bad, &c), KIRI_E_INVALID_ARG);
+}
+
 static void test_allocation_failures(void)
 {
     int ok = 0;
-    for (long n = 0; n < 20 && !ok; n++) {
+    for (long n = 0; n < 40 && !ok; n++) {
         struct kiri_kvcache *c = NULL;
         struct kiri_kv_seq s = {0};
+        const struct kiri_kvcache_window w = {windowed_layers, WIN, 8};
         kiri_mem_fail_after(n);
-        int rc = kiri_kvcache_init(&kiri_cpu_backend_iface, be, 2, 64, KIRI_TYPE_F32, 4, 6, &c);
+        int rc = kiri_kvcache_init_windowed(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 3, 64, KIRI_TYPE_F32, 4, 6,
+                                            &w, &c);
         if (rc == 0)
             rc = kiri_kvcache_seq_reserve(c, &s, 20);
         kiri_mem_fail_after(-1);
@@ -106,4 +306,5 @@ static void test_teardown(void)
     kiri_threadpool_free(tp);
 }
 
-TEST_MAIN(test_setup, test_blocks_and_slots, test_bad_shapes, test_allocation_failures, test_teardown)
+TEST_MAIN(test_setup, test_blocks_and_slots, test_bad_shapes, test_window_pool, test_window_pool_full,
+          test_window_prefix, test_window_none, test_allocation_failures, test_teardown)

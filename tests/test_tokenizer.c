@@ -20,6 +20,7 @@
 #endif
 
 #define VEC_DIR KIRI_SHARED_DIR "/tokenizer-vectors/"
+#define LONG_TOKEN 1024
 
 /* ============================================================================================
  * Helpers
@@ -82,7 +83,7 @@ static int encode(const struct kiri_tokenizer *t, const char *text, size_t len, 
 static char *decode(const struct kiri_tokenizer *t, const int32_t *ids, int n, int render_special,
                     size_t *len)
 {
-    size_t cap = (size_t)n * KIRI_TOKENIZER_MAX_TOKEN_LEN + 1, o = 0;
+    size_t cap = (size_t)n * kiri_tokenizer_max_piece(t) + 1, o = 0;
     char *s = malloc(cap);
     for (int i = 0; i < n; i++) {
         int k = kiri_tokenizer_piece(t, ids[i], render_special, s + o, cap - o);
@@ -584,8 +585,8 @@ static void build_spm(struct gb *b, int variant)
     if (variant == V_TOKEN_EMPTY)
         names[SPM_BASE + 1][0] = '\0';
     if (variant == V_TOKEN_LONG) {
-        memset(names[SPM_BASE + 1], 'x', KIRI_TOKENIZER_MAX_TOKEN_LEN + 1);
-        names[SPM_BASE + 1][KIRI_TOKENIZER_MAX_TOKEN_LEN + 1] = '\0';
+        memset(names[SPM_BASE + 1], 'x', LONG_TOKEN);
+        names[SPM_BASE + 1][LONG_TOKEN] = '\0';
     }
     if (variant == V_BYTE_ZZ)
         strcpy(names[3], "<0xZZ>");
@@ -730,7 +731,7 @@ static const struct {
     {"token_type 9", 0, V_TYPES_RANGE, KIRI_E_MODEL_INVALID, "tokenizer.ggml.token_type"},
     {"tokens as i32", 0, V_TOKENS_I32, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
     {"empty token", 0, V_TOKEN_EMPTY, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
-    {"257-byte token", 0, V_TOKEN_LONG, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
+    {"1024-byte token", 0, V_TOKEN_LONG, KIRI_OK, ""},
     {"byte token <0xZZ>", 0, V_BYTE_ZZ, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
     {"byte token <0x100>", 0, V_BYTE_100, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
     {"byte token <0x-1>", 0, V_BYTE_NEG, KIRI_E_MODEL_INVALID, "tokenizer.ggml.tokens"},
@@ -749,6 +750,33 @@ static const struct {
     {"pre missing", 1, V_PRE_MISSING, KIRI_OK, ""},
     {"eos id = n_vocab", 1, V_EOS_RANGE, KIRI_OK, ""},
 };
+
+/* A token as long as the longest of real vocabularies (1024 bytes in MPT's and Command-R's) loads,
+ * is matched whole and decodes whole, through the piece API and the detok stream. */
+static void test_long_token(void)
+{
+    struct kiri_tokenizer *t = NULL;
+    struct kiri_status_info info;
+    struct gb b;
+    int rc = open_built(0, V_TOKEN_LONG, &t, &info, &b);
+    free(b.p);
+    CHECK_EQ_INT(rc, KIRI_OK);
+    if (rc)
+        return;
+    CHECK_EQ_INT((int)kiri_tokenizer_max_piece(t), LONG_TOKEN);
+    static char text[LONG_TOKEN + 1];
+    memset(text, 'x', LONG_TOKEN);
+    int32_t id = kiri_tokenizer_find(t, text, LONG_TOKEN);
+    CHECK(id >= 0);
+    static char piece[KIRI_DETOK_CAP_FOR(LONG_TOKEN)];
+    CHECK_EQ_INT(kiri_tokenizer_piece(t, id, 0, piece, sizeof piece), LONG_TOKEN);
+    CHECK(memcmp(piece, text, LONG_TOKEN) == 0);
+    struct kiri_detok_stream ds = {0};
+    CHECK_EQ_INT(kiri_detok_push(t, &ds, id, 0, piece, KIRI_DETOK_CAP), KIRI_E_INVALID_ARG);
+    CHECK_EQ_INT(kiri_detok_push(t, &ds, id, 0, piece, sizeof piece), LONG_TOKEN);
+    CHECK(memcmp(piece, text, LONG_TOKEN) == 0);
+    kiri_tokenizer_free(t);
+}
 
 static void test_malformed(void)
 {
@@ -957,4 +985,5 @@ static void test_free_vocabs(void)
 }
 
 TEST_MAIN(test_load_vocabs, test_vectors, test_round_trip, test_detok_stream, test_special,
+          test_long_token,
           test_malformed, test_small, test_failing_allocator, test_speed, test_free_vocabs)

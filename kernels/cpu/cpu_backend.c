@@ -235,13 +235,6 @@ static void run_store_kv(struct kiri_backend *be, const struct kiri_node *nd, in
     }
 }
 
-/* Token t's key count from the step's metadata; one outside [0, slots_cap] counts as none. */
-static int32_t attention_n_kv(const int32_t *meta, int64_t t, int64_t slots_cap)
-{
-    const int32_t n = meta[2 * t];
-    return n < 0 || n > slots_cap ? 0 : n;
-}
-
 /* The first key a token with n keys attends: with a sliding window only the last `window` keys
  * (the table entries of the blocks before that key are never read). */
 static int32_t attention_first(int32_t n, int window)
@@ -249,11 +242,20 @@ static int32_t attention_first(int32_t n, int window)
     return window > 0 && n > window ? n - window : 0;
 }
 
+/* Token t's key count from the step's metadata; a negative one, or one whose keys read outnumber
+ * the cache's slots, counts as none. With a window the count itself may pass the slots: a cache
+ * may keep a sliding-window layer's window only (runtime/kvcache.h). */
+static int32_t attention_n_kv(const int32_t *meta, int64_t t, int64_t slots_cap, int window)
+{
+    const int32_t n = meta[2 * t];
+    return n < 0 || n - attention_first(n, window) > slots_cap ? 0 : n;
+}
+
 /* Cost of one (token, head) pair of attention: the keys it attends, plus a fixed share for the
  * query's own work. */
 static int64_t attention_cost(const int32_t *meta, int64_t t, int64_t slots_cap, int window)
 {
-    const int32_t n = attention_n_kv(meta, t, slots_cap);
+    const int32_t n = attention_n_kv(meta, t, slots_cap, window);
     return n - attention_first(n, window) + 16;
 }
 
@@ -334,8 +336,11 @@ static void run_attention_tiles(struct kiri_backend *be, const struct kiri_node 
         int32_t first[KIRI_ATTEND_TILE_ROWS], n_kv[KIRI_ATTEND_TILE_ROWS];
         int n_max = 0, base = INT32_MAX;
         for (t1 = t0; t1 < n_tok && t1 - t0 < per && meta[2 * t1 + 1] == meta[2 * t0 + 1]; t1++) {
-            const int32_t n = attention_n_kv(meta, t1, (int64_t)slots_cap);
-            first[t1 - t0] = attention_first(n, p->window);
+            const int32_t n = attention_n_kv(meta, t1, (int64_t)slots_cap, p->window);
+            const int32_t f = attention_first(n, p->window);
+            if (t1 > t0 && (n > n_max ? n : n_max) - (f < base ? f : base) > (int64_t)slots_cap)
+                break; /* the run's keys must fit its slot list */
+            first[t1 - t0] = f;
             n_kv[t1 - t0] = n;
             n_max = n > n_max ? n : n_max;
             base = first[t1 - t0] < base ? first[t1 - t0] : base;
@@ -393,7 +398,7 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
         const int64_t t = j / p->n_head;
         const int h = (int)(j % p->n_head);
         if (t != built_for) {
-            const int32_t n = attention_n_kv(meta, t, (int64_t)slots_cap);
+            const int32_t n = attention_n_kv(meta, t, (int64_t)slots_cap, p->window);
             const int32_t first = attention_first(n, p->window);
             attention_slots(slots, tables + meta[2 * t + 1], first, n, p->block_size);
             n_kv = n - first;

@@ -3,12 +3,13 @@
  *
  * Usage: render_template TEMPLATE_FILE [--bos S] [--eos S] [--gen] [--max-output N]
  *                        [--max-steps N] [--max-memory N] [--none ROLE] [ROLE CONTENT]...
- *        render_template TEMPLATE_FILE --json CONVERSATION_FILE [--tools TOOLS_FILE] [--bos S]
- *                        [--eos S] [--gen]
+ *        render_template TEMPLATE_FILE --json CONVERSATION_FILE [--tools TOOLS_FILE]
+ *                        [--vars VARS_FILE] [--bos S] [--eos S] [--gen]
  * TEMPLATE_FILE "-chatml" uses the built-in ChatML template. Each ROLE CONTENT pair is one
  * message; "--none ROLE" adds a message whose content is none. With --json the messages are a
- * JSON list in a file (tool calls, tool results) and --tools a JSON list of tools, rendered with
- * kiri_chat_template_render_json. The rendered text goes to stdout
+ * JSON list in a file (tool calls, tool results), --tools a JSON list of tools and --vars a JSON
+ * object of further variables (enable_thinking...), rendered with
+ * kiri_chat_template_render_json_vars. The rendered text goes to stdout
  * as is; on failure, "STATUS_NAME field: message" goes to stderr and the exit status is 1.
  */
 #include <stdio.h>
@@ -52,7 +53,7 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
-    const char *bos = NULL, *eos = NULL, *json_path = NULL, *tools_path = NULL;
+    const char *bos = NULL, *eos = NULL, *json_path = NULL, *tools_path = NULL, *vars_path = NULL;
     int gen = 0, n_msgs = 0;
     struct kiri_chat_limits limits = {0, 0, 0};
     struct kiri_chat_message *msgs = calloc((size_t)argc, sizeof *msgs);
@@ -75,6 +76,8 @@ int main(int argc, char **argv)
             json_path = argv[++i];
         } else if (i + 1 < argc && !strcmp(argv[i], "--tools")) {
             tools_path = argv[++i];
+        } else if (i + 1 < argc && !strcmp(argv[i], "--vars")) {
+            vars_path = argv[++i];
         } else if (i + 1 < argc && !strcmp(argv[i], "--none")) {
             msgs[n_msgs].role = argv[++i];
             msgs[n_msgs++].content = NULL;
@@ -105,17 +108,19 @@ int main(int argc, char **argv)
     kiri_error_clear(&info);
     int rc = kiri_chat_template_init(src, len, &t, &info);
     if (rc == KIRI_OK && json_path) {
-        size_t mlen = 0, tlen = 0;
+        size_t mlen = 0, tlen = 0, vlen = 0;
         char *m = read_file(json_path, &mlen);
         char *tools = tools_path ? read_file(tools_path, &tlen) : NULL;
-        if (!m || (tools_path && !tools)) {
-            fprintf(stderr, "cannot read %s\n", !m ? json_path : tools_path);
+        char *vars = vars_path ? read_file(vars_path, &vlen) : NULL;
+        if (!m || (tools_path && !tools) || (vars_path && !vars)) {
+            fprintf(stderr, "cannot read %s\n", !m ? json_path : !vars && vars_path ? vars_path : tools_path);
             return 2;
         }
-        rc = kiri_chat_template_render_json(t, m, mlen, tools, tlen, bos, eos, gen, &limits, &out, &out_len,
-                                            &info);
+        rc = kiri_chat_template_render_json_vars(t, m, mlen, tools, tlen, vars, vlen, bos, eos, gen,
+                                                 &limits, &out, &out_len, &info);
         free(m);
         free(tools);
+        free(vars);
         kiri_chat_template_free(t);
     } else if (rc == KIRI_OK) {
         rc = kiri_chat_template_render(t, msgs, n_msgs, bos, eos, gen, &limits, &out, &out_len, &info);
