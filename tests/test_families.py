@@ -117,9 +117,10 @@ def _tool(name, env):
     if not os.path.exists(lib):
         pytest.fail(f"no kiri: {path} and build/libkiri.a are missing (build kiri first)")
     out = os.path.join(tempfile.mkdtemp(prefix="kiri-fam-"), name)
+    libs = [lib] + [p for p in [os.path.join(REPO, "build", "libkiri_base.a")] if os.path.exists(p)]
     cmd = [os.environ.get("CC", "cc"), "-std=c11", "-O2", "-I" + os.path.join(REPO, "include"),
            "-I" + os.path.join(REPO, "runtime"), os.path.join(REPO, "tests", "tools", name + ".c"),
-           lib, "-l:libpcre2-8.a", "-lpthread", "-lm", "-ldl", "-o", out]
+           *libs, "-l:libpcre2-8.a", "-lpthread", "-lm", "-ldl", "-o", out]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         cmd[cmd.index("-l:libpcre2-8.a")] = "-lpcre2-8"
