@@ -30,7 +30,12 @@ The BPE vocabularies are cut, not invented: the first tokens of the real vocabul
 tokens come first), the merges whose two parts and result all survive, in their original order,
 and the real special tokens appended with their real texts.
 
-Usage: make_tiny_models.py [--out DIR] [--force] [--check] [--list] [NAME ...]
+With --families it writes instead the family files of test_families.py (FAMILIES below: gemma3,
+phi3, smollm3, granite, and llama/qwen2/qwen3 with every optional tensor and key llama.cpp's
+graphs read, plus files kiri must refuse), each quantized one with an F32 twin of its
+dequantized weights; family_reference_logits is their float64 forward pass.
+
+Usage: make_tiny_models.py [--out DIR] [--force] [--check] [--list] [--families] [NAME ...]
   DIR defaults to $KIRI_TINY_MODELS or <repo>/build/tiny-models. A model is rewritten when it is
   missing or older than this script. --check loads every model in llama-cpp-python and evaluates a
   few tokens. NAME filters by model name (e.g. qwen3-Q4_K) or architecture (e.g. qwen3).
@@ -558,6 +563,11 @@ FAMILIES = [
            "qwen2 with q/k/v biases and an output-projection bias (output.bias; llama.cpp's qwen2 "
            "has no feed-forward or attn_output biases: a file with them is refused by it)",
            tensors=("qkv_bias", "output_bias")),
+    Family("qwen2-ffn-bias", "qwen2", "qwen2", 1000, 256, 512, 2, 4, 2, 64, 1000000.0, 1e-6, False, 245,
+           "qwen2 with feed-forward and attn_output biases, which llama.cpp's qwen2 refuses "
+           "(wrong number of tensors): kiri must use them (checked against exact arithmetic) or "
+           "refuse the file naming one",
+           tensors=("qkv_bias", "o_bias", "ffn_bias"), llama_cpp_loads=False),
     Family("qwen3-scale", "qwen3", "qwen2", 1000, 256, 512, 2, 4, 2, 128, 1000000.0, 1e-6, True, 243,
            "qwen3 with per-tensor .scale on q, k, v, attn_output, ffn_gate, ffn_up, ffn_down and "
            ".input_scale beside them (llama.cpp loads .input_scale and uses it only for NVFP4 "

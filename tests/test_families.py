@@ -78,7 +78,7 @@ class Case:
 def _cases():
     out = []
     for m in mtm.family_models(MODELS_DIR):
-        if m.fam.refuse:
+        if m.fam.refuse or not m.fam.llama_cpp_loads:
             continue
         if "longrope" in m.fam.tensors:
             out += [Case(m, 256, "short"), Case(m, 512, "long")]
@@ -89,6 +89,8 @@ def _cases():
 
 CASES = _cases()
 NEGATIVE = [m for m in mtm.family_models(MODELS_DIR) if m.fam.refuse]
+BEYOND_LLAMA_CPP = [m for m in mtm.family_models(MODELS_DIR)
+                    if not m.fam.refuse and not m.fam.llama_cpp_loads]
 F32_CASES = [c for c in CASES if c.wtype == "F32"]
 # The tier, Vulkan and batching checks take the quantized files and the F32 files that have no
 # quantized sibling (plus gemma3-swa's F32, the exact case of the sliding window), with the long
@@ -440,3 +442,30 @@ def test_refused_naming_it(m, family_files, dump_tool):
     assert m.fam.refuse in r.stderr, f"{m.name}: kiri's error does not name {m.fam.refuse}: {r.stderr.strip()}"
     why = mtm.llama_cpp_refuses(m.path)
     assert why, f"{m.name}: llama.cpp loads it, so it is no negative file"
+
+
+@pytest.mark.parametrize("m", BEYOND_LLAMA_CPP, ids=lambda m: m.name)
+def test_used_or_refused_beyond_llama_cpp(m, family_files, dump_tool):
+    """Tensors llama.cpp's graph for the architecture does not load (qwen2's feed-forward and
+    attn_output biases): kiri either uses them, and then matches exact arithmetic as closely as
+    an F32 file must, or refuses the file naming one of them. Never loads and ignores them."""
+    assert m.path in family_files
+    assert mtm.llama_cpp_refuses(m.path), f"{m.name}: llama.cpp loads it; it belongs in FAMILIES' ordinary files"
+    c = Case(m, N_CTX)
+    toks = prompt(c)
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "logits.f32")
+        r = subprocess.run([dump_tool, "--kv", "f32", "--n-ctx", str(N_CTX), "--out", out, m.path] +
+                           [str(t) for t in toks], capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            named = [t for t in mtm.read_gguf(m.path)[1] if t.endswith(".bias") and t in r.stderr]
+            assert named, f"{m.name}: kiri refused it without naming a bias tensor: {r.stderr.strip()}"
+            log(f"kiri {m.name}: refused, naming {named[0]}")
+            return
+        n_vocab = json.loads(r.stdout)["n_vocab"]
+        K = np.fromfile(out, dtype=np.float32).reshape(-1, n_vocab).astype(np.float64)
+    E = exact_logits(m.path, toks, N_CTX)
+    e = rel_err(K, E).max()
+    log(f"kiri {m.name}: uses the tensors, vs exact {e:.2e}")
+    assert e <= TOL_F32_F32KV, f"{m.name}: kiri vs exact {e:.2e} > {TOL_F32_F32KV}: " + \
+        worst(K, E, "kiri", "exact")
