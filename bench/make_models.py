@@ -20,6 +20,21 @@ benchmark uses random weights at the shapes of two real models instead of downlo
               tokens; this one has 50257, so the vocabulary (token_embd rows) is 50257 here, 2%
               more embedding bytes than the real model.
 
+  gemma3-1b   Gemma 3 1B: gemma3, n_embd 1152, 26 layers, 4 heads, 1 KV head, head_dim 256,
+              n_ff 6912, ctx 32768, rope base 1e6 (global layers) and 1e4 (local), sliding window
+              512 on five layers in six, rms eps 1e-6, per-head Q/K norms, post-attention and
+              post-feed-forward norms, tied embeddings. Tokenizer: the real Gemma 3 vocabulary
+              (262144 tokens), its tokenizer.* keys copied from the real Gemma 3 270M file
+              (scripts/real_models.py fetches it). No Q4_K_M: rows of 1152 are not whole 256-wide
+              K-quant blocks.
+  phi4mini    Phi-4-mini: phi3, n_embd 3072, 32 layers, 24 heads, 8 KV heads (head_dim 128),
+              partial rotary (96 of 128), fused attn_qkv and gate-up, LongRoPE (long and short
+              factor sets, original context 4096, attn_factor 1.19), ctx 131072, rope base 1e4,
+              rms eps 1e-5, n_ff 8192, tied embeddings. Tokenizer: Llama 3's byte-level BPE
+              vocabulary (shared/tokenizer-vectors/ggml-vocab-llama-bpe.gguf, 128256 tokens)
+              padded with control tokens to Phi-4-mini's 200064 rows, so token_embd has the real
+              shape (the real o200k vocabulary is not in shared/).
+
 Each model is written once as F16 (normal weights, std 0.02, norms 1.0, one fixed seed per
 model; generated in chunks so memory stays near one tensor), then converted with
 `kiri quantize` to Q4_0, Q8_0 and Q4_K_M. SmolLM gets no Q4_K_M: its rows of 576 are not whole
@@ -29,7 +44,9 @@ matrix and the file would not be a Q4_K_M model.
 --check loads every quantized file in llama.cpp (llama-cpp-python) and evaluates a few tokens, so
 a file llama.cpp rejects is reported with llama.cpp's own log lines.
 
-Usage: make_models.py [--out DIR] [--kiri PATH] [--force] [--check] [NAME ...]
+Usage: make_models.py [--out DIR] [--kiri PATH] [--force] [--check] [--layers N] [NAME ...]
+  --layers N writes N layers instead of the model's (a quick check that the files load; not for
+  benchmarks: such files are named <name>-<N>L-<type>.gguf).
   DIR defaults to <repo>/build/bench-models (ignored by git). PATH defaults to
   /tmp/bench-build/kiri. NAME filters by file stem (e.g. tinyllama-Q4_0) or model (smollm).
   A file that exists is kept unless --force.
@@ -40,7 +57,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -69,6 +86,16 @@ class Shape:
     tied: bool
     seed: int
     types: tuple
+    arch: str = "llama"
+    head_dim: int = 0          # 0: n_embd / n_head
+    rope_dim: int = 0          # 0: head_dim
+    kv: tuple = ()             # extra (key suffix after "<arch>.", value) metadata
+    vocab_pad: int = 0         # control tokens appended to the vocabulary file's
+    vocab_real: str = ""       # a real_models.py name whose tokenizer.* keys to copy instead
+
+    @property
+    def hd(self):
+        return self.head_dim or self.n_embd // self.n_head
 
 
 SHAPES = [
@@ -78,6 +105,16 @@ SHAPES = [
           1e-5, True, 135, ("Q4_0", "Q8_0")),
     Shape("qwen05", "ggml-vocab-qwen2.gguf", 151669, 896, 24, 14, 2, 4864, 4096, 1000000.0,
           1e-6, True, 500, ("Q4_0",)),
+    Shape("gemma3-1b", "", 262144, 1152, 26, 4, 1, 6912, 32768, 1000000.0, 1e-6, True, 1001,
+          ("Q4_0", "Q8_0"), arch="gemma3", head_dim=256,
+          kv=(("attention.sliding_window", 512), ("attention.sliding_window_pattern", 6),
+              ("rope.freq_base_swa", 10000.0)),
+          vocab_real="gemma-3-270m-q4_k_m"),
+    Shape("phi4mini", "ggml-vocab-llama-bpe.gguf", 200064, 3072, 32, 24, 8, 8192, 131072, 10000.0,
+          1e-5, True, 4004, ("Q4_0", "Q4_K_M", "Q8_0"), arch="phi3", head_dim=128, rope_dim=96,
+          kv=(("rope.scaling.type", "longrope"), ("rope.scaling.original_context_length", 4096),
+              ("rope.scaling.attn_factor", 1.1902380714238083)),
+          vocab_pad=200064 - 128256),
 ]
 
 STD = 0.02
@@ -90,21 +127,37 @@ def model_paths(out_dir, shape):
     return f16, {t: os.path.join(out_dir, f"{shape.name}-{t}.gguf") for t in shape.types}
 
 
+def real_vocab_file(name):
+    """The cached path of a real model (scripts/real_models.py fetches it when missing)."""
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "real_models.py"), name],
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"cannot fetch {name} for its vocabulary: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
 # ------------------------------------------------------------------------------------------------
 # Tokenizer metadata
 # ------------------------------------------------------------------------------------------------
 
-def copy_tokenizer(w, path, n_vocab):
-    """Copies every tokenizer.* key of a vocabulary GGUF into the writer."""
+def copy_tokenizer(w, path, n_vocab, pad=0):
+    """Copies every tokenizer.* key of a vocabulary GGUF into the writer; with pad, appends that
+    many control tokens ("<|kiri_pad_N|>") to the token, type and score lists."""
     r = gguf.GGUFReader(path)
     n_tokens = len(r.fields["tokenizer.ggml.tokens"].contents())
-    if n_tokens != n_vocab:
-        raise SystemExit(f"{path}: {n_tokens} tokens, the shape says {n_vocab}")
+    if n_tokens + pad != n_vocab:
+        raise SystemExit(f"{path}: {n_tokens} tokens (+{pad} padding), the shape says {n_vocab}")
     for key, f in r.fields.items():
         if not key.startswith("tokenizer."):
             continue
         vtype = f.types[0]
         val = f.contents()
+        if pad and key == "tokenizer.ggml.tokens":
+            val = val + [f"<|kiri_pad_{i}|>" for i in range(pad)]
+        elif pad and key == "tokenizer.ggml.token_type":
+            val = val + [3] * pad
+        elif pad and key == "tokenizer.ggml.scores":
+            val = val + [0.0] * pad
         if vtype == gguf.GGUFValueType.ARRAY:
             w.add_key_value(key, val, vtype, sub_type=f.types[-1])
         else:
@@ -117,24 +170,38 @@ def copy_tokenizer(w, path, n_vocab):
 
 def tensor_list(s):
     """[(name, numpy shape (rows, cols) or (n,), is_norm)] in file order."""
-    hd = s.n_embd // s.n_head
+    hd = s.hd
+    q, kv = s.n_head * hd, s.n_head_kv * hd
     out = [("token_embd.weight", (s.n_vocab, s.n_embd), False)]
     for i in range(s.n_layer):
         p = f"blk.{i}."
-        out += [
-            (p + "attn_norm.weight", (s.n_embd,), True),
-            (p + "attn_q.weight", (s.n_head * hd, s.n_embd), False),
-            (p + "attn_k.weight", (s.n_head_kv * hd, s.n_embd), False),
-            (p + "attn_v.weight", (s.n_head_kv * hd, s.n_embd), False),
-            (p + "attn_output.weight", (s.n_embd, s.n_head * hd), False),
-            (p + "ffn_norm.weight", (s.n_embd,), True),
-            (p + "ffn_gate.weight", (s.n_ff, s.n_embd), False),
-            (p + "ffn_up.weight", (s.n_ff, s.n_embd), False),
-            (p + "ffn_down.weight", (s.n_embd, s.n_ff), False),
-        ]
+        out.append((p + "attn_norm.weight", (s.n_embd,), True))
+        if s.arch == "phi3":
+            out.append((p + "attn_qkv.weight", (q + 2 * kv, s.n_embd), False))
+        else:
+            out += [(p + "attn_q.weight", (q, s.n_embd), False),
+                    (p + "attn_k.weight", (kv, s.n_embd), False),
+                    (p + "attn_v.weight", (kv, s.n_embd), False)]
+        if s.arch == "gemma3":
+            out += [(p + "attn_q_norm.weight", (hd,), True), (p + "attn_k_norm.weight", (hd,), True)]
+        out.append((p + "attn_output.weight", (s.n_embd, q), False))
+        if s.arch == "gemma3":
+            out.append((p + "post_attention_norm.weight", (s.n_embd,), True))
+        out.append((p + "ffn_norm.weight", (s.n_embd,), True))
+        if s.arch == "phi3":
+            out.append((p + "ffn_up.weight", (2 * s.n_ff, s.n_embd), False))
+        else:
+            out += [(p + "ffn_gate.weight", (s.n_ff, s.n_embd), False),
+                    (p + "ffn_up.weight", (s.n_ff, s.n_embd), False)]
+        out.append((p + "ffn_down.weight", (s.n_embd, s.n_ff), False))
+        if s.arch == "gemma3":
+            out.append((p + "post_ffw_norm.weight", (s.n_embd,), True))
     out.append(("output_norm.weight", (s.n_embd,), True))
     if not s.tied:
         out.append(("output.weight", (s.n_vocab, s.n_embd), False))
+    if s.arch == "phi3":   # LongRoPE factor sets (F32, one per rotated pair), written as ones
+        n = (s.rope_dim or hd) // 2
+        out += [("rope_factors_long.weight", (n,), True), ("rope_factors_short.weight", (n,), True)]
     return out
 
 
@@ -148,9 +215,9 @@ def random_f16(rng, shape):
 
 
 def write_f16(s, path):
-    hd = s.n_embd // s.n_head
+    hd = s.hd
     tmp = path + ".tmp"
-    w = gguf.GGUFWriter(tmp, "llama")
+    w = gguf.GGUFWriter(tmp, s.arch)
     w.add_name(f"{s.name}-synthetic")
     w.add_description("random weights at real shapes, for speed benchmarks only (kiri bench/make_models.py)")
     w.add_context_length(s.n_ctx)
@@ -159,12 +226,24 @@ def write_f16(s, path):
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
     w.add_head_count_kv(s.n_head_kv)
-    w.add_rope_dimension_count(hd)
+    w.add_rope_dimension_count(s.rope_dim or hd)
+    if hd * s.n_head != s.n_embd:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_rope_freq_base(s.rope_base)
     w.add_layer_norm_rms_eps(s.eps)
     w.add_vocab_size(s.n_vocab)
     w.add_file_type(1)  # MOSTLY_F16
-    copy_tokenizer(w, os.path.join(VOCABS, s.vocab_file), s.n_vocab)
+    for key, val in s.kv:
+        key = f"{s.arch}.{key}"
+        if isinstance(val, str):
+            w.add_string(key, val)
+        elif isinstance(val, int):
+            w.add_uint32(key, val)
+        else:
+            w.add_float32(key, val)
+    vocab = real_vocab_file(s.vocab_real) if s.vocab_real else os.path.join(VOCABS, s.vocab_file)
+    copy_tokenizer(w, vocab, s.n_vocab, s.vocab_pad)
 
     tensors = tensor_list(s)
     for name, shape, is_norm in tensors:
@@ -240,15 +319,20 @@ def main():
     ap.add_argument("--kiri", default=os.environ.get("KIRI_BIN", DEFAULT_KIRI))
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    shapes = SHAPES
+    if a.layers:
+        shapes = [replace(s, name=f"{s.name}-{a.layers}L", n_layer=a.layers) for s in SHAPES]
 
     def wanted(stem, shape):
-        return not a.names or any(n == shape.name or n == stem for n in a.names)
+        base = shape.name.rsplit(f"-{a.layers}L", 1)[0] if a.layers else shape.name
+        return not a.names or any(n in (shape.name, base, stem) for n in a.names)
 
     failed = 0
-    for s in SHAPES:
+    for s in shapes:
         f16, quants = model_paths(a.out, s)
         todo = {t: p for t, p in quants.items() if wanted(os.path.basename(p)[:-5], s)}
         if not todo:

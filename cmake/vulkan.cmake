@@ -38,7 +38,7 @@ elseif(KIRI_VULKAN)
     list(GET _t 1 _id)
     list(APPEND _vk_variants "quantize_${_sfx}|quantize.comp|-DQTYPE=${_id}")
   endforeach()
-  foreach(_s rms_norm add mul swiglu rope store_kv attention)
+  foreach(_s rms_norm add mul swiglu geglu unary rope store_kv attention)
     list(APPEND _vk_variants "${_s}|${_s}.comp|-DKIRI_SHADER")
   endforeach()
 

@@ -523,15 +523,24 @@ static void test_rms_norm(struct backend_check *b)
     }
 }
 
-/* Add and mul: exact; SwiGLU: 4e-6 relative to max(1, |y|). */
+/* GEGLU by its definition in runtime/backend.h, in double: the check that does not lean on the
+ * CPU backend's version. */
+static double geglu_formula(double g, double u)
+{
+    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * u;
+}
+
+/* Add and mul: exact; SwiGLU and GEGLU: 4e-6 relative to max(1, |y|) (GEGLU also against its
+ * formula in double, 1e-5). */
 static void test_elementwise(struct backend_check *b)
 {
-    const int ops[3] = {KIRI_OP_ADD, KIRI_OP_MUL, KIRI_OP_SWIGLU};
-    const char *names[3] = {"add", "mul", "swiglu"};
+    const int ops[4] = {KIRI_OP_ADD, KIRI_OP_MUL, KIRI_OP_SWIGLU, KIRI_OP_GEGLU};
+    const char *names[4] = {"add", "mul", "swiglu", "geglu"};
     const char *variants[3] = {"300x7", "300x7 + 300x1", "300x7 in place"};
-    for (int o = 0; o < 3; o++) {
+    for (int o = 0; o < 4; o++) {
         for (int variant = 0; variant < 3; variant++) { /* full, broadcast b, in place */
-            if (ops[o] == KIRI_OP_SWIGLU && variant == 1)
+            const int glu = ops[o] == KIRI_OP_SWIGLU || ops[o] == KIRI_OP_GEGLU;
+            if (glu && variant == 1)
                 continue;
             const int64_t e = 300, r = 7;
             struct pair pa, pb, y;
@@ -542,6 +551,12 @@ static void test_elementwise(struct backend_check *b)
             pair_fill(b, &pb, 2.0f);
             pair_upload(b, &pa);
             pair_upload(b, &pb);
+            float *formula = NULL;
+            if (ops[o] == KIRI_OP_GEGLU) { /* before an in-place run overwrites the inputs */
+                formula = malloc((size_t)(e * r) * sizeof(float));
+                for (int64_t i = 0; i < e * r; i++)
+                    formula[i] = (float)geglu_formula(((float *)pa.mem)[i], ((float *)pb.mem)[i]);
+            }
             struct pair *out = variant == 2 ? &pa : &y;
             struct kiri_node hn[1], dn[1];
             const int k = 0;
@@ -552,7 +567,12 @@ static void test_elementwise(struct backend_check *b)
             float *got = pair_download(b, out);
             char name[64];
             snprintf(name, sizeof name, "%s|F32|%s", names[o], variants[variant]);
-            compare_rel(b, name, out->mem, got, (size_t)(e * r), ops[o] == KIRI_OP_SWIGLU ? 4e-6 : 0);
+            compare_rel(b, name, out->mem, got, (size_t)(e * r), glu ? 4e-6 : 0);
+            if (formula) {
+                snprintf(name, sizeof name, "%s|F32|%s formula", names[o], variants[variant]);
+                compare_rel(b, name, formula, got, (size_t)(e * r), 1e-5);
+                free(formula);
+            }
             free(got);
             pair_free(b, &pa);
             pair_free(b, &pb);
@@ -561,46 +581,157 @@ static void test_elementwise(struct backend_check *b)
     }
 }
 
-/* RoPE: 4e-6 absolute on values in [-1, 1], positions up to 5000. */
+/* SCALE: exact. SOFTCAP: 4e-6 relative to max(1, |y|) against the CPU, 1e-5 against
+ * c tanh(x / c) in double; inputs reach 4c, where tanh saturates. Both on (E, R) rows and on
+ * (E, R, S) tensors, in place or not. A softcap that is not > 0 is refused. */
+static void test_scale_softcap(struct backend_check *b)
+{
+    const int64_t shapes[2][3] = {{300, 7, 1}, {32, 4, 3}};
+    const float params[2][3] = {{0.0625f, -3.0f, 1.0f}, {30.0f, 50.0f, 1.0f}};
+    for (int o = 0; o < 2; o++)
+        for (int s = 0; s < 2; s++)
+            for (int pi = 0; pi < 3; pi++) {
+                const int op = o ? KIRI_OP_SOFTCAP : KIRI_OP_SCALE, inplace = pi == 1;
+                const float c = params[o][pi];
+                const int64_t e = shapes[s][0], r = shapes[s][1] * shapes[s][2];
+                struct pair x, y;
+                pair_init(b, &x, KIRI_TYPE_F32, e, shapes[s][1], shapes[s][2]);
+                pair_init(b, &y, KIRI_TYPE_F32, e, shapes[s][1], shapes[s][2]);
+                pair_fill(b, &x, o ? 4.0f * c : 8.0f);
+                pair_upload(b, &x);
+                float *formula = malloc((size_t)(e * r) * sizeof(float));
+                for (int64_t i = 0; i < e * r; i++) {
+                    const double v = ((float *)x.mem)[i];
+                    formula[i] = (float)(o ? c * tanh(v / c) : v * c);
+                }
+                struct pair *out = inplace ? &x : &y;
+                struct kiri_node hn[1], dn[1];
+                const int k = 0;
+                node(&hn[k], &dn[k], op, &out->h, &out->d);
+                SRC(0, &x);
+                if (o)
+                    hn[k].p.softcap = dn[k].p.softcap = c;
+                else
+                    hn[k].p.scale = dn[k].p.scale = c;
+                run(b, hn, dn, 1);
+                float *got = pair_download(b, out);
+                char name[64];
+                snprintf(name, sizeof name, "%s|F32|%lldx%lldx%lld c=%g%s", o ? "softcap" : "scale", (long long)e,
+                         (long long)shapes[s][1], (long long)shapes[s][2], (double)c, inplace ? " in place" : "");
+                compare_rel(b, name, out->mem, got, (size_t)(e * r), o ? 4e-6 : 0);
+                snprintf(name, sizeof name, "%s|F32|%lldx%lldx%lld c=%g formula", o ? "softcap" : "scale",
+                         (long long)e, (long long)shapes[s][1], (long long)shapes[s][2], (double)c);
+                compare_rel(b, name, formula, got, (size_t)(e * r), o ? 1e-5 : 0);
+                if (o && s == 0 && pi == 0) { /* the contract's p.softcap > 0; F32 only */
+                    dn[k].p.softcap = 0.0f;
+                    CHECK(!b->dev->supports(b->be, &dn[k]));
+                    dn[k].p.softcap = -30.0f;
+                    CHECK(!b->dev->supports(b->be, &dn[k]));
+                    dn[k].p.softcap = c;
+                    struct kiri_tensor half = x.d;
+                    half.type = KIRI_TYPE_F16;
+                    dn[k].src[0] = &half;
+                    CHECK(!b->dev->supports(b->be, &dn[k]));
+                    dn[k].op = KIRI_OP_SCALE;
+                    CHECK(!b->dev->supports(b->be, &dn[k]));
+                    dn[k].op = KIRI_OP_GEGLU;
+                    dn[k].src[1] = &x.d;
+                    CHECK(!b->dev->supports(b->be, &dn[k]));
+                }
+                free(formula);
+                free(got);
+                pair_free(b, &x);
+                pair_free(b, &y);
+            }
+}
+
+/* RoPE on values in [-1, 1], positions up to 5000: 4e-6 x max(1, attn_factor) absolute against
+ * the CPU. With an attn_factor other than 1 also against the CPU's rotation without it, times the
+ * factor (the dimensions past n_rot exactly the input): partial rotary (n_rot < D) and frequency
+ * factors with it, as Phi-3's LongRoPE uses them. */
+struct rope_case {
+    int64_t d;
+    struct kiri_rope_params p;
+    int use_ff;
+};
+
+static void check_rope(struct backend_check *b, const struct rope_case *rc)
+{
+    const int64_t d = rc->d, h = 3, n = 5, n_rot = rc->p.n_rot;
+    const float af = rc->p.attn_factor;
+    struct pair x, pos, ff;
+    pair_init(b, &x, KIRI_TYPE_F32, d, h, n);
+    pair_init(b, &pos, KIRI_TYPE_I32, n, 1, 1);
+    pair_init(b, &ff, KIRI_TYPE_F32, n_rot / 2, 1, 1);
+    pair_fill(b, &x, 1.0f);
+    for (int i = 0; i < n_rot / 2; i++)
+        ((float *)ff.mem)[i] = 1.0f + (float)i * 0.37f;
+    int32_t *p = pos.mem;
+    p[0] = 0, p[1] = 1, p[2] = 77, p[3] = 1234, p[4] = 5000;
+    pair_upload(b, &x);
+    pair_upload(b, &pos);
+    pair_upload(b, &ff);
+    float *input = malloc(x.bytes), *unscaled = malloc(x.bytes);
+    memcpy(input, x.mem, x.bytes);
+    memcpy(unscaled, x.mem, x.bytes);
+    struct kiri_node hn[1], dn[1];
+    const int k = 0;
+    node(&hn[k], &dn[k], KIRI_OP_ROPE, &x.h, &x.d);
+    SRC(0, &x);
+    SRC(1, &pos);
+    if (rc->use_ff)
+        SRC(2, &ff);
+    hn[k].p.rope = dn[k].p.rope = rc->p;
+    if (af != 1.0f) { /* the CPU's rotation without the factor, on a copy */
+        struct kiri_tensor plain = x.h;
+        plain.data = unscaled;
+        struct kiri_node un = hn[k];
+        un.dst = un.src[0] = &plain;
+        un.p.rope.attn_factor = 1.0f;
+        CHECK_EQ_INT(CPU->compute(b->ref, &un, 1), 0);
+        for (int64_t r = 0; r < h * n; r++)
+            for (int64_t i = 0; i < d; i++)
+                unscaled[r * d + i] = i < n_rot ? unscaled[r * d + i] * af : input[r * d + i];
+    }
+    run(b, hn, dn, 1);
+    float *got = pair_download(b, &x);
+    const double tol = 4e-6 * fmax(1.0, (double)af);
+    char name[64], name1[80], factor[24] = "";
+    if (af != 1.0f)
+        snprintf(factor, sizeof factor, " af=%g", (double)af);
+    snprintf(name, sizeof name, "rope|F32|%lldx3x5 %s%s n_rot=%lld%s", (long long)d, rc->p.mode ? "neox" : "normal",
+             rc->use_ff ? " ff" : "", (long long)n_rot, factor);
+    compare(b, name, x.mem, got, NULL, (size_t)(d * h * n), tol);
+    if (af != 1.0f) {
+        snprintf(name1, sizeof name1, "%s vs 1", name);
+        compare(b, name1, unscaled, got, NULL, (size_t)(d * h * n), tol);
+    }
+    free(got);
+    free(input);
+    free(unscaled);
+    pair_free(b, &x);
+    pair_free(b, &pos);
+    pair_free(b, &ff);
+}
+
 static void test_rope(struct backend_check *b)
 {
-    const int64_t d = 64, h = 3, n = 5;
     for (int mode_ = 0; mode_ <= 2; mode_ += 2)
         for (int use_ff = 0; use_ff < 2; use_ff++)
             for (int partial = 0; partial < 2; partial++) {
-                struct pair x, pos, ff;
-                pair_init(b, &x, KIRI_TYPE_F32, d, h, n);
-                pair_init(b, &pos, KIRI_TYPE_I32, n, 1, 1);
-                pair_init(b, &ff, KIRI_TYPE_F32, d / 2, 1, 1);
-                pair_fill(b, &x, 1.0f);
-                for (int i = 0; i < d / 2; i++)
-                    ((float *)ff.mem)[i] = 1.0f + (float)i * 0.37f;
-                int32_t *p = pos.mem;
-                p[0] = 0, p[1] = 1, p[2] = 77, p[3] = 1234, p[4] = 5000;
-                pair_upload(b, &x);
-                pair_upload(b, &pos);
-                pair_upload(b, &ff);
-                struct kiri_node hn[1], dn[1];
-                const int k = 0;
-                node(&hn[k], &dn[k], KIRI_OP_ROPE, &x.h, &x.d);
-                SRC(0, &x);
-                SRC(1, &pos);
-                if (use_ff)
-                    SRC(2, &ff);
-                const struct kiri_rope_params rp = {mode_, partial ? 32 : 64, partial ? 500000.0f : 10000.0f,
-                                                    partial ? 0.25f : 1.0f, 1.0f};
-                hn[k].p.rope = dn[k].p.rope = rp;
-                run(b, hn, dn, 1);
-                float *got = pair_download(b, &x);
-                char name[64];
-                snprintf(name, sizeof name, "rope|F32|64x3x5 %s%s%s", mode_ ? "neox" : "normal", use_ff ? " ff" : "",
-                         partial ? " n_rot=32" : "");
-                compare(b, name, x.mem, got, NULL, (size_t)(d * h * n), 4e-6);
-                free(got);
-                pair_free(b, &x);
-                pair_free(b, &pos);
-                pair_free(b, &ff);
+                const struct rope_case rc = {64, {mode_, partial ? 32 : 64, partial ? 500000.0f : 10000.0f,
+                                                  partial ? 0.25f : 1.0f, 1.0f}, use_ff};
+                check_rope(b, &rc);
             }
+    const struct rope_case factored[] = {
+        {128, {KIRI_ROPE_NEOX, 96, 10000.0f, 1.0f, 1.1902f}, 1},
+        {128, {KIRI_ROPE_NORMAL, 96, 10000.0f, 1.0f, 1.1902f}, 0},
+        {96, {KIRI_ROPE_NEOX, 96, 10000.0f, 1.0f, 1.1902f}, 1},
+        {64, {KIRI_ROPE_NORMAL, 32, 500000.0f, 0.25f, 0.5f}, 1},
+        {256, {KIRI_ROPE_NEOX, 64, 1000000.0f, 1.0f, 2.0f}, 0},
+    };
+    for (size_t c = 0; c < sizeof factored / sizeof factored[0]; c++)
+        check_rope(b, &factored[c]);
 }
 
 /* STORE_KV: the cache bytes equal the CPU's (F32, F16 and Q8_0 alike). */
@@ -646,15 +777,25 @@ static void test_store_kv(struct backend_check *b)
     }
 }
 
-/* Attention with GQA (8 query heads over 2 cache heads) through per-token block tables that list
- * the blocks in scrambled order. Values are in [-1, 1]. F32 cache: 2e-6 absolute. F16 and Q8_0
- * caches: 1e-4 absolute, because there the attention weights are rounded to F16 (as the CPU
- * does), and a weight that exp's last bits put on the other side of a rounding boundary moves by
- * one F16 ulp (2^-11 of the weight). */
-static void check_attention(struct backend_check *b, int type, int64_t d)
+/* Attention with GQA (8 query heads over 2 cache heads; over 1 for head size 256, as Gemma 3 has
+ * it, which also keeps the F32 cache within the staging mode's 256 KiB bindings) through
+ * per-token block tables that list the blocks in scrambled order. Values are in [-1, 1]. F32
+ * cache: 2e-6 absolute. F16 and Q8_0 caches: 1e-4 absolute, because there the attention weights
+ * are rounded to F16 (as the CPU does), and a weight that exp's last bits put on the other side
+ * of a rounding boundary moves by one F16 ulp (2^-11 of the weight).
+ *
+ * With a sliding window (window > 0) a token with n keys attends keys [max(0, n - window), n).
+ * The table entries of the blocks wholly below that are poisoned: they name two extra blocks
+ * whose values are 50, so an output that read one is off by far more than the tolerance. Besides
+ * the CPU's windowed attention, the result is checked against the CPU's attention without a
+ * window over a copy of the cache holding just each token's window (keys in the same order). */
+#define ATTN_POISON 50.0f
+
+static void check_attention(struct backend_check *b, int type, int64_t d, int window)
 {
-    const int64_t h = 8, hkv = 2, n = 5, bs = 16;
-    const int64_t n_blocks = d >= 128 ? 12 : 20, slots = n_blocks * bs;
+    const int64_t h = 8, hkv = d >= 256 ? 1 : 2, n = 5, bs = 16;
+    const int64_t n_blocks = d >= 128 ? 12 : 20, slots = (n_blocks + 2) * bs; /* + the 2 poison blocks */
+    const int64_t row_bytes = (int64_t)kiri_row_bytes(type, d * hkv);
     struct pair q, kc, vc, meta, tables, y;
     pair_init(b, &q, KIRI_TYPE_F32, d, h, n);
     pair_init(b, &kc, type, d * hkv, slots, 1);
@@ -668,12 +809,12 @@ static void check_attention(struct backend_check *b, int type, int64_t d)
         struct pair *cache = c ? &vc : &kc;
         for (int64_t s = 0; s < slots; s++) {
             for (int64_t i = 0; i < d * hkv; i++)
-                row[i] = frand(b);
+                row[i] = c && s >= n_blocks * bs ? ATTN_POISON : frand(b);
             kiri_cpu_quantize_row(type, row, (char *)cache->mem + (size_t)s * cache->h.nb[1], d * hkv);
         }
     }
     free(row);
-    const int32_t n_kv[5] = {1, 17, 100, (int32_t)slots - 7, (int32_t)slots};
+    const int32_t n_kv[5] = {1, 17, 100, (int32_t)(n_blocks * bs) - 7, (int32_t)(n_blocks * bs)};
     int32_t *mt = meta.mem, *tb = tables.mem;
     for (int t = 0; t < n; t++) {
         mt[2 * t] = n_kv[t];
@@ -685,6 +826,36 @@ static void check_attention(struct backend_check *b, int type, int64_t d)
             const int32_t tmp = tb[t * n_blocks + blk];
             tb[t * n_blocks + blk] = tb[t * n_blocks + j];
             tb[t * n_blocks + j] = tmp;
+        }
+    }
+    /* The window's reference before the tables are poisoned: each token's window copied to
+     * slots of its own, one after the other, read through an identity table. */
+    const int64_t per_tok = n_blocks * bs;
+    struct kiri_tensor ck, cv, cm, ct;
+    void *ck_mem = NULL, *cv_mem = NULL;
+    int32_t *cm_mem = NULL, *ct_mem = NULL;
+    if (window > 0) {
+        shape(&ck, type, d * hkv, n * per_tok, 1);
+        shape(&cv, type, d * hkv, n * per_tok, 1);
+        shape(&cm, KIRI_TYPE_I32, 2, n, 1);
+        shape(&ct, KIRI_TYPE_I32, n * n_blocks, 1, 1);
+        ck.data = ck_mem = calloc(1, ck.nb[2] + 64);
+        cv.data = cv_mem = calloc(1, cv.nb[2] + 64);
+        cm.data = cm_mem = calloc((size_t)(2 * n), sizeof(int32_t));
+        ct.data = ct_mem = calloc((size_t)(n * n_blocks), sizeof(int32_t));
+        for (int t = 0; t < n; t++) {
+            const int32_t lo = n_kv[t] > window ? n_kv[t] - window : 0;
+            cm_mem[2 * t] = n_kv[t] - lo;
+            cm_mem[2 * t + 1] = (int32_t)(t * n_blocks);
+            for (int blk = 0; blk < n_blocks; blk++)
+                ct_mem[t * n_blocks + blk] = (int32_t)(t * n_blocks + blk);
+            for (int32_t j = lo; j < n_kv[t]; j++) {
+                const int64_t from = (int64_t)tb[t * n_blocks + j / bs] * bs + j % bs, to = t * per_tok + (j - lo);
+                memcpy((char *)ck_mem + to * row_bytes, (char *)kc.mem + from * row_bytes, (size_t)row_bytes);
+                memcpy((char *)cv_mem + to * row_bytes, (char *)vc.mem + from * row_bytes, (size_t)row_bytes);
+            }
+            for (int32_t blk = 0; blk < lo / bs; blk++) /* never to be read */
+                tb[t * n_blocks + blk] = (int32_t)(n_blocks + blk % 2);
         }
     }
     pair_upload(b, &q);
@@ -700,14 +871,41 @@ static void check_attention(struct backend_check *b, int type, int64_t d)
     SRC(2, &vc);
     SRC(3, &meta);
     SRC(4, &tables);
-    const struct kiri_attn_params ap = {(int)h, (int)hkv, (int)d, (int)bs, 1.0f / sqrtf((float)d), 0};
+    const struct kiri_attn_params ap = {(int)h, (int)hkv, (int)d, (int)bs, 1.0f / sqrtf((float)d), window};
     hn[k].p.attn = dn[k].p.attn = ap;
     run(b, hn, dn, 1);
+    dn[k].p.attn.window = -1; /* refused */
+    CHECK(!b->dev->supports(b->be, &dn[k]));
     float *got = pair_download(b, &y);
+    const double tol = type == KIRI_TYPE_F32 ? 2e-6 : 1e-4;
     char name[64];
-    snprintf(name, sizeof name, "attention|%s|D=%lld H=8/2 n=5", kiri_type_name(type), (long long)d);
-    compare(b, name, y.mem, got, NULL, (size_t)(d * h * n), type == KIRI_TYPE_F32 ? 2e-6 : 1e-4);
+    snprintf(name, sizeof name, "attention|%s|D=%lld H=8/%lld n=5", kiri_type_name(type), (long long)d,
+             (long long)hkv);
+    if (window > 0)
+        snprintf(name, sizeof name, "attention|%s|D=%lld window=%d", kiri_type_name(type), (long long)d, window);
+    compare(b, name, y.mem, got, NULL, (size_t)(d * h * n), tol);
+    if (window > 0) {
+        struct kiri_tensor out = y.h;
+        float *ref = calloc(1, y.bytes);
+        out.data = ref;
+        struct kiri_node wn = hn[k];
+        wn.dst = &out;
+        wn.src[1] = &ck;
+        wn.src[2] = &cv;
+        wn.src[3] = &cm;
+        wn.src[4] = &ct;
+        wn.p.attn.window = 0;
+        CHECK_EQ_INT(CPU->compute(b->ref, &wn, 1), 0);
+        snprintf(name, sizeof name, "attention|%s|D=%lld window=%d vs copy", kiri_type_name(type), (long long)d,
+                 window);
+        compare(b, name, ref, got, NULL, (size_t)(d * h * n), tol);
+        free(ref);
+    }
     free(got);
+    free(ck_mem);
+    free(cv_mem);
+    free(cm_mem);
+    free(ct_mem);
     pair_free(b, &q);
     pair_free(b, &kc);
     pair_free(b, &vc);
@@ -716,15 +914,23 @@ static void check_attention(struct backend_check *b, int type, int64_t d)
     pair_free(b, &y);
 }
 
+/* Windows of 1 key, of one block (16), of 37 (not a multiple of the block size: the first
+ * attended block is partly outside), equal to a token's keys (100) and larger than any token's;
+ * head sizes 64 and 256 (Gemma 3's). */
 static void test_attention(struct backend_check *b)
 {
     const int types[3] = {KIRI_TYPE_F32, KIRI_TYPE_F16, KIRI_TYPE_Q8_0};
+    const int windows[5] = {1, 16, 37, 100, 1000};
     for (int i = 0; i < 3; i++) {
-        check_attention(b, types[i], 32);
-        check_attention(b, types[i], 64);
-        check_attention(b, types[i], 128);
+        check_attention(b, types[i], 32, 0);
+        check_attention(b, types[i], 64, 0);
+        check_attention(b, types[i], 128, 0);
         if (types[i] != KIRI_TYPE_Q8_0)
-            check_attention(b, types[i], 8); /* stories260K's head size */
+            check_attention(b, types[i], 8, 0); /* stories260K's head size */
+        for (int w = 0; w < 5; w++)
+            check_attention(b, types[i], 64, windows[w]);
+        check_attention(b, types[i], 256, 37);
+        check_attention(b, types[i], 256, 0);
     }
 }
 
@@ -741,6 +947,7 @@ void backend_check_ops(struct backend_check *b)
         test_get_rows(b);
         test_rms_norm(b);
         test_elementwise(b);
+        test_scale_softcap(b);
         test_rope(b);
         test_store_kv(b);
         test_attention(b);

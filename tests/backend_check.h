@@ -28,7 +28,7 @@ struct backend_check_stat {
     int failed;
 };
 
-#define BACKEND_CHECK_MAX_STATS 160
+#define BACKEND_CHECK_MAX_STATS 320
 
 struct backend_check {
     const struct kiri_backend_iface *dev; /* borrowed: the backend under test */

@@ -4,9 +4,11 @@
  * - every op on random inputs against the CPU backend with the portable C kernels (the reference):
  *   products of all eleven weight types with one token (mat-vec) and several (mat-mat), rows that
  *   end inside a block, activations converted once for consecutive products; row look-ups; RMS
- *   norm (in place, 3-D views); add and mul (broadcast, in place); SwiGLU; RoPE (normal and neox,
- *   partial rotation, frequency factors, scaling); STORE_KV into F32, F16 and Q8_0 caches;
- *   attention over F32, F16 and Q8_0 caches with GQA through scrambled block tables;
+ *   norm (in place, 3-D views); add and mul (broadcast, in place); SwiGLU and GEGLU; scale and
+ *   softcap (in place, 3-D); RoPE (normal and neox, partial rotation, frequency factors, scaling,
+ *   attn_factor); STORE_KV into F32, F16 and Q8_0 caches; attention over F32, F16 and Q8_0 caches
+ *   with GQA through scrambled block tables, with and without a sliding window (table entries
+ *   below the window poisoned);
  * - all of it twice: with weights copied into device memory (discrete GPUs) and with weights used
  *   in place from registered host memory (what an integrated GPU such as Jetson's does);
  * - whole models against the CPU backend (the one --backend cpu runs): models/stories260K.gguf
@@ -21,9 +23,9 @@
  * (tests/cuda_units.cu checks the kernels' per-block arithmetic on the host, in make test.)
  * Tolerances (stated with each check): products within 2e-5 of sum |w_i x_i| (both sides quantize
  * the activations the same way and the integer block sums are exact; block results are added in
- * another order); row look-ups, add, mul and STORE_KV exact; norms, SwiGLU, RoPE and attention
- * over an F32 cache within a few 1e-6 (exp, sin / cos and reduction order differ); attention over
- * F16 and Q8_0 caches within 1e-4 (see check_attention).
+ * another order); row look-ups, add, mul, scale and STORE_KV exact; norms, SwiGLU, GEGLU, softcap,
+ * RoPE and attention over an F32 cache within a few 1e-6 (exp, tanh, sin / cos and reduction
+ * order differ); attention over F16 and Q8_0 caches within 1e-4 (see check_attention).
  * The op checks and the model comparisons are tests/backend_check.c's, which test_vulkan shares;
  * the weight modes, the table, the speed run and the probe are CUDA's own, here.
  *

@@ -6,8 +6,11 @@
  *   sum |w_i x_i| (the integer block sums are the same; only the float order of adding differs),
  *   with the activations in the reference's format (Q8_0, Q8_1, Q8_K, F16, BF16) moved into the
  *   CUDA layout;
- * and the activation quantizer of one 32-value block (quantize_q8_block, used by the Q8_0 / Q8_1
- * conversion and by STORE_KV into a Q8_0 cache) must write the reference's bytes.
+ * the activation quantizer of one 32-value block (quantize_q8_block, used by the Q8_0 / Q8_1
+ * conversion and by STORE_KV into a Q8_0 cache) must write the reference's bytes; and the
+ * elementwise formulas of GEGLU and SOFTCAP (geglu_value, softcap_value) must agree with their
+ * definitions in runtime/backend.h, evaluated in double, within 1e-5 of max(1, |y|), and with
+ * the reference's rows (kiri_cpu_geglu_row, kiri_cpu_softcap_row) within 4e-6.
  * The kernels themselves (indexing, warps, launches) are checked on a GPU by cuda_check. */
 #include <math.h>
 #include <stdio.h>
@@ -155,6 +158,32 @@ static void check_quantize_block(void)
     }
 }
 
+/* geglu_value and softcap_value over a grid reaching tanh's saturation, against the formulas
+ * of runtime/backend.h in double. */
+static void check_elementwise(void)
+{
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    for (int i = -4000; i <= 4000; i++) {
+        const float g = (float)i * 0.0025f, u = 1.5f - (float)(i % 7) * 0.5f; /* g in [-10, 10] */
+        const double want = 0.5 * g * (1.0 + tanh(k * (g + 0.044715 * (double)g * g * g))) * u;
+        const float got = geglu_value(g, u);
+        float ref;
+        kiri_cpu_geglu_row(&g, &u, &ref, 1);
+        check(fabs(got - want) <= 1e-5 * fmax(1.0, fabs(want)), "geglu_value", KIRI_TYPE_F32, i, got, want);
+        check(fabs(got - ref) <= 4e-6 * fmax(1.0, fabs(ref)), "geglu_value (cpu)", KIRI_TYPE_F32, i, got, ref);
+        const float caps[3] = {1.0f, 30.0f, 50.0f};
+        for (int c = 0; c < 3; c++) {
+            const float x = (float)i * 0.001f * caps[c]; /* x / c in [-4, 4] */
+            const double ws = caps[c] * tanh((double)x / caps[c]);
+            const float gs = softcap_value(x, caps[c]);
+            float rs;
+            kiri_cpu_softcap_row(&x, &rs, 1, caps[c]);
+            check(fabs(gs - ws) <= 1e-5 * fmax(1.0, fabs(ws)), "softcap_value", KIRI_TYPE_F32, i, gs, ws);
+            check(fabs(gs - rs) <= 4e-6 * fmax(1.0, fabs(rs)), "softcap_value (cpu)", KIRI_TYPE_F32, i, gs, rs);
+        }
+    }
+}
+
 int main(void)
 {
     const int64_t ks[] = {256, 512, 4096};
@@ -176,6 +205,7 @@ int main(void)
     check_type<KIRI_TYPE_F16>(172);
     check_type<KIRI_TYPE_BF16>(172);
     check_quantize_block();
+    check_elementwise();
     fprintf(stderr, "cuda_units: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
 }

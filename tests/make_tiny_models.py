@@ -30,7 +30,12 @@ The BPE vocabularies are cut, not invented: the first tokens of the real vocabul
 tokens come first), the merges whose two parts and result all survive, in their original order,
 and the real special tokens appended with their real texts.
 
-Usage: make_tiny_models.py [--out DIR] [--force] [--check] [--list] [NAME ...]
+With --families it writes instead the family files of test_families.py (FAMILIES below: gemma3,
+phi3, smollm3, granite, and llama/qwen2/qwen3 with every optional tensor and key llama.cpp's
+graphs read, plus files kiri must refuse), each quantized one with an F32 twin of its
+dequantized weights; family_reference_logits is their float64 forward pass.
+
+Usage: make_tiny_models.py [--out DIR] [--force] [--check] [--list] [--families] [NAME ...]
   DIR defaults to $KIRI_TINY_MODELS or <repo>/build/tiny-models. A model is rewritten when it is
   missing or older than this script. --check loads every model in llama-cpp-python and evaluates a
   few tokens. NAME filters by model name (e.g. qwen3-Q4_K) or architecture (e.g. qwen3).
@@ -469,6 +474,460 @@ def reference_logits(model_file, tokens):
 
 
 # ------------------------------------------------------------------------------------------------
+# Families and variants (test_families.py): every optional tensor and key each architecture's
+# llama.cpp graph reads is present in one of these files, so a runtime that ignores one of them
+# differs from llama.cpp. Written in F32 (and, for a few, quantized with an F32 twin holding the
+# same weights dequantized, which stands in for exact arithmetic as test_logits.py's E does).
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Family:
+    name: str              # file stem, e.g. "gemma3-swa"
+    arch: str              # general.architecture
+    vocab: str             # as Arch.vocab
+    n_vocab_cut: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rope_base: float
+    eps: float
+    tied: bool
+    seed: int
+    what: str                                   # one line: what this file covers
+    kv: dict = field(default_factory=dict)      # extra metadata: suffix after "<arch>." -> value
+    tensors: tuple = ()                         # optional tensor groups, see _family_weights
+    rope_dim: int = 0                           # rope.dimension_count (0: head_dim)
+    n_ctx_train: int = 4096
+    wtypes: tuple = ("F32",)
+    refuse: str = ""                            # a negative file: what kiri's error must name
+    llama_cpp_loads: bool = True                # False: llama.cpp refuses it too (or aborts)
+    # general.name, when the file stem would not do: llama.cpp's vocabulary loader looks up
+    # Phi-3's special tokens (<|endoftext|>, absent from a 512-token vocabulary) in any model
+    # whose name contains "phi3" or "phi-3".
+    general_name: str = ""
+
+
+# Gemma 3 real values: head_dim 256, RMS eps 1e-6, global base 1e6, local base 1e4, window 512,
+# one global layer in 6. Here the window (8 or 12) is shorter than the 40-token prompts.
+FAMILIES = [
+    Family("gemma3-swa", "gemma3", "spm512", 0, 256, 512, 4, 2, 1, 256, 1000000.0, 1e-6, True, 201,
+           "gemma3: window 8, pattern 3 (layers 0, 1, 3 local, 2 global), freq_base_swa 10000, "
+           "final_logit_softcapping 6, tied, head_dim 256, GQA 2/1",
+           kv={"attention.sliding_window": 8, "attention.sliding_window_pattern": 3,
+               "rope.freq_base_swa": 10000.0, "final_logit_softcapping": 6.0},
+           tensors=("qk_norm", "post_norms"), wtypes=("F32", "Q8_0", "Q4_K")),
+    Family("gemma3-default", "gemma3", "spm512", 0, 256, 512, 7, 2, 1, 256, 1000000.0, 1e-6, False, 202,
+           "gemma3: window 12 without pattern or freq_base_swa keys (llama.cpp's defaults: one "
+           "global layer in 6, local base 10000), no soft-capping, separate output.weight",
+           kv={"attention.sliding_window": 12}, tensors=("qk_norm", "post_norms")),
+    Family("gemma3-full", "gemma3", "spm512", 0, 256, 512, 2, 2, 2, 256, 1000000.0, 1e-6, False, 203,
+           "gemma3 without a sliding window (every layer global), MHA, q/k/v biases, per-tensor "
+           ".scale on q, k, v and attn_output (llama.cpp's gemma3 loads feed-forward .scale "
+           "tensors but does not apply them, so no file here has them), separate output.weight",
+           tensors=("qk_norm", "post_norms", "qkv_bias", "attn_scales")),
+    Family("phi3-fused", "phi3", "spm512", 0, 256, 512, 2, 4, 4, 64, 10000.0, 1e-5, False, 211,
+           "phi3 (Phi-3-mini shape): fused attn_qkv and gate-up (ffn_up 2*n_ff), MHA, full rotary",
+           tensors=("fused_qkv", "fused_gate_up"), general_name="tiny fused-qkv model"),
+    Family("phi4-longrope", "phi3", "llama-bpe", 997, 256, 512, 2, 2, 1, 128, 10000.0, 1e-5, True, 212,
+           "phi3 (Phi-4-mini shape): fused qkv with attn_qkv.bias and .scale, fused gate-up, partial "
+           "rotary 96 of 128, LongRoPE long and short factors, original_context_length 256, "
+           "attn_factor; n_ctx 256 takes the short factors, 512 the long ones",
+           kv={"rope.scaling.type": "longrope", "rope.scaling.original_context_length": 256,
+               "rope.scaling.attn_factor": 1.19},
+           tensors=("fused_qkv", "fused_gate_up", "qkv_bias", "attn_scales", "longrope"),
+           rope_dim=96, n_ctx_train=8192, wtypes=("F32", "Q8_0", "Q4_K")),
+    Family("smollm3", "smollm3", "llama-bpe", 997, 256, 512, 4, 4, 2, 64, 5000000.0, 1e-6, True, 221,
+           "smollm3: no RoPE on every fourth layer (layer 3 of 4), GQA 4/2, tied",
+           wtypes=("F32", "Q8_0")),
+    Family("smollm3-bias", "smollm3", "llama-bpe", 997, 256, 512, 4, 4, 2, 64, 5000000.0, 1e-6, False, 222,
+           "smollm3 with q/k/v biases and a separate output.weight",
+           tensors=("qkv_bias",)),
+    Family("granite", "granite", "llama-bpe", 997, 256, 512, 2, 4, 2, 64, 10000.0, 1e-5, False, 231,
+           "granite: embedding_scale 12, attention.scale 1/64, residual_scale 0.22, logit_scale 8, "
+           "separate output.weight",
+           kv={"embedding_scale": 12.0, "attention.scale": 0.015625, "residual_scale": 0.22,
+               "logit_scale": 8.0},
+           wtypes=("F32", "Q8_0", "Q4_K")),
+    Family("granite-unset", "granite", "llama-bpe", 997, 256, 512, 2, 4, 2, 64, 10000.0, 1e-5, True, 232,
+           "granite: logit_scale 3 only, attention.scale 0 (read as unset: 1/sqrt(head_dim)), "
+           "tied, biases on q/k/v, attn_output and the three feed-forward weights",
+           kv={"attention.scale": 0.0, "logit_scale": 3.0},
+           tensors=("qkv_bias", "o_bias", "ffn_bias")),
+    Family("llama-bias", "llama", "llama-bpe", 997, 256, 512, 2, 4, 2, 64, 500000.0, 1e-5, False, 241,
+           "llama with biases on q, k, v, attn_output, ffn_gate, ffn_up, ffn_down",
+           tensors=("qkv_bias", "o_bias", "ffn_bias"), wtypes=("F32", "Q8_0")),
+    Family("qwen2-bias", "qwen2", "qwen2", 1000, 256, 512, 2, 4, 2, 64, 1000000.0, 1e-6, False, 242,
+           "qwen2 with q/k/v biases and an output-projection bias (output.bias; llama.cpp's qwen2 "
+           "has no feed-forward or attn_output biases: a file with them is refused by it)",
+           tensors=("qkv_bias", "output_bias")),
+    Family("qwen2-ffn-bias", "qwen2", "qwen2", 1000, 256, 512, 2, 4, 2, 64, 1000000.0, 1e-6, False, 245,
+           "qwen2 with feed-forward and attn_output biases, which llama.cpp's qwen2 refuses "
+           "(wrong number of tensors): kiri must use them (checked against exact arithmetic) or "
+           "refuse the file naming one",
+           tensors=("qkv_bias", "o_bias", "ffn_bias"), llama_cpp_loads=False),
+    Family("qwen3-scale", "qwen3", "qwen2", 1000, 256, 512, 2, 4, 2, 128, 1000000.0, 1e-6, True, 243,
+           "qwen3 with per-tensor .scale on q, k, v, attn_output, ffn_gate, ffn_up, ffn_down and "
+           ".input_scale beside them (llama.cpp loads .input_scale and uses it only for NVFP4 "
+           "activations, so on F32 weights it changes nothing)",
+           tensors=("qk_norm", "attn_scales", "ffn_scales", "input_scales")),
+    Family("llama-ropefactor0", "llama", "spm512", 0, 256, 512, 2, 4, 2, 64, 10000.0, 1e-5, False, 244,
+           "llama with rope.scaling.type linear and rope.scaling.factor 0 (llama.cpp: no scaling)",
+           kv={"rope.scaling.type": "linear", "rope.scaling.factor": 0.0}),
+    Family("llama-extra-tensor", "llama", "spm512", 0, 256, 512, 2, 4, 2, 64, 10000.0, 1e-5, False, 251,
+           "negative: llama with a tensor no llama graph reads (blk.0.attn_mystery.weight)",
+           tensors=("extra",), refuse="blk.0.attn_mystery.weight", llama_cpp_loads=False),
+    Family("llama-rope-type", "llama", "spm512", 0, 256, 512, 2, 4, 2, 64, 10000.0, 1e-5, False, 252,
+           "negative: llama with rope.scaling.type 'wobble' (llama.cpp aborts on it)",
+           kv={"rope.scaling.type": "wobble", "rope.scaling.factor": 2.0},
+           refuse="rope.scaling.type", llama_cpp_loads=False),
+]
+
+
+@dataclass
+class FamilyModel:
+    name: str       # e.g. "gemma3-swa-Q4_K"
+    fam: Family
+    wtype: str
+    path: str
+    twin: str       # the F32 file with the same (dequantized) weights, or "" for F32 models
+
+
+def family_models(out_dir):
+    out = []
+    for f in FAMILIES:
+        for t in f.wtypes:
+            path = os.path.join(out_dir, f"{f.name}-{t}.gguf")
+            twin = "" if t == "F32" else os.path.join(out_dir, f"{f.name}-{t}-dequant-F32.gguf")
+            out.append(FamilyModel(f"{f.name}-{t}", f, t, path, twin))
+    return out
+
+
+def longrope_factors(n, seed, lo, hi):
+    """Plausible LongRoPE factor sets: rising from lo to hi across the frequency pairs, jittered."""
+    rng = np.random.default_rng(seed)
+    base = np.geomspace(lo, hi, n)
+    return (base * (1.0 + 0.05 * rng.standard_normal(n))).astype(np.float32)
+
+
+def _family_weights(f, n_vocab):
+    rng = np.random.default_rng(f.seed)
+    opt = set(f.tensors)
+
+    def mat(n_out, n_in, gain=1.0):
+        return (rng.standard_normal((n_out, n_in)) * (gain / math.sqrt(n_in))).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def bias(n):
+        return (0.5 * rng.standard_normal(n)).astype(np.float32)
+
+    def scale():   # a per-tensor scale far enough from 1 that ignoring it shows
+        return np.array([rng.uniform(0.5, 1.6)], dtype=np.float32)
+
+    q_dim, kv_dim = f.n_head * f.head_dim, f.n_head_kv * f.head_dim
+    emb = rng.standard_normal((n_vocab, f.n_embd)).astype(np.float32)
+    if f.arch == "gemma3":
+        emb *= np.float32(1.0 / math.sqrt(f.n_embd))   # the graph multiplies by sqrt(n_embd)
+    if f.arch == "granite":
+        emb *= np.float32(1.0 / f.kv.get("embedding_scale", 1.0))   # and granite by this
+    w = {"token_embd.weight": emb}
+    if f.tied:
+        w["token_embd.weight"] = emb * np.float32(3.0 / math.sqrt(f.n_embd) /
+                                                  (emb.std() if emb.std() > 0 else 1.0))
+    for i in range(f.n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = norm(f.n_embd)
+        if "fused_qkv" in opt:
+            w[p + "attn_qkv.weight"] = mat(q_dim + 2 * kv_dim, f.n_embd)
+            if "qkv_bias" in opt:
+                w[p + "attn_qkv.bias"] = bias(q_dim + 2 * kv_dim)
+            if "attn_scales" in opt:
+                w[p + "attn_qkv.scale"] = scale()
+        else:
+            for s, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                w[p + f"attn_{s}.weight"] = mat(d, f.n_embd)
+                if "qkv_bias" in opt:
+                    w[p + f"attn_{s}.bias"] = bias(d)
+                if "attn_scales" in opt:
+                    w[p + f"attn_{s}.scale"] = scale()
+                if "input_scales" in opt:
+                    w[p + f"attn_{s}.input_scale"] = scale()
+        if "qk_norm" in opt:
+            w[p + "attn_q_norm.weight"] = norm(f.head_dim)
+            w[p + "attn_k_norm.weight"] = norm(f.head_dim)
+        w[p + "attn_output.weight"] = mat(f.n_embd, q_dim)
+        if "o_bias" in opt:
+            w[p + "attn_output.bias"] = bias(f.n_embd)
+        if "attn_scales" in opt:
+            w[p + "attn_output.scale"] = scale()
+        if "input_scales" in opt:
+            w[p + "attn_output.input_scale"] = scale()
+        if "post_norms" in opt:
+            w[p + "post_attention_norm.weight"] = norm(f.n_embd)
+        w[p + "ffn_norm.weight"] = norm(f.n_embd)
+        if "fused_gate_up" in opt:
+            w[p + "ffn_up.weight"] = mat(2 * f.n_ff, f.n_embd)     # gate rows first, then up
+        else:
+            w[p + "ffn_gate.weight"] = mat(f.n_ff, f.n_embd)
+            w[p + "ffn_up.weight"] = mat(f.n_ff, f.n_embd)
+        w[p + "ffn_down.weight"] = mat(f.n_embd, f.n_ff, gain=2.0)
+        for s, d in (("gate", f.n_ff), ("up", f.n_ff), ("down", f.n_embd)):
+            if p + f"ffn_{s}.weight" not in w:
+                continue
+            if "ffn_bias" in opt:
+                w[p + f"ffn_{s}.bias"] = bias(d)
+            if "ffn_scales" in opt:
+                w[p + f"ffn_{s}.scale"] = scale()
+            if "input_scales" in opt:
+                w[p + f"ffn_{s}.input_scale"] = scale()
+        if "post_norms" in opt:
+            w[p + "post_ffw_norm.weight"] = norm(f.n_embd)
+        if "extra" in opt and i == 0:
+            w[p + "attn_mystery.weight"] = mat(f.n_embd, f.n_embd)
+    w["output_norm.weight"] = norm(f.n_embd)
+    if f.arch == "granite":   # the graph divides the logits by logit_scale: keep their spread
+        w["output_norm.weight"] *= np.float32(f.kv["logit_scale"])
+    if not f.tied:
+        w["output.weight"] = mat(n_vocab, f.n_embd, gain=3.0)
+    if "output_bias" in opt:
+        w["output.bias"] = bias(n_vocab)
+    if "longrope" in opt:
+        n = (f.rope_dim or f.head_dim) // 2
+        w["rope_factors_long.weight"] = longrope_factors(n, f.seed + 1, 1.0, 24.0)
+        w["rope_factors_short.weight"] = longrope_factors(n, f.seed + 2, 1.0, 3.0)
+    return w
+
+
+_QUANT_EXCLUDE = ("_norm.weight", ".bias", ".scale", ".input_scale", "rope_factors")
+
+
+def _quantized(name, w, wtype):
+    """Whether tensor name gets the model's type: 2-D weights do (the fused and separate
+    projections, token_embd, output); norms, biases, scales and rope factors stay F32."""
+    return w.ndim == 2 and not name.endswith(_QUANT_EXCLUDE)
+
+
+def _write_gguf(path, f, name, wtype, vocab, tensors):
+    """tensors: name -> (array, raw_dtype or None)."""
+    n_vocab = len(vocab["tokenizer.ggml.tokens"][0])
+    tmp = path + ".tmp"
+    wr = gguf.GGUFWriter(tmp, f.arch)
+    wr.add_string("general.name", name)
+    wr.add_uint32("general.file_type", FILE_TYPES[wtype])
+    k = f.arch
+    wr.add_uint32(f"{k}.context_length", f.n_ctx_train)
+    wr.add_uint32(f"{k}.embedding_length", f.n_embd)
+    wr.add_uint32(f"{k}.block_count", f.n_layer)
+    wr.add_uint32(f"{k}.feed_forward_length", f.n_ff)
+    wr.add_uint32(f"{k}.attention.head_count", f.n_head)
+    wr.add_uint32(f"{k}.attention.head_count_kv", f.n_head_kv)
+    wr.add_float32(f"{k}.attention.layer_norm_rms_epsilon", f.eps)
+    wr.add_float32(f"{k}.rope.freq_base", f.rope_base)
+    wr.add_uint32(f"{k}.rope.dimension_count", f.rope_dim or f.head_dim)
+    if f.head_dim * f.n_head != f.n_embd:
+        wr.add_uint32(f"{k}.attention.key_length", f.head_dim)
+        wr.add_uint32(f"{k}.attention.value_length", f.head_dim)
+    wr.add_uint32(f"{k}.vocab_size", n_vocab)
+    for key, val in f.kv.items():
+        if isinstance(val, str):
+            wr.add_string(f"{k}.{key}", val)
+        elif isinstance(val, bool):
+            wr.add_bool(f"{k}.{key}", val)
+        elif isinstance(val, int):
+            wr.add_uint32(f"{k}.{key}", val)
+        else:
+            wr.add_float32(f"{k}.{key}", val)
+    for key, (val, kind) in vocab.items():
+        getattr(wr, "add_" + kind)(key, val)
+    for tname, (data, raw) in tensors.items():
+        wr.add_tensor(tname, data, raw_dtype=raw)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    os.replace(tmp, path)
+
+
+def write_family_model(m):
+    f = m.fam
+    vocab = load_vocab(f.vocab, f.n_vocab_cut)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"][0])
+    weights = _family_weights(f, n_vocab)
+    tensors = {}
+    for name, w in weights.items():
+        tensors[name] = quantize(w, m.wtype) if _quantized(name, w, m.wtype) else (w, None)
+    _write_gguf(m.path, f, f.general_name or m.name, m.wtype, vocab, tensors)
+    if m.twin:
+        # The twin: every quantized tensor dequantized back to F32 (gguf-py's dequantizer), the
+        # rest as it is, so llama.cpp on it computes in F32 what the quantized file holds.
+        twin = {}
+        r = gguf.GGUFReader(m.path)
+        for t in r.tensors:
+            shape = [int(x) for x in reversed(t.shape.tolist())]
+            twin[t.name] = (gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+                            .reshape(shape), None)
+        _write_gguf(m.twin, f, (f.general_name or m.name) + " dequantized", "F32", vocab, twin)
+
+
+def ensure_families(out_dir, names=None, force=False, log=print):
+    """As ensure(), for family_models(); returns (made, skipped)."""
+    os.makedirs(out_dir, exist_ok=True)
+    made, skipped = [], []
+    for m in family_models(out_dir):
+        if names and not any(n in (m.name, m.fam.name, m.fam.arch) for n in names):
+            continue
+        fresh = [p for p in (m.path, m.twin) if p]
+        if not force and all(os.path.exists(p) and os.path.getmtime(p) >= SCRIPT_MTIME for p in fresh):
+            made.append(m)
+            continue
+        try:
+            write_family_model(m)
+            log(f"make_tiny_models: wrote {m.path} ({os.path.getsize(m.path) / 1e6:.1f} MB)")
+            made.append(m)
+        except NotImplementedError as e:
+            log(f"make_tiny_models: SKIP {m.name}: {e}")
+            skipped.append((m, str(e)))
+    return made, skipped
+
+
+def family_reference_logits(model_file, tokens, n_ctx):
+    """Logits (n_tokens, n_vocab), float64, for the family files (and the llama/qwen2/qwen3 files
+    of test_logits.py), from the graphs as llama.cpp's src/models/*.cpp build them: gemma3's
+    embedding scale, sliding-window layers, local RoPE base, pre- and post-norms, GeGLU with
+    tanh-GELU and soft-capping; phi3's fused QKV and gate-up, partial NEOX rotary, LongRoPE
+    factors (long when n_ctx exceeds original_context_length) and attn_factor; smollm3's layers
+    without RoPE; granite's four multipliers; biases and per-tensor .scale wherever present.
+    n_ctx is the context llama.cpp runs with (it rounds it up to a multiple of 256)."""
+    meta, t = read_gguf(model_file)
+    arch = meta["general.architecture"]
+
+    def hp(key, default=None):
+        return meta.get(f"{arch}.{key}", default)
+
+    n_head, n_head_kv = hp("attention.head_count"), hp("attention.head_count_kv")
+    n_embd, n_layer = hp("embedding_length"), hp("block_count")
+    head_dim = hp("attention.key_length", n_embd // n_head)
+    n_rot = hp("rope.dimension_count", head_dim)
+    eps, base = hp("attention.layer_norm_rms_epsilon"), hp("rope.freq_base", 10000.0)
+    neox = arch in ("qwen2", "qwen3", "gemma3", "phi3")
+    scale_kind = hp("rope.scaling.type", "linear")
+    factor = hp("rope.scaling.factor", 0.0)
+    freq_scale = 1.0 if not factor else 1.0 / factor
+    attn_factor = hp("rope.scaling.attn_factor", 1.0)
+    n_ctx_pad = -(-n_ctx // 256) * 256
+    if "rope_freqs.weight" in t:
+        factors = t["rope_freqs.weight"]
+    elif scale_kind == "longrope" and "rope_factors_long.weight" in t:
+        orig = hp("rope.scaling.original_context_length", hp("context_length"))
+        factors = t["rope_factors_long.weight" if n_ctx_pad > orig else "rope_factors_short.weight"]
+    else:
+        factors = None
+    window = hp("attention.sliding_window", 0) if arch == "gemma3" else 0
+    pattern = hp("attention.sliding_window_pattern", 6)
+    is_swa = [bool(window) and (il % pattern < pattern - 1) for il in range(n_layer)]
+    base_swa = hp("rope.freq_base_swa", 10000.0)
+    softcap = hp("final_logit_softcapping", 0.0) if arch == "gemma3" else 0.0
+    toks = np.asarray(tokens)
+    n = len(toks)
+    pos = np.arange(n, dtype=np.float64)
+
+    def lin(name, x, kind="attn"):
+        """x @ W.T with the weight's .scale and .bias, in llama.cpp's order: projections scale
+        then add the bias (build_lora_mm, build_qkv), the feed-forward adds then scales."""
+        y = x @ t[name + ".weight"].T
+        s, b = t.get(name + ".scale"), t.get(name + ".bias")
+        if kind == "attn":
+            y = y * s[0] if s is not None else y
+            y = y + b if b is not None else y
+        else:
+            y = y + b if b is not None else y
+            y = y * s[0] if s is not None else y
+        return y
+
+    def rope(x, b):
+        if n_rot == x.shape[-1]:
+            r = _rope(x, pos * freq_scale, b, factors, neox)
+            return r * attn_factor
+        rot = _rope(x[..., :n_rot], pos * freq_scale, b, factors, neox) * attn_factor
+        return np.concatenate([rot, x[..., n_rot:]], axis=-1)
+
+    x = t["token_embd.weight"][toks]
+    if arch == "gemma3":
+        x = x * np.float64(np.float32(math.sqrt(n_embd)))
+    if arch == "granite" and hp("embedding_scale", 0.0):
+        x = x * hp("embedding_scale")
+    causal = np.triu(np.full((n, n), -np.inf), 1)
+    local = causal + np.where(pos[:, None] - pos[None, :] >= max(window, 1), -np.inf, 0.0)
+    res_scale = hp("residual_scale", 0.0) if arch == "granite" else 0.0
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        h = _rms(x, t[p + "attn_norm.weight"], eps)
+        if p + "attn_qkv.weight" in t:
+            qkv = lin(p + "attn_qkv", h)
+            qd, kd = n_head * head_dim, n_head_kv * head_dim
+            q, k, v = qkv[:, :qd], qkv[:, qd:qd + kd], qkv[:, qd + kd:]
+        else:
+            q, k, v = (lin(p + f"attn_{s}", h) for s in "qkv")
+        q = q.reshape(n, n_head, head_dim)
+        k = k.reshape(n, n_head_kv, head_dim)
+        v = v.reshape(n, n_head_kv, head_dim)
+        if p + "attn_q_norm.weight" in t:
+            q = _rms(q, t[p + "attn_q_norm.weight"], eps)
+            k = _rms(k, t[p + "attn_k_norm.weight"], eps)
+        use_rope = not (arch == "smollm3" and (i + 1) % 4 == 0)
+        if use_rope:
+            b = base_swa if is_swa[i] else base
+            q, k = rope(q, b), rope(k, b)
+        kq_scale = 1.0 / math.sqrt(head_dim)
+        if arch == "granite" and hp("attention.scale", 0.0):
+            kq_scale = hp("attention.scale")
+        mask = local if is_swa[i] else causal
+        g = n_head // n_head_kv
+        out = np.empty((n, n_head, head_dim))
+        for hh in range(n_head):
+            sc = q[:, hh, :] @ k[:, hh // g, :].T * kq_scale + mask
+            sc = np.exp(sc - sc.max(-1, keepdims=True))
+            sc /= sc.sum(-1, keepdims=True)
+            out[:, hh, :] = sc @ v[:, hh // g, :]
+        a = lin(p + "attn_output", out.reshape(n, n_head * head_dim))
+        if p + "post_attention_norm.weight" in t:
+            a = _rms(a, t[p + "post_attention_norm.weight"], eps)
+        if res_scale:
+            a = a * res_scale
+        x = x + a
+        h = _rms(x, t[p + "ffn_norm.weight"], eps)
+        if p + "ffn_gate.weight" in t:
+            gate, up = lin(p + "ffn_gate", h, "ffn"), lin(p + "ffn_up", h, "ffn")
+        else:   # fused: the first half of ffn_up's rows is the gate
+            gu = lin(p + "ffn_up", h, "ffn")
+            gate, up = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
+        if arch == "gemma3":
+            act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+        else:
+            act = gate / (1 + np.exp(-gate))
+        f = lin(p + "ffn_down", act * up, "ffn")
+        if p + "post_ffw_norm.weight" in t:
+            f = _rms(f, t[p + "post_ffw_norm.weight"], eps)
+        if res_scale:
+            f = f * res_scale
+        x = x + f
+    h = _rms(x, t["output_norm.weight"], eps)
+    out_w = t.get("output.weight", t["token_embd.weight"])
+    logits = h @ out_w.T
+    if "output.bias" in t:
+        logits = logits + t["output.bias"]
+    if arch == "granite":
+        logits = logits / hp("logit_scale")
+    if softcap:
+        logits = np.tanh(logits / softcap) * softcap
+    return logits
+
+
+# ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
 
@@ -488,6 +947,20 @@ def check_loads(m):
         llm.close()
 
 
+def llama_cpp_refuses(path):
+    """Loads path in llama.cpp in a child process (llama.cpp aborts on some bad keys); returns
+    the last line of its complaint when it refuses, "" when it loads."""
+    import subprocess
+    code = ("import llama_cpp, sys\n"
+            "llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, verbose=True)\n")
+    r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode == 0:
+        return ""
+    lines = [ln for ln in r.stderr.splitlines() if "error" in ln.lower() or "assert" in ln.lower()]
+    return (lines[-1] if lines else f"exit status {r.returncode}").strip()
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("KIRI_TINY_MODELS",
@@ -495,23 +968,37 @@ def main(argv):
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--families", action="store_true",
+                    help="the family files of test_families.py instead of test_logits.py's")
     ap.add_argument("names", nargs="*")
     args = ap.parse_args(argv)
     if args.list:
-        for m in models(args.out):
+        for m in (family_models(args.out) if args.families else models(args.out)):
             print(m.name, m.path)
         return 0
-    made, skipped = ensure(args.out, args.names, args.force)
+    if args.families:
+        made, skipped = ensure_families(args.out, args.names, args.force)
+    else:
+        made, skipped = ensure(args.out, args.names, args.force)
     rc = 0
     if args.check:
         for m in made:
-            try:
-                row = check_loads(m)
-                print(f"check {m.name}: loads in llama.cpp, logits range "
-                      f"[{row.min():.2f}, {row.max():.2f}]")
-            except Exception as e:  # report every model, then fail
-                print(f"check {m.name}: FAILED: {e}")
-                rc = 1
+            if args.families and not m.fam.llama_cpp_loads:
+                why = llama_cpp_refuses(m.path)
+                print(f"check {m.name}: refused by llama.cpp as intended ({why})" if why else
+                      f"check {m.name}: FAILED: llama.cpp loads it")
+                rc = rc or (0 if why else 1)
+                continue
+            for path in (m.path, getattr(m, "twin", "")):
+                if not path:
+                    continue
+                try:
+                    row = check_loads(Model(os.path.basename(path), None, "", path))
+                    print(f"check {os.path.basename(path)}: loads in llama.cpp, logits range "
+                          f"[{row.min():.2f}, {row.max():.2f}]")
+                except Exception as e:  # report every model, then fail
+                    print(f"check {os.path.basename(path)}: FAILED: {e}")
+                    rc = 1
     for m, why in skipped:
         print(f"skipped {m.name}: {why}")
     return rc

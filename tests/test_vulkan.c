@@ -3,9 +3,11 @@
  * - every op on random inputs against the CPU backend with the portable C kernels (the reference):
  *   products of all eleven weight types with one token (mat-vec) and several (tiled mat-mat),
  *   rows that end inside a block, activations converted once for consecutive products; row
- *   look-ups; RMS norm (in place, 3-D views); add and mul (broadcast, in place); SwiGLU; RoPE
- *   (normal and neox, partial rotation, frequency factors, scaling); STORE_KV into F32, F16 and
- *   Q8_0 caches; attention over F32, F16 and Q8_0 caches with GQA through scrambled block tables;
+ *   look-ups; RMS norm (in place, 3-D views); add and mul (broadcast, in place); SwiGLU and GEGLU;
+ *   scale and softcap (in place, 3-D); RoPE (normal and neox, partial rotation, frequency factors,
+ *   scaling, attn_factor); STORE_KV into F32, F16 and Q8_0 caches; attention over F32, F16 and
+ *   Q8_0 caches with GQA through scrambled block tables, with and without a sliding window (the
+ *   table entries below the window poisoned);
  * - all of it twice: once as the device comes (host-memory scratch on lavapipe), once with
  *   device-local scratch behind staging copies and a 256 KiB storage-binding limit, so uploads,
  *   downloads and weights split into chunks run too;
@@ -26,8 +28,9 @@
  * Tolerances (stated with each check): products within 2e-5 of sum |w_i x_i| (both sides quantize
  * the activations the same way and the shaders add block results in the reference's order, so
  * quantized products come out bit-identical; plain F32 / F16 / BF16 rows, summed per block,
- * differ in the last bits); row look-ups, add, mul and STORE_KV exact; norms, SwiGLU, RoPE and
- * attention over an F32 cache within a few 1e-6 (exp, sin / cos and reduction order differ);
+ * differ in the last bits); row look-ups, add, mul, scale and STORE_KV exact; norms, SwiGLU,
+ * GEGLU, softcap, RoPE and attention over an F32 cache within a few 1e-6 (exp, tanh, sin / cos
+ * and reduction order differ);
  * attention over F16 and Q8_0 caches within 1e-4 (see check_attention).
  * The op checks and the model comparisons are tests/backend_check.c's, which cuda_check shares;
  * what is Vulkan's own (the memory modes, partial offload, the start-up choice) is here.

@@ -1,6 +1,8 @@
 /* ATTENTION over the paged KV cache: causal attention of each (token, query head) over its keys,
- * found through the token's block table (runtime/backend.h). Caches F32, F16 or Q8_0 are read as
- * kiri_cpu_attend_head reads them: for a reduced-precision cache the query and the attention
+ * found through the token's block table (runtime/backend.h); with a sliding window only the last
+ * `window` of them: both passes start at key max(0, n - window), so table entries of earlier
+ * blocks (stale ids) are never read. Caches F32, F16 or Q8_0 are read as kiri_cpu_attend_head
+ * reads them: for a reduced-precision cache the query and the attention
  * weights are rounded to F16, and the weighted values are added in key order.
  *
  * One block of 4 warps per (token, head). Pass 1: each warp scores every 4th key (its lanes split
@@ -69,6 +71,7 @@ __global__ void __launch_bounds__(THREADS) attention(const attn_args args)
     int64_t n_kv = p.meta[2 * t];
     if (n_kv < 0 || n_kv > p.n_slots)
         n_kv = 0;
+    const int64_t j_lo = p.window > 0 && n_kv > p.window ? n_kv - p.window : 0;
     const int32_t *table = p.tables + p.meta[2 * t + 1];
     const uint8_t *kbase = (const uint8_t *)p.k + (size_t)hk * args.kv_row;
     const uint8_t *vbase = (const uint8_t *)p.v + (size_t)hk * args.kv_row;
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(THREADS) attention(const attn_args args)
     /* Pass 1: the largest score and the sum of exp(score - largest). Slots outside the cache
      * (never made by the runtime) are left out of both passes. */
     float m = -INFINITY, l = 0.0f;
-    for (int64_t j = warp; j < n_kv; j += N_WARPS) {
+    for (int64_t j = j_lo + warp; j < n_kv; j += N_WARPS) {
         const int64_t slot = slot_of(table, p.block_size, j);
         if (slot < 0 || slot >= p.n_slots)
             continue;
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(THREADS) attention(const attn_args args)
 #pragma unroll
     for (int i = 0; i < MAX_D / THREADS; i++)
         acc[i] = 0.0f;
-    for (int64_t j0 = 0; j0 < n_kv; j0 += CHUNK) {
+    for (int64_t j0 = j_lo; j0 < n_kv; j0 += CHUNK) {
         const int nj = n_kv - j0 < CHUNK ? (int)(n_kv - j0) : CHUNK;
         __syncthreads(); /* the previous chunk's weights are used up */
         for (int jj = warp; jj < nj; jj += N_WARPS) {
@@ -147,7 +150,7 @@ extern "C" int kiri_cuda_attention(const struct kiri_cuda_attention *a, void *st
     if (a->n_tok <= 0)
         return 0;
     if (a->head_dim <= 0 || a->head_dim > MAX_D || a->n_head_kv <= 0 || a->n_head % a->n_head_kv != 0 ||
-        a->block_size <= 0 || a->n_tok * a->n_head > 0x7fffffff)
+        a->block_size <= 0 || a->window < 0 || a->n_tok * a->n_head > 0x7fffffff)
         return -1;
     attn_args args;
     args.a = *a;

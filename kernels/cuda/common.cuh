@@ -121,6 +121,21 @@ HD float bf16_round(float f)
     return bits_f32(((x + 0x7fffu + ((x >> 16) & 1u)) >> 16) << 16);
 }
 
+/* ---- elementwise formulas (runtime/backend.h), shared by the kernels and tests/cuda_units.cu ---- */
+
+/* GEGLU's value: gelu(g) * u, gelu by its tanh approximation 0.5 g (1 + tanh(z)), z = sqrt(2/pi)
+ * (g + 0.044715 g^3), computed as the CPU reference does: g / (1 + e^-2z), the same function
+ * without the cancellation of 1 + tanh(z) for negative g. */
+HD float geglu_value(float g, float u)
+{
+    const float z2 = 2.0f * 0.797884560802865355f * (g + 0.044715f * g * g * g);
+    return g / (1.0f + expf(-z2)) * u;
+}
+
+/* SOFTCAP's value: c tanh(x / c), c > 0; tanhf is within 2 ulp on the device (CUDA's documented
+ * bound), the C library's on the host; the division IEEE-rounded (nvcc's default -prec-div). */
+HD float softcap_value(float x, float c) { return c * tanhf(x / c); }
+
 /* ---- loads ---- */
 
 HD uint32_t ld_u32_a2(const uint8_t *p)

@@ -505,10 +505,19 @@ static int cu_supports(struct kiri_backend *be, const struct kiri_node *nd)
     case KIRI_OP_ADD:
     case KIRI_OP_MUL:
     case KIRI_OP_SWIGLU:
+    case KIRI_OP_GEGLU:
         return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0] && kiri_tensor_flat_rows(s0, &rows) == 0 &&
                kiri_tensor_flat_rows(s1, &rows) == 0 && kiri_tensor_flat_rows(d, &rows) == 0;
+    case KIRI_OP_SCALE:
+    case KIRI_OP_SOFTCAP: {
+        int64_t rows_d = 0;
+        const float c = nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap;
+        return kiri_node_all_f32(nd, 1) && d->ne[0] == s0->ne[0] && kiri_tensor_flat_rows(s0, &rows) == 0 &&
+               kiri_tensor_flat_rows(d, &rows_d) == 0 && rows == rows_d && isfinite(c) &&
+               (nd->op == KIRI_OP_SCALE || c > 0.0f);
+    }
     case KIRI_OP_ROPE:
-        return kiri_node_rope_ok(nd) && s0->ne[3] == 1;
+        return kiri_node_rope_ok(nd) && s0->ne[3] == 1 && isfinite(nd->p.rope.attn_factor);
     case KIRI_OP_STORE_KV:
         return s1 && s0->type == KIRI_TYPE_F32 && s1->type == KIRI_TYPE_I32 &&
                (d->type == KIRI_TYPE_F32 || d->type == KIRI_TYPE_F16 ||
@@ -566,21 +575,28 @@ static int run_node(struct kiri_backend *be, const struct kiri_node *nd)
                                   nd->p.eps, be->stream);
     case KIRI_OP_ADD:
     case KIRI_OP_MUL:
-    case KIRI_OP_SWIGLU: {
+    case KIRI_OP_SWIGLU:
+    case KIRI_OP_GEGLU: {
         int64_t rows_b = 0;
         kiri_tensor_flat_rows(s0, &rows);
         kiri_tensor_flat_rows(s1, &rows_b);
-        const int op = nd->op == KIRI_OP_ADD ? 0 : nd->op == KIRI_OP_MUL ? 1 : 2;
+        const int op = nd->op == KIRI_OP_ADD ? 0 : nd->op == KIRI_OP_MUL ? 1 : nd->op == KIRI_OP_SWIGLU ? 2 : 3;
         return kiri_cuda_binary(op, (const float *)dev_ptr(s0), s0->nb[1], (const float *)dev_ptr(s1),
                                 rows_b == 1 ? 0 : s1->nb[1], (float *)dev_ptr(d), d->nb[1], s0->ne[0], rows, be->stream);
     }
+    case KIRI_OP_SCALE:
+    case KIRI_OP_SOFTCAP:
+        kiri_tensor_flat_rows(s0, &rows);
+        return kiri_cuda_unary(nd->op == KIRI_OP_SCALE ? 0 : 1, (const float *)dev_ptr(s0), s0->nb[1],
+                               (float *)dev_ptr(d), d->nb[1], s0->ne[0], rows,
+                               nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap, be->stream);
     case KIRI_OP_ROPE: {
         const struct kiri_rope_params *rp = &nd->p.rope;
         /* As kiri_cpu_rope_token computes it, with the same C library. */
         const float theta_scale = powf(rp->freq_base, -2.0f / (float)rp->n_rot);
         return kiri_cuda_rope((float *)dev_ptr(s0), s0->nb[1], s0->nb[2], (const int32_t *)dev_ptr(s1),
                               nd->src[2] ? (const float *)dev_ptr(nd->src[2]) : NULL, s0->ne[1], s0->ne[2], rp->n_rot,
-                              rp->mode == KIRI_ROPE_NEOX, theta_scale, rp->freq_scale, be->stream);
+                              rp->mode == KIRI_ROPE_NEOX, theta_scale, rp->freq_scale, rp->attn_factor, be->stream);
     }
     case KIRI_OP_STORE_KV:
         return kiri_cuda_store_kv((const float *)dev_ptr(s0), s0->nb[1], (const int32_t *)dev_ptr(s1), dev_ptr(d),
@@ -591,7 +607,7 @@ static int run_node(struct kiri_backend *be, const struct kiri_node *nd)
             (const float *)dev_ptr(s0), s0->nb[1], s0->nb[2], dev_ptr(s1), dev_ptr(nd->src[2]), s1->nb[1],
             nd->src[2]->nb[1], (const int32_t *)dev_ptr(nd->src[3]), (const int32_t *)dev_ptr(nd->src[4]),
             (float *)dev_ptr(d), d->nb[1], p->n_head, p->n_head_kv, p->head_dim, p->block_size, s1->type,
-            s0->ne[2], s1->ne[1], p->scale,
+            s0->ne[2], s1->ne[1], p->scale, p->window,
         };
         return kiri_cuda_attention(&a, be->stream);
     }

@@ -54,16 +54,21 @@ int kiri_cuda_rms_norm(const float *x, size_t x_nb1, size_t x_nb2, const float *
                        size_t y_nb1, size_t y_nb2, int64_t n, int64_t ne1, int64_t rows, float eps,
                        void *stream);
 
-/* op 0: y = a + b, 1: y = a * b, 2: y = silu(a) * b, over rows of n; b_nb1 = 0 broadcasts b's
- * first row. */
+/* op 0: y = a + b, 1: y = a * b, 2: y = silu(a) * b, 3: y = gelu(a) * b (GEGLU, tanh
+ * approximation), over rows of n; b_nb1 = 0 broadcasts b's first row. */
 int kiri_cuda_binary(int op, const float *a, size_t a_nb1, const float *b, size_t b_nb1, float *y,
                      size_t y_nb1, int64_t n, int64_t rows, void *stream);
 
+/* op 0: y = x * c (SCALE), 1: y = c * tanh(x / c) (SOFTCAP, c > 0), over rows of n. y may be x. */
+int kiri_cuda_unary(int op, const float *x, size_t x_nb1, float *y, size_t y_nb1, int64_t n, int64_t rows, float c,
+                    void *stream);
+
 /* RoPE in place on x (head_dim, n_head, n_tok) with head stride nb1 and token stride nb2 at
  * positions pos; ff (n_rot / 2 values) may be NULL. theta_scale = freq_base^(-2 / n_rot), computed
- * by the caller as the CPU reference computes it. */
+ * by the caller as the CPU reference computes it; cos and sin are multiplied by attn_factor. */
 int kiri_cuda_rope(float *x, size_t nb1, size_t nb2, const int32_t *pos, const float *ff, int64_t n_head,
-                   int64_t n_tok, int n_rot, int neox, float theta_scale, float freq_scale, void *stream);
+                   int64_t n_tok, int n_rot, int neox, float theta_scale, float freq_scale, float attn_factor,
+                   void *stream);
 
 /* Copies n_tok rows of k F32 values (s_nb1 apart) into the cache rows slots[i] (c_nb1 apart) of a
  * cache of type ctype (F32, F16 or Q8_0) with n_slots rows; slots outside are skipped. */
@@ -83,6 +88,7 @@ struct kiri_cuda_attention {
     int n_head, n_head_kv, head_dim, block_size, kv_type;
     int64_t n_tok, n_slots;
     float scale;
+    int window; /* > 0: a token with n keys attends keys [max(0, n - window), n) only */
 };
 int kiri_cuda_attention(const struct kiri_cuda_attention *a, void *stream);
 

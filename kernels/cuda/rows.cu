@@ -1,4 +1,4 @@
-/* Row operations: RMS norm, add / mul / SwiGLU, RoPE, with the CPU reference's formulas
+/* Row operations: RMS norm, add / mul / SwiGLU / GEGLU, scale / softcap, RoPE, with the CPU reference's formulas
  * (kernels/cpu/ops.c): the sum of squares in double, RoPE angles advanced by repeated
  * multiplication from the position, each pair rotated with the reference's products. */
 #include "common.cuh"
@@ -53,8 +53,10 @@ __global__ void binary(const float *a, size_t a_nb1, const float *b, size_t b_nb
         out[i] = x + z;
     else if (OP == 1)
         out[i] = x * z;
-    else
+    else if (OP == 2)
         out[i] = (x / (1.0f + expf(-x))) * z;
+    else
+        out[i] = geglu_value(x, z);
 }
 
 extern "C" int kiri_cuda_binary(int op, const float *a, size_t a_nb1, const float *b, size_t b_nb1, float *y,
@@ -71,8 +73,40 @@ extern "C" int kiri_cuda_binary(int op, const float *a, size_t a_nb1, const floa
             binary<0><<<grid, 256, 0, st>>>(ar, a_nb1, br, b_nb1, yr, y_nb1, n);
         else if (op == 1)
             binary<1><<<grid, 256, 0, st>>>(ar, a_nb1, br, b_nb1, yr, y_nb1, n);
-        else
+        else if (op == 2)
             binary<2><<<grid, 256, 0, st>>>(ar, a_nb1, br, b_nb1, yr, y_nb1, n);
+        else
+            binary<3><<<grid, 256, 0, st>>>(ar, a_nb1, br, b_nb1, yr, y_nb1, n);
+    }
+    return (int)cudaGetLastError();
+}
+
+/* One value per thread: grid (values / 256, rows). */
+template <int OP>
+__global__ void unary(const float *x, size_t x_nb1, float *y, size_t y_nb1, int64_t n, float c)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const float v = ((const float *)((const char *)x + blockIdx.y * x_nb1))[i];
+    ((float *)((char *)y + blockIdx.y * y_nb1))[i] = OP == 0 ? v * c : softcap_value(v, c);
+}
+
+extern "C" int kiri_cuda_unary(int op, const float *x, size_t x_nb1, float *y, size_t y_nb1, int64_t n, int64_t rows,
+                               float c, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    if (n <= 0 || rows <= 0)
+        return 0;
+    for (int64_t r = 0; r < rows; r += KIRI_CUDA_MAX_GRID_Y) {
+        const int64_t nr = rows - r < KIRI_CUDA_MAX_GRID_Y ? rows - r : KIRI_CUDA_MAX_GRID_Y;
+        const dim3 grid((unsigned)((n + 255) / 256), (unsigned)nr);
+        const float *xr = (const float *)((const char *)x + (size_t)r * x_nb1);
+        float *yr = (float *)((char *)y + (size_t)r * y_nb1);
+        if (op == 0)
+            unary<0><<<grid, 256, 0, st>>>(xr, x_nb1, yr, y_nb1, n, c);
+        else
+            unary<1><<<grid, 256, 0, st>>>(xr, x_nb1, yr, y_nb1, n, c);
     }
     return (int)cudaGetLastError();
 }
@@ -80,9 +114,9 @@ extern "C" int kiri_cuda_binary(int op, const float *a, size_t a_nb1, const floa
 #define MAX_PAIRS 512
 
 /* One token per block: the (cos, sin) of each pair first (thread i advances the angle i times,
- * as the reference's loop does), then every (head, pair) of the token. */
+ * as the reference's loop does; both times attn_factor), then every (head, pair) of the token. */
 __global__ void rope(float *x, size_t nb1, size_t nb2, const int32_t *pos, const float *ff, int n_head, int n_rot,
-                     int neox, float theta_scale, float freq_scale)
+                     int neox, float theta_scale, float freq_scale, float attn_factor)
 {
     __shared__ float cs[MAX_PAIRS][2];
     const int t = blockIdx.x;
@@ -93,8 +127,8 @@ __global__ void rope(float *x, size_t nb1, size_t nb2, const int32_t *pos, const
             theta *= theta_scale;
         const float f = ff ? ff[i] : 1.0f;
         const float angle = freq_scale * (theta / f);
-        cs[i][0] = cosf(angle);
-        cs[i][1] = sinf(angle);
+        cs[i][0] = cosf(angle) * attn_factor;
+        cs[i][1] = sinf(angle) * attn_factor;
     }
     __syncthreads();
     for (int j = threadIdx.x; j < n_head * n_pairs; j += blockDim.x) {
@@ -108,14 +142,15 @@ __global__ void rope(float *x, size_t nb1, size_t nb2, const int32_t *pos, const
 }
 
 extern "C" int kiri_cuda_rope(float *x, size_t nb1, size_t nb2, const int32_t *pos, const float *ff, int64_t n_head,
-                              int64_t n_tok, int n_rot, int neox, float theta_scale, float freq_scale, void *stream)
+                              int64_t n_tok, int n_rot, int neox, float theta_scale, float freq_scale,
+                              float attn_factor, void *stream)
 {
     if (n_tok <= 0 || n_head <= 0 || n_rot < 2)
         return 0;
     if (n_tok > 0x7fffffff || n_head > 0x7fffff)
         return -1;
     rope<<<(unsigned)n_tok, 128, 0, (cudaStream_t)stream>>>(x, nb1, nb2, pos, ff, (int)n_head, n_rot, neox,
-                                                            theta_scale, freq_scale);
+                                                            theta_scale, freq_scale, attn_factor);
     return (int)cudaGetLastError();
 }
 

@@ -26,15 +26,15 @@
  * - Tensors are bound as whole buffers from an offset aligned down to the device's
  *   minStorageBufferOffsetAlignment; the shader gets the remaining byte offset in its push
  *   constants, so tensors at any 4-byte offset (2 for Q8_0 caches) can be bound.
- * - Pipelines are created on first use: a model needs a dozen of the 45 shaders.
+ * - Pipelines are created on first use: a model needs a dozen of the 47 shaders.
  *
  * Numerics: products convert activations as the CPU reference does (Q8_0, Q8_1, Q8_K, F16, BF16
  * rounding; the shaders round conversions and divisions themselves, so the quants are the
  * reference's bytes) and use the same per-block integer sums and float formulas: they agree with
  * it up to the order in which block results are added (the tiled product adds them in the
- * reference's order). Row look-ups, add, mul and STORE_KV are exact; norms, RoPE, SwiGLU and
- * attention agree to a few ulps (exp and reduction order differ). tests/test_vulkan.c states the
- * tolerances.
+ * reference's order). Row look-ups, add, mul, scale and STORE_KV are exact; norms, RoPE, SwiGLU,
+ * GEGLU, softcap and attention agree to a few ulps (exp, tanh and reduction order differ).
+ * tests/test_vulkan.c states the tolerances.
  *
  * Two environment variables exist for tests: KIRI_VULKAN_STAGING=1 makes scratch buffers
  * device-local with staging copies even on host-memory devices, and KIRI_VULKAN_MAX_BINDING=bytes
@@ -142,12 +142,15 @@ enum {
     P_ROPE,
     P_STORE_KV,
     P_ATTENTION,
+    P_GEGLU,
+    P_UNARY,  /* SCALE and SOFTCAP */
     P_COUNT
 };
 
 static void pipeline_name(int id, char *buf, size_t cap)
 {
-    static const char *const singles[] = {"rms_norm", "add", "mul", "swiglu", "rope", "store_kv", "attention"};
+    static const char *const singles[] = {"rms_norm", "add", "mul", "swiglu", "rope", "store_kv", "attention",
+                                         "geglu", "unary"};
     if (id < P_MATVEC)
         snprintf(buf, cap, "get_rows_%s", wtypes[id - P_GET_ROWS].suffix);
     else if (id < P_MATMAT)
@@ -736,14 +739,16 @@ struct pc_rms_norm { uint32_t x_off, x_nb1, x_nb2, d_off, d_nb1, d_nb2, w_off, h
 struct pc_binary { uint32_t a_off, a_nb1, b_off, b_nb1, d_off, d_nb1, n, rows; };
 struct pc_rope {
     uint32_t x_off, x_nb1, x_nb2, pos_off, ff_off, has_ff, n_head, n_tok, n_pairs, n_rot, neox;
-    float theta_scale, freq_scale;
+    float theta_scale, freq_scale, attn_factor;
 };
 struct pc_store_kv { uint32_t s_off, s_nb1, sl_off, c_off, c_nb1, k, n_tok, n_slots, ctype; };
 struct pc_attention {
     uint32_t q_off, q_nb1, q_nb2, k_off, k_nb1, v_off, v_nb1, m_off, t_off, d_off, d_nb1;
     uint32_t n_head, n_head_kv, head_dim, block_size, n_tok, n_slots, kv_type;
     float scale;
+    uint32_t window;
 };
+struct pc_unary { uint32_t x_off, x_nb1, d_off, d_nb1, n, rows, op; float c; };
 
 /* The chunk of a source with rows: a weight's i-th chunk, or the whole tensor (one chunk). */
 static int n_chunks(const struct kiri_tensor *t)
@@ -886,6 +891,20 @@ static int rec_binary(struct kiri_backend *be, const struct kiri_node *nd, int p
     return dispatch(be, pipe, b, 3, &pc, sizeof pc, div_up((uint64_t)a->ne[0] * (uint64_t)rows, 64));
 }
 
+/* SCALE (op 0) and SOFTCAP (op 1) through one shader. */
+static int rec_unary(struct kiri_backend *be, const struct kiri_node *nd, uint32_t op, float c)
+{
+    const struct kiri_tensor *x = nd->src[0], *y = nd->dst;
+    int64_t rows, rows_y;
+    struct bind b[2];
+    if (kiri_tensor_flat_rows(x, &rows) != 0 || kiri_tensor_flat_rows(y, &rows_y) != 0 || rows_y != rows ||
+        bind_tensor(be, y, 1, &b[0]) != 0 || bind_tensor(be, x, 1, &b[1]) != 0)
+        return -1;
+    const struct pc_unary pc = {b[1].rem, u32(x->nb[1]), b[0].rem, u32(y->nb[1]), (uint32_t)x->ne[0],
+                                (uint32_t)rows, op, c};
+    return dispatch(be, P_UNARY, b, 2, &pc, sizeof pc, div_up((uint64_t)x->ne[0] * (uint64_t)rows, 64));
+}
+
 static int rec_rope(struct kiri_backend *be, const struct kiri_node *nd)
 {
     const struct kiri_tensor *x = nd->src[0], *pos = nd->src[1], *ff = nd->src[2];
@@ -913,6 +932,7 @@ static int rec_rope(struct kiri_backend *be, const struct kiri_node *nd)
     pc.neox = rp->mode == KIRI_ROPE_NEOX;
     pc.theta_scale = powf(rp->freq_base, -2.0f / (float)rp->n_rot); /* as kiri_cpu_rope_token */
     pc.freq_scale = rp->freq_scale;
+    pc.attn_factor = rp->attn_factor;
     return dispatch(be, P_ROPE, b, nb, &pc, sizeof pc,
                     div_up((uint64_t)pc.n_pairs * pc.n_head * pc.n_tok, 64));
 }
@@ -944,7 +964,7 @@ static int rec_attention(struct kiri_backend *be, const struct kiri_node *nd)
         b[1].rem, u32(q->nb[1]), u32(q->nb[2]), b[2].rem, u32(kc->nb[1]), b[3].rem, u32(vc->nb[1]),
         b[4].rem, b[5].rem, b[0].rem, u32(y->nb[1]), (uint32_t)ap->n_head, (uint32_t)ap->n_head_kv,
         (uint32_t)ap->head_dim, (uint32_t)ap->block_size, (uint32_t)q->ne[2], (uint32_t)kc->ne[1],
-        (uint32_t)kc->type, ap->scale,
+        (uint32_t)kc->type, ap->scale, (uint32_t)ap->window,
     };
     return dispatch(be, P_ATTENTION, b, 6, &pc, sizeof pc, (uint64_t)q->ne[2] * (uint64_t)ap->n_head);
 }
@@ -958,6 +978,9 @@ static int rec_node(struct kiri_backend *be, const struct kiri_node *nd)
     case KIRI_OP_ADD: return rec_binary(be, nd, P_ADD);
     case KIRI_OP_MUL: return rec_binary(be, nd, P_MUL);
     case KIRI_OP_SWIGLU: return rec_binary(be, nd, P_SWIGLU);
+    case KIRI_OP_GEGLU: return rec_binary(be, nd, P_GEGLU);
+    case KIRI_OP_SCALE: return rec_unary(be, nd, 0, nd->p.scale);
+    case KIRI_OP_SOFTCAP: return rec_unary(be, nd, 1, nd->p.softcap);
     case KIRI_OP_ROPE: return rec_rope(be, nd);
     case KIRI_OP_STORE_KV: return rec_store_kv(be, nd);
     case KIRI_OP_ATTENTION: return rec_attention(be, nd);
@@ -1395,9 +1418,18 @@ static int vk_supports(struct kiri_backend *be, const struct kiri_node *nd)
     case KIRI_OP_ADD:
     case KIRI_OP_MUL:
     case KIRI_OP_SWIGLU:
+    case KIRI_OP_GEGLU:
         return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0];
+    case KIRI_OP_SCALE:
+    case KIRI_OP_SOFTCAP: {
+        int64_t rows, rows_d;
+        const float c = nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap;
+        return kiri_node_all_f32(nd, 1) && d->ne[0] == s0->ne[0] && kiri_tensor_flat_rows(s0, &rows) == 0 &&
+               kiri_tensor_flat_rows(d, &rows_d) == 0 && rows == rows_d && isfinite(c) &&
+               (nd->op == KIRI_OP_SCALE || c > 0.0f);
+    }
     case KIRI_OP_ROPE:
-        return kiri_node_rope_ok(nd);
+        return kiri_node_rope_ok(nd) && isfinite(nd->p.rope.attn_factor);
     case KIRI_OP_STORE_KV:
         return s1 && s0->type == KIRI_TYPE_F32 && s1->type == KIRI_TYPE_I32 &&
                ((d->type == KIRI_TYPE_F32) || (d->type == KIRI_TYPE_F16 && s0->ne[0] % 2 == 0) ||

@@ -3,7 +3,10 @@
 /* ATTENTION: dst (D*H, n_tok) F32 = causal attention of the queries q (D, H, n_tok) over the keys
  * and values cached in slots found through block tables: token t attends to its first
  * meta[2t] keys; key j lives in slot table[j / block_size] * block_size + j % block_size, table
- * starting at entry meta[2t + 1] of the tables. Query head h reads cache head h / (H / Hkv).
+ * starting at entry meta[2t + 1] of the tables. With a sliding window (window > 0) the token
+ * attends only keys [max(0, n - window), n) of its n: the loops start there, so table entries of
+ * earlier blocks (which may name blocks since reused) are never read. Query head h reads cache
+ * head h / (H / Hkv).
  * Caches F32, F16 or Q8_0, read as kiri_cpu_attend_head reads them: the query and the attention
  * weights rounded to F16 for a reduced-precision cache, dot products and the weighted sum of
  * values added in key order.
@@ -31,6 +34,7 @@ layout(push_constant) uniform Params {
     uint n_head, n_head_kv, head_dim, block_size, n_tok, n_slots;
     uint kv_type;               /* 0 F32, 1 F16, 8 Q8_0 */
     float scale;
+    uint window;                /* keys a token attends at most; 0: all */
 } p;
 
 #include "common.glsl"
@@ -100,12 +104,13 @@ void main()
     if (nk < 0 || uint(nk) > p.n_slots)
         nk = 0;
     const uint n_kv = uint(nk), table = uint(meta[(p.m_off >> 2) + 2u * t + 1u]);
+    const uint j_lo = p.window != 0u && n_kv > p.window ? n_kv - p.window : 0u;
     const uint kbase = p.k_off + hk * row_bytes(), vbase = p.v_off + hk * row_bytes();
     barrier();
 
     /* Pass 1: the largest score and the sum of exp(score - largest). */
     float m = -1.0 / 0.0, l = 0.0;
-    for (uint j = tid; j < n_kv; j += 64u) {
+    for (uint j = j_lo + tid; j < n_kv; j += 64u) {
         const float s = score(kbase + slot_of(table, j) * p.k_nb1);
         if (s > m) {
             l = l * exp(m - s) + 1.0;
@@ -134,7 +139,7 @@ void main()
     float acc[MAX_D / 64u];
     for (uint i = 0u; i < MAX_D / 64u; i++)
         acc[i] = 0.0;
-    for (uint j0 = 0u; j0 < n_kv; j0 += 64u) {
+    for (uint j0 = j_lo; j0 < n_kv; j0 += 64u) {
         const uint j = j0 + tid;
         barrier();
         if (j < n_kv) {

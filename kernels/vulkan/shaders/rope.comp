@@ -4,8 +4,10 @@
  * (x[2i], x[2i+1]) (normal) or (x[i], x[i + n_rot/2]) (neox), optional frequency factors ff
  * (n_rot/2). One invocation per (token, head, pair). The angle is made the way the CPU makes it:
  * theta starts at the position and is multiplied by theta_scale (the host's powf) once per pair,
- * then freq_scale * (theta / ff). Sine and cosine are computed here, not by GLSL's sin and cos,
- * whose error Vulkan only bounds on [-pi, pi] (by 2^-11): positions make angles of thousands. */
+ * then freq_scale * (theta / ff); cosine and sine are then multiplied by attn_factor (LongRoPE's
+ * magnitude correction, 1 for none), as the CPU multiplies them. Sine and cosine are computed
+ * here, not by GLSL's sin and cos, whose error Vulkan only bounds on [-pi, pi] (by 2^-11):
+ * positions make angles of thousands. */
 layout(local_size_x = 64) in;
 
 layout(set = 0, binding = 0) buffer X { float x[]; };
@@ -16,7 +18,7 @@ layout(push_constant) uniform Params {
     uint x_off, x_nb1, x_nb2;   /* bytes, multiples of 4: tensor, head stride, token stride */
     uint pos_off, ff_off, has_ff;
     uint n_head, n_tok, n_pairs, n_rot, neox;
-    float theta_scale, freq_scale;
+    float theta_scale, freq_scale, attn_factor;
 } p;
 
 #include "common.glsl"
@@ -52,6 +54,8 @@ void main()
     precise float angle = p.freq_scale * div_rn(theta, f);
     float s, c;
     sin_cos(angle, s, c);
+    s *= p.attn_factor;
+    c *= p.attn_factor;
     const uint base = (p.x_off + t * p.x_nb2 + h * p.x_nb1) >> 2;
     const uint ia = base + (p.neox != 0u ? i : 2u * i);
     const uint ib = p.neox != 0u ? base + i + p.n_rot / 2u : ia + 1u;
