@@ -68,10 +68,14 @@ __global__ void __launch_bounds__(THREADS) attention(const attn_args args)
     const float *qrow = (const float *)((const char *)p.q + (size_t)t * p.q_nb2 + (size_t)h * p.q_nb1);
     for (int i = threadIdx.x; i < D; i += THREADS)
         qs[i] = C == KIRI_TYPE_F32 ? qrow[i] : f16_round(qrow[i]);
+    /* A windowed token's key count may pass the cache's slots (a windowed pool keeps only the
+     * windows): only the keys it reads must fit. */
     int64_t n_kv = p.meta[2 * t];
-    if (n_kv < 0 || n_kv > p.n_slots)
+    if (n_kv < 0)
         n_kv = 0;
     const int64_t j_lo = p.window > 0 && n_kv > p.window ? n_kv - p.window : 0;
+    if (n_kv - j_lo > p.n_slots)
+        n_kv = j_lo;
     const int32_t *table = p.tables + p.meta[2 * t + 1];
     const uint8_t *kbase = (const uint8_t *)p.k + (size_t)hk * args.kv_row;
     const uint8_t *vbase = (const uint8_t *)p.v + (size_t)hk * args.kv_row;

@@ -100,11 +100,15 @@ void main()
     const uint qrow = (p.q_off + t * p.q_nb2 + h * p.q_nb1) >> 2;
     for (uint i = tid; i < D; i += 64u)
         qs[i] = p.kv_type == 0u ? qbuf[qrow + i] : f16_round(qbuf[qrow + i]);
+    /* A windowed token's key count may pass the cache's slots (a windowed pool keeps only the
+     * windows): only the keys it reads must fit. */
     int nk = meta[(p.m_off >> 2) + 2u * t];
-    if (nk < 0 || uint(nk) > p.n_slots)
+    if (nk < 0)
         nk = 0;
+    const uint j_lo = p.window != 0u && uint(nk) > p.window ? uint(nk) - p.window : 0u;
+    if (uint(nk) - j_lo > p.n_slots)
+        nk = int(j_lo);
     const uint n_kv = uint(nk), table = uint(meta[(p.m_off >> 2) + 2u * t + 1u]);
-    const uint j_lo = p.window != 0u && n_kv > p.window ? n_kv - p.window : 0u;
     const uint kbase = p.k_off + hk * row_bytes(), vbase = p.v_off + hk * row_bytes();
     barrier();
 
