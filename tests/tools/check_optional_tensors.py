@@ -6,7 +6,7 @@ gate-up, partial rotary, LongRoPE (short and long factor sets, attn_factor, orig
 rope.scaling.factor 0 and attention.scale 0; and that files with a tensor the graph would not use
 are refused, naming it.
 
-A developer check (not part of make test; tests/ holds the permanent family tests):
+Run by tests/test_optional_tensors.py in make test, and alone:
   check_optional_tensors.py [--keep DIR] [NAME ...]
 It needs build/dump_logits. Each model is evaluated over a 40-token prompt, logits at every
 position, with an F32 KV cache on both sides; the figure is max |kiri - llama.cpp| /
