@@ -140,7 +140,11 @@ struct type_case {
 static const struct type_case type_cases[] = {
     {KIRI_TYPE_Q4_0, {32, 96, 2048, 32 * 133, 0}},
     {KIRI_TYPE_Q8_0, {32, 160, 2048, 32 * 130, 0}},
+    {KIRI_TYPE_Q4_1, {32, 96, 2048, 32 * 133, 0}},
+    {KIRI_TYPE_Q5_0, {32, 96, 2048, 32 * 133, 0}},
+    {KIRI_TYPE_Q5_1, {32, 96, 2048, 32 * 133, 0}},
     {KIRI_TYPE_Q4_K, {256, 768, 2048, 256 * 17, 0}},
+    {KIRI_TYPE_Q5_K, {256, 768, 2048, 256 * 17, 0}},
     {KIRI_TYPE_Q6_K, {256, 768, 2048, 256 * 17, 0}},
     {KIRI_TYPE_F16, {1, 7, 33, 100, 2048}},
     {KIRI_TYPE_F32, {1, 8, 31, 257, 2048}},
@@ -177,7 +181,7 @@ static void test_gemm_avx2(void)
             fprintf(stderr, "test_gemm_avx2: %s: %d mismatches\n", kiri_type_name(tc->type), bad);
     }
     /* Types without a gemm entry fall back to vec_dot in the backend. */
-    CHECK(fast.gemm[KIRI_TYPE_Q5_0] == NULL);
+    CHECK(fast.gemm[KIRI_TYPE_BF16] == NULL);
     CHECK(ref.gemm[KIRI_TYPE_Q4_0] == NULL);
     fprintf(stderr, "test_gemm_avx2: %d gemm kernels checked against the reference\n", n_kernels);
 #else
@@ -292,7 +296,11 @@ static int check_small(const char *name, const struct kiri_cpu_kernels *fast, co
     } cases[] = {
         {KIRI_TYPE_Q4_0, {32 * 5, 32 * 7, 32 * 10, 2048}},
         {KIRI_TYPE_Q8_0, {32 * 5, 32 * 7, 32 * 10, 2048}},
+        {KIRI_TYPE_Q4_1, {32 * 5, 32 * 7, 32 * 10, 2048}},
+        {KIRI_TYPE_Q5_0, {32 * 5, 32 * 7, 32 * 10, 2048}},
+        {KIRI_TYPE_Q5_1, {32 * 5, 32 * 7, 32 * 10, 2048}},
         {KIRI_TYPE_Q4_K, {256 * 3, 2048, 0, 0}},
+        {KIRI_TYPE_Q5_K, {256 * 3, 2048, 0, 0}},
         {KIRI_TYPE_Q6_K, {256 * 3, 2048, 0, 0}},
     };
     int n_tiles = 0;
