@@ -4,7 +4,7 @@
  * multiples of four, single tokens and single rows), several passes over the token side (k
  * beyond one chunk of 128 blocks), padded row strides and a padded output stride whose padding
  * must stay untouched; data patterns include rows at the extremes of the integer ranges (the
- * largest 4-bit and 6-bit quants against activations of 127) and Q8_0 weights holding -128.
+ * largest 4-, 5- and 6-bit quants against activations of 127) and Q8_0 weights holding -128.
  *
  * Tolerance: the kernels compute the same integer block sums as the reference and add the
  * blocks' float contributions in another order, so they may differ by a few float roundings of
@@ -199,6 +199,10 @@ static void test_extreme_pattern(void)
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q4_0, x, &b, 32) == sizeof b);
     CHECK_EQ_INT(b.qs[0] & 0xF, 0);
     CHECK_EQ_INT(b.qs[1] & 0xF, 15);
+    struct kiri_block_q5_1 b5; /* 5-bit quants: 0 and 31 (the folds' largest int16 sums) */
+    CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_1, x, &b5, 32) == sizeof b5);
+    CHECK_EQ_INT((b5.qs[0] & 0xF) | (b5.qh[0] & 1) << 4, 0);
+    CHECK_EQ_INT((b5.qs[1] & 0xF) | (b5.qh[0] >> 1 & 1) << 4, 31);
     fill(x, 32, PATTERN_EXTREME, 0);
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q8_0, x, &a, 32) == sizeof a);
     CHECK_EQ_INT(a.qs[7], 127);
