@@ -4,7 +4,7 @@
  * multiples of four, single tokens and single rows), several passes over the token side (k
  * beyond one chunk of 128 blocks), padded row strides and a padded output stride whose padding
  * must stay untouched; data patterns include rows at the extremes of the integer ranges (the
- * largest 4-bit and 6-bit quants against activations of 127) and Q8_0 weights holding -128.
+ * largest 4-, 5- and 6-bit quants against activations of 127) and Q8_0 weights holding -128.
  *
  * Tolerance: the kernels compute the same integer block sums as the reference and add the
  * blocks' float contributions in another order, so they may differ by a few float roundings of
@@ -140,7 +140,11 @@ struct type_case {
 static const struct type_case type_cases[] = {
     {KIRI_TYPE_Q4_0, {32, 96, 2048, 32 * 133, 0}},
     {KIRI_TYPE_Q8_0, {32, 160, 2048, 32 * 130, 0}},
+    {KIRI_TYPE_Q4_1, {32, 96, 2048, 32 * 133, 0}},
+    {KIRI_TYPE_Q5_0, {32, 96, 2048, 32 * 133, 0}},
+    {KIRI_TYPE_Q5_1, {32, 96, 2048, 32 * 133, 0}},
     {KIRI_TYPE_Q4_K, {256, 768, 2048, 256 * 17, 0}},
+    {KIRI_TYPE_Q5_K, {256, 768, 2048, 256 * 17, 0}},
     {KIRI_TYPE_Q6_K, {256, 768, 2048, 256 * 17, 0}},
     {KIRI_TYPE_F16, {1, 7, 33, 100, 2048}},
     {KIRI_TYPE_F32, {1, 8, 31, 257, 2048}},
@@ -177,7 +181,7 @@ static void test_gemm_avx2(void)
             fprintf(stderr, "test_gemm_avx2: %s: %d mismatches\n", kiri_type_name(tc->type), bad);
     }
     /* Types without a gemm entry fall back to vec_dot in the backend. */
-    CHECK(fast.gemm[KIRI_TYPE_Q5_0] == NULL);
+    CHECK(fast.gemm[KIRI_TYPE_BF16] == NULL);
     CHECK(ref.gemm[KIRI_TYPE_Q4_0] == NULL);
     fprintf(stderr, "test_gemm_avx2: %d gemm kernels checked against the reference\n", n_kernels);
 #else
@@ -195,6 +199,10 @@ static void test_extreme_pattern(void)
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q4_0, x, &b, 32) == sizeof b);
     CHECK_EQ_INT(b.qs[0] & 0xF, 0);
     CHECK_EQ_INT(b.qs[1] & 0xF, 15);
+    struct kiri_block_q5_1 b5; /* 5-bit quants: 0 and 31 (the folds' largest int16 sums) */
+    CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_1, x, &b5, 32) == sizeof b5);
+    CHECK_EQ_INT((b5.qs[0] & 0xF) | (b5.qh[0] & 1) << 4, 0);
+    CHECK_EQ_INT((b5.qs[1] & 0xF) | (b5.qh[0] >> 1 & 1) << 4, 31);
     fill(x, 32, PATTERN_EXTREME, 0);
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q8_0, x, &a, 32) == sizeof a);
     CHECK_EQ_INT(a.qs[7], 127);
@@ -292,7 +300,11 @@ static int check_small(const char *name, const struct kiri_cpu_kernels *fast, co
     } cases[] = {
         {KIRI_TYPE_Q4_0, {32 * 5, 32 * 7, 32 * 10, 2048}},
         {KIRI_TYPE_Q8_0, {32 * 5, 32 * 7, 32 * 10, 2048}},
+        {KIRI_TYPE_Q4_1, {32 * 5, 32 * 7, 32 * 10, 2048}},
+        {KIRI_TYPE_Q5_0, {32 * 5, 32 * 7, 32 * 10, 2048}},
+        {KIRI_TYPE_Q5_1, {32 * 5, 32 * 7, 32 * 10, 2048}},
         {KIRI_TYPE_Q4_K, {256 * 3, 2048, 0, 0}},
+        {KIRI_TYPE_Q5_K, {256 * 3, 2048, 0, 0}},
         {KIRI_TYPE_Q6_K, {256 * 3, 2048, 0, 0}},
     };
     int n_tiles = 0;

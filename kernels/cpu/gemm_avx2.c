@@ -1,5 +1,6 @@
 /* AVX2 (with FMA and F16C) tiles of matrix products (kiri_gemm_fn) for the weight types of the
- * common model files: Q4_0, Q8_0 (Q4_0 and Q8_0 models), Q4_K, Q6_K (Q4_K_M models), F16, F32.
+ * common model files: Q4_0, Q8_0 (Q4_0 and Q8_0 models), Q4_1, Q5_0, Q5_1 (Q4_1 and Q5 models;
+ * Q5_0 also in Q4_K_M files), Q4_K, Q5_K, Q6_K (Q4_K_M and Q5_K_M models), F16, F32.
  *
  * A product spends its time in the integer sums of 32 weights against 32 activations. The
  * quantized kernels below compute four such sums at once, for four (weight block, activation
@@ -28,8 +29,10 @@
  *   (tests/test_gemm.c checks every kernel against the reference on random data).
  * - The horizontal adds work on int16 lanes only where the sums cannot overflow: a pair sum of
  *   maddubs of a 4-bit weight (0..15) and an int8 activation is at most 2 * 15 * 127 = 3810, four
- *   of them 15240 (and the Q4_0 decode path's eight, 30480). Q8_0 weights fold as int32; Q6_K's
- *   6-bit pair sums (up to 16002) fold one round as int16 (32004), the second as int32.
+ *   of them 15240 (and the Q4_0 decode path's eight, 30480). 5-bit weights (0..31, Q5_0, Q5_1,
+ *   Q5_K) reach 7874 per pair and fold two rounds as int16 (31496), never three. Q8_0 weights
+ *   fold as int32; Q6_K's 6-bit pair sums (up to 16002) fold one round as int16 (32004), the
+ *   second as int32.
  * - Activations never hold -128 (the activation quantizers produce -127..127), which the sign
  *   trick for int8 x int8 products relies on, as in quants_avx2.c.
  *
@@ -622,6 +625,237 @@ AVX2 SPECIALIZE static inline void q8_0_rows_m(int64_t k, const void *w, size_t 
 GEMM_DRIVER_SMALL(gemm_q8_0_avx2, q8_0_tok4, q8_0_rows, q8_0_rows_m)
 
 /* ---------------------------------------------------------------------------------------------
+ * Q4_1, Q5_0, Q5_1 weights (Q8_1, Q8_0 and Q8_1 activations): the Q4_0 scheme with other
+ * unsigned quants. Each block's quants enter maddubs unsigned, u in 0..15 (Q4_1) or 0..31 (the
+ * nibble with the fifth bit from qh), so a pair sum is at most 2 * 31 * 127 = 7874 and the
+ * folds' int16 lanes at most 4 * 7874 = 31496. Q5_0 is x = d (u - 16): the token-side term
+ * 16 sum a is subtracted as Q4_0's 8 sum a is. Q4_1 and Q5_1 are x = d u + m: the offset's share
+ * m s_a (Q8_1 carries s = d_a sum a) is one more product per block, added in the low half of the
+ * quad only since the two halves are summed at the end.
+ * One body per kernel shape, inlined per type with a constant `t` (an enum q32 below).
+ * ------------------------------------------------------------------------------------------- */
+
+enum q32 { Q32_Q4_1, Q32_Q5_0, Q32_Q5_1 };
+
+static inline size_t q32_size(enum q32 t)
+{
+    return t == Q32_Q4_1 ? sizeof(struct kiri_block_q4_1)
+                         : t == Q32_Q5_0 ? sizeof(struct kiri_block_q5_0) : sizeof(struct kiri_block_q5_1);
+}
+
+/* The activation type's block: Q8_0 for Q5_0, Q8_1 (d, s, qs) for the others; d comes first. */
+static inline size_t q32_act_size(enum q32 t)
+{
+    return t == Q32_Q5_0 ? sizeof(struct kiri_block_q8_0) : sizeof(struct kiri_block_q8_1);
+}
+
+static inline const int8_t *q32_act_qs(enum q32 t, const char *yb)
+{
+    return t == Q32_Q5_0 ? ((const struct kiri_block_q8_0 *)yb)->qs : ((const struct kiri_block_q8_1 *)yb)->qs;
+}
+
+static inline kiri_f16 f16_at(const char *p)
+{
+    kiri_f16 h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+/* Every block type starts with d; Q4_1 and Q5_1 follow it with m, Q8_1 with s, Q4_K and Q5_K
+ * with dmin. */
+static inline kiri_f16 q32_d(const char *xb) { return f16_at(xb); }
+static inline kiri_f16 q32_m(const char *xb) { return f16_at(xb + sizeof(kiri_f16)); }
+
+/* 0x10 in byte i where bit i of qh is set, else 0. */
+AVX2 static inline __m256i fifth_bits(const uint8_t *qh)
+{
+    uint32_t bits;
+    memcpy(&bits, qh, sizeof bits); /* little-endian, as x86 is */
+    const __m256i pick = _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll,
+                                           0x0101010101010101ll, 0x0000000000000000ll);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), pick), bit);
+    return _mm256_andnot_si256(_mm256_cmpeq_epi8(v, _mm256_setzero_si256()), _mm256_set1_epi8(0x10));
+}
+
+/* The 32 unsigned quants of a block in element order. */
+AVX2 static inline __m256i q32_unpack(enum q32 t, const char *xb)
+{
+    if (t == Q32_Q4_1)
+        return nibbles(((const struct kiri_block_q4_1 *)xb)->qs);
+    if (t == Q32_Q5_0) {
+        const struct kiri_block_q5_0 *x = (const struct kiri_block_q5_0 *)xb;
+        return _mm256_or_si256(nibbles(x->qs), fifth_bits(x->qh));
+    }
+    const struct kiri_block_q5_1 *x = (const struct kiri_block_q5_1 *)xb;
+    return _mm256_or_si256(nibbles(x->qs), fifth_bits(x->qh));
+}
+
+/* 16 sum(a) over each 128-bit half of an activation block, in every slot of that half (Q5_0). */
+AVX2 static inline __m256i q5_0_corr(__m256i av)
+{
+    __m256i c = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(16), av), _mm256_set1_epi16(1));
+    c = _mm256_hadd_epi32(c, c);
+    return _mm256_hadd_epi32(c, c);
+}
+
+/* [f0 f1 f2 f3 0 0 0 0]: the offsets' or the tokens' s of a quad, in the low half only. */
+AVX2 static inline __m256 quad_f16_lo(kiri_f16 h0, kiri_f16 h1, kiri_f16 h2, kiri_f16 h3)
+{
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h0, (short)h1, (short)h2, (short)h3, 0, 0, 0, 0));
+}
+
+/* One block of one row against a token quad (see q4_0_tokens): corr the tokens' 16 sum a (Q5_0),
+ * sy their s in the low half (Q4_1, Q5_1). */
+AVX2 SPECIALIZE static inline __m256 q32_tokens(enum q32 t, const char *xb, __m256i a0, __m256i a1, __m256i a2,
+                                                __m256i a3, __m256i corr, __m256 sy, __m256 dy, __m256 acc)
+{
+    const __m256i u = q32_unpack(t, xb);
+    __m256i s = fold_i16(_mm256_maddubs_epi16(u, a0), _mm256_maddubs_epi16(u, a1), _mm256_maddubs_epi16(u, a2),
+                         _mm256_maddubs_epi16(u, a3));
+    if (t == Q32_Q5_0)
+        s = _mm256_sub_epi32(s, corr);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(bcast_f16(q32_d(xb)), dy), acc);
+    if (t != Q32_Q5_0)
+        acc = _mm256_fmadd_ps(bcast_f16(q32_m(xb)), sy, acc);
+    return acc;
+}
+
+/* Four tokens against every row of the tile, four rows at a time, in passes of CHUNK blocks whose
+ * token-side values are computed once per pass (as q4_0_tok4). */
+AVX2 SPECIALIZE static inline void q32_tok4(enum q32 t, int64_t k, const void *w, size_t ws, const void *const ap[4],
+                                            float *const out[4], int n_tok, int64_t nr)
+{
+    const size_t xs = q32_size(t), ys = q32_act_size(t);
+    const char *y[4];
+    UNROLL
+    for (int i = 0; i < 4; i++)
+        y[i] = ap[i];
+    const int64_t nb = k / 32;
+    __m256 dy[CHUNK], sy[CHUNK];
+    __m256i corr[CHUNK];
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int64_t bn = min64(nb - b0, CHUNK);
+        for (int64_t b = 0; b < bn; b++) {
+            const size_t o = (size_t)(b0 + b) * ys;
+            dy[b] = quad_f16(q32_d(y[0] + o), q32_d(y[1] + o), q32_d(y[2] + o), q32_d(y[3] + o));
+            if (t == Q32_Q5_0) {
+                corr[b] = fold_i16(_mm256_maddubs_epi16(sixteen, load256(q32_act_qs(t, y[0] + o))),
+                                   _mm256_maddubs_epi16(sixteen, load256(q32_act_qs(t, y[1] + o))),
+                                   _mm256_maddubs_epi16(sixteen, load256(q32_act_qs(t, y[2] + o))),
+                                   _mm256_maddubs_epi16(sixteen, load256(q32_act_qs(t, y[3] + o))));
+                sy[b] = _mm256_setzero_ps();
+            } else {
+                corr[b] = _mm256_setzero_si256();
+                sy[b] = quad_f16_lo(q32_m(y[0] + o), q32_m(y[1] + o), q32_m(y[2] + o), q32_m(y[3] + o));
+            }
+        }
+        for (int64_t r = 0; r < nr; r += 4) {
+            const char *x[4];
+            UNROLL
+            for (int i = 0; i < 4; i++)
+                x[i] = tile_row(w, ws, r + i, nr) + (size_t)b0 * xs;
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+            __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+            for (int64_t b = 0; b < bn; b++) {
+                const size_t o = (size_t)(b0 + b) * ys, ox = (size_t)b * xs;
+                const __m256i a0 = load256(q32_act_qs(t, y[0] + o)), a1 = load256(q32_act_qs(t, y[1] + o));
+                const __m256i a2 = load256(q32_act_qs(t, y[2] + o)), a3 = load256(q32_act_qs(t, y[3] + o));
+                acc0 = q32_tokens(t, x[0] + ox, a0, a1, a2, a3, corr[b], sy[b], dy[b], acc0);
+                acc1 = q32_tokens(t, x[1] + ox, a0, a1, a2, a3, corr[b], sy[b], dy[b], acc1);
+                acc2 = q32_tokens(t, x[2] + ox, a0, a1, a2, a3, corr[b], sy[b], dy[b], acc2);
+                acc3 = q32_tokens(t, x[3] + ox, a0, a1, a2, a3, corr[b], sy[b], dy[b], acc3);
+            }
+            put_tokens4(acc0, acc1, acc2, acc3, out, n_tok, r, nr, b0 == 0);
+        }
+    }
+}
+
+/* One activation block against a row quad whose quants u0..u3, scales dx and offsets mx (low
+ * half; Q4_1, Q5_1) are unpacked: the step of q32_rows and, for each token, of q32_rows_m, so a
+ * token gets the same floats in both. */
+AVX2 SPECIALIZE static inline __m256 q32_quad(enum q32 t, const char *yb, __m256i u0, __m256i u1, __m256i u2,
+                                              __m256i u3, __m256 dx, __m256 mx, __m256 acc)
+{
+    const __m256i av = load256(q32_act_qs(t, yb));
+    __m256i s = fold_i16(_mm256_maddubs_epi16(u0, av), _mm256_maddubs_epi16(u1, av), _mm256_maddubs_epi16(u2, av),
+                         _mm256_maddubs_epi16(u3, av));
+    if (t == Q32_Q5_0)
+        s = _mm256_sub_epi32(s, q5_0_corr(av));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dx, bcast_f16(q32_d(yb))), acc);
+    if (t != Q32_Q5_0)
+        acc = _mm256_fmadd_ps(mx, bcast_f16(q32_m(yb)), acc);
+    return acc;
+}
+
+/* m (1..4) tokens against rows in quads, the next quad prefetched: per block each row's quants
+ * are unpacked once and used for every token, so the rows stream from memory once for the batch
+ * (m == 1: the one-token path). */
+AVX2 SPECIALIZE static inline void q32_rows_m(enum q32 t, int64_t k, const void *w, size_t ws, const void *a,
+                                              size_t as, float *dst, size_t ds, int64_t nr, int m)
+{
+    const size_t xs = q32_size(t), ys = q32_act_size(t);
+    const char *y[4];
+    for (int j = 0; j < 4; j++)
+        y[j] = (const char *)a + (size_t)(j < m ? j : m - 1) * as;
+    const int64_t nb = k / 32;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const char *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r, 4, nr, nx);
+        __m256 acc[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            acc[j] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const size_t ox = (size_t)b * xs;
+            if (!(b & 1)) /* two blocks are at most 48 bytes: every line gets one prefetch */
+                prefetch_rows(pf, 4, ox, 1);
+            const __m256i u0 = q32_unpack(t, x[0] + ox), u1 = q32_unpack(t, x[1] + ox);
+            const __m256i u2 = q32_unpack(t, x[2] + ox), u3 = q32_unpack(t, x[3] + ox);
+            const __m256 dx = quad_f16(q32_d(x[0] + ox), q32_d(x[1] + ox), q32_d(x[2] + ox), q32_d(x[3] + ox));
+            const __m256 mx = t == Q32_Q5_0 ? _mm256_setzero_ps()
+                                            : quad_f16_lo(q32_m(x[0] + ox), q32_m(x[1] + ox), q32_m(x[2] + ox),
+                                                          q32_m(x[3] + ox));
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < m; j++)
+                acc[j] = q32_quad(t, y[j] + (size_t)b * ys, u0, u1, u2, u3, dx, mx, acc[j]);
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < m; j++)
+            put_rows(acc[j], dst + (size_t)j * ds + r, nr - r);
+    }
+}
+
+/* The entry points of one type: the shapes above with t fixed, for GEMM_DRIVER_SMALL. */
+#define GEMM_Q32(name, t)                                                                        \
+    AVX2 static void name##_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],  \
+                                 float *const out[4], int n_tok, int64_t nr)                    \
+    {                                                                                            \
+        q32_tok4(t, k, w, ws, ap, out, n_tok, nr);                                               \
+    }                                                                                            \
+    AVX2 static void name##_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, \
+                                 int64_t nr)                                                     \
+    {                                                                                            \
+        q32_rows_m(t, k, w, ws, a, 0, out, 0, nr, 1);                                            \
+    }                                                                                            \
+    AVX2 SPECIALIZE static inline void name##_rows_m(int64_t k, const void *w, size_t ws,        \
+                                                     const void *a, size_t as, float *dst,       \
+                                                     size_t ds, int64_t nr, int m)               \
+    {                                                                                            \
+        q32_rows_m(t, k, w, ws, a, as, dst, ds, nr, m);                                          \
+    }                                                                                            \
+    GEMM_DRIVER_SMALL(gemm_##name##_avx2, name##_tok4, name##_rows, name##_rows_m)
+
+GEMM_Q32(q4_1, Q32_Q4_1)
+GEMM_Q32(q5_0, Q32_Q5_0)
+GEMM_Q32(q5_1, Q32_Q5_1)
+
+/* ---------------------------------------------------------------------------------------------
  * Q4_K weights, Q8_K activations: x = d sc q - dmin m per sub-block of 32, so
  * sum x a = d_a (d sum_j sc_j sum(q a) - dmin sum_j m_j (bsums of sub-block j)).
  * ------------------------------------------------------------------------------------------- */
@@ -642,24 +876,54 @@ AVX2 static inline __m256i scales_k4(const uint8_t *p, uint16_t sc[8])
     return _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(b, b));
 }
 
-AVX2 static void q4_K_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],
-                           float *const out[4], int n_tok, int64_t nr)
+/* One row against four tokens, Q4_K (five == 0) or Q5_K (five == 1; see q5_K_unpack below):
+ * per super-block the row's quants are unpacked once; the four tokens' maddubs results fold two
+ * rounds into [t0 t0 t1 t1 t2 t2 t3 t3] int16 pairs per half (8 products each, at most 31496),
+ * which one madd with the sub-block's scale widens. The two blocks share d, dmin and the scales'
+ * layout. */
+_Static_assert(offsetof(struct kiri_block_q5_K, scales) == offsetof(struct kiri_block_q4_K, scales) &&
+                   offsetof(struct kiri_block_q5_K, dmin) == offsetof(struct kiri_block_q4_K, dmin),
+               "Q4_K and Q5_K share their header");
+
+/* The 5-bit quants of chunk j (sub-blocks 2j and 2j + 1) of a Q5_K block: hb is the qh bytes
+ * shifted right by 2j, so their bits 0 and 1 are this chunk's. */
+AVX2 static inline void q5_K_unpack(const uint8_t *qs, int j, __m256i hb, __m256i *lo, __m256i *hi)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i q = load256(qs + 32 * j);
+    *lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4));
+}
+
+AVX2 SPECIALIZE static inline void k4_tok4(int five, int64_t k, const void *w, size_t ws, const void *const ap[4],
+                                           float *const out[4], int n_tok, int64_t nr)
 {
     const struct kiri_block_q8_K *y0 = ap[0], *y1 = ap[1], *y2 = ap[2], *y3 = ap[3];
     const int64_t nb = k / KIRI_QK_K;
+    const size_t bs = five ? sizeof(struct kiri_block_q5_K) : sizeof(struct kiri_block_q4_K);
+    const size_t qs_at = five ? offsetof(struct kiri_block_q5_K, qs) : offsetof(struct kiri_block_q4_K, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t r = 0; r < nr; r++) {
-        const struct kiri_block_q4_K *x = (const struct kiri_block_q4_K *)((const char *)w + (size_t)r * ws);
+        const char *x = (const char *)w + (size_t)r * ws;
         __m256 acc = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
+            const char *xb = x + (size_t)b * bs;
             uint16_t sc[8];
-            const __m256i m16 = scales_k4(x[b].scales, sc);
+            const __m256i m16 = scales_k4((const uint8_t *)xb + offsetof(struct kiri_block_q4_K, scales), sc);
             __m256i isum = _mm256_setzero_si256();
+            __m256i hb = five ? load256(xb + offsetof(struct kiri_block_q5_K, qh)) : _mm256_setzero_si256();
             UNROLL
             for (int j = 0; j < 4; j++) {
-                const __m256i q = load256(x[b].qs + 32 * j);
-                const __m256i lo = _mm256_and_si256(q, m4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                __m256i lo, hi;
+                if (five) {
+                    q5_K_unpack((const uint8_t *)xb + qs_at, j, hb, &lo, &hi);
+                    hb = _mm256_srli_epi16(hb, 2);
+                } else {
+                    const __m256i q = load256(xb + qs_at + 32 * j);
+                    lo = _mm256_and_si256(q, m4);
+                    hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                }
                 const int o = 64 * j;
                 const __m256i plo = fold_i16_pairs(_mm256_maddubs_epi16(lo, load256(y0[b].qs + o)),
                                                    _mm256_maddubs_epi16(lo, load256(y1[b].qs + o)),
@@ -677,11 +941,17 @@ AVX2 static void q4_K_tok4(int64_t k, const void *w, size_t ws, const void *cons
                                           _mm256_madd_epi16(load256(y2[b].bsums), m16),
                                           _mm256_madd_epi16(load256(y3[b].bsums), m16));
             const __m256 dy = quad_f32(y0[b].d, y1[b].d, y2[b].d, y3[b].d);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(bcast_f16(x[b].d), dy), acc);
-            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(bcast_f16(x[b].dmin), dy), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(bcast_f16(q32_d(xb)), dy), acc);
+            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(bcast_f16(q32_m(xb)), dy), acc);
         }
         put_tokens(acc, out, n_tok, r, 1);
     }
+}
+
+AVX2 static void q4_K_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],
+                           float *const out[4], int n_tok, int64_t nr)
+{
+    k4_tok4(0, k, w, ws, ap, out, n_tok, nr);
 }
 
 /* One Q4_K block's header (d, dmin and the 12 bytes of scales and mins, loaded as 16 bytes) into
@@ -889,6 +1159,95 @@ AVX2 SPECIALIZE static inline void q4_K_rows_m(int64_t k, const void *w, size_t 
 }
 
 GEMM_DRIVER_SMALL(gemm_q4_K_avx2, q4_K_tok4, q4_K_rows, q4_K_rows_m)
+
+/* ---------------------------------------------------------------------------------------------
+ * Q5_K weights, Q8_K activations: Q4_K with a fifth bit per quant (x = d sc q - dmin m per
+ * sub-block of 32, q in 0..31; chunk j of 64 values takes bits 2j and 2j + 1 of the 32 qh bytes).
+ * A pair sum reaches 2 * 31 * 127 = 7874, so where Q4_K folds three rounds in int16 this folds
+ * two (31496) and applies the scales then.
+ * ------------------------------------------------------------------------------------------- */
+
+AVX2 static void q5_K_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],
+                           float *const out[4], int n_tok, int64_t nr)
+{
+    k4_tok4(1, k, w, ws, ap, out, n_tok, nr);
+}
+
+/* m (1..4) tokens against rows in quads, the group after next prefetched (as q6_K_rows): per
+ * super-block each row's quants are unpacked once and used for every token, the integer sums
+ * kept per (token, row) as 8 int32 lanes and folded across the rows afterwards, so the float work
+ * per token is the same whatever m is (m == 1: the one-token path). */
+AVX2 SPECIALIZE static inline void q5_K_rows_m(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m)
+{
+    const struct kiri_block_q8_K *y[4];
+    for (int t = 0; t < 4; t++)
+        y[t] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t < m ? t : m - 1) * as);
+    const int64_t nb = k / KIRI_QK_K;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const struct kiri_block_q5_K *x[4];
+        UNROLL
+        for (int i = 0; i < 4; i++)
+            x[i] = (const struct kiri_block_q5_K *)tile_row(w, ws, r + i, nr);
+        const char *nx[4];
+        const char *const *pf = next_rows(w, ws, r + 4, 4, nr, nx); /* two groups ahead */
+        __m256 acc[4];
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < m; t++)
+            acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            prefetch_rows(pf, 4, (size_t)b * sizeof *x[0], sizeof *x[0]);
+            __m256i is[4][4], im[4][4]; /* [token][row] */
+            UNROLL
+            for (int i = 0; i < 4; i++) {
+                uint16_t sc[8];
+                const __m256i m16 = scales_k4(x[i][b].scales, sc);
+                __m256i ai[4];
+                _Pragma("GCC unroll 4")
+                for (int t = 0; t < m; t++)
+                    ai[t] = _mm256_setzero_si256();
+                __m256i hb = load256(x[i][b].qh);
+                UNROLL
+                for (int j = 0; j < 4; j++, hb = _mm256_srli_epi16(hb, 2)) {
+                    __m256i lo, hi;
+                    q5_K_unpack(x[i][b].qs, j, hb, &lo, &hi);
+                    const __m256i sl = _mm256_set1_epi16((short)sc[2 * j]), sh = _mm256_set1_epi16((short)sc[2 * j + 1]);
+                    _Pragma("GCC unroll 4")
+                    for (int t = 0; t < m; t++) {
+                        const int8_t *aq = y[t][b].qs + 64 * j;
+                        ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(aq)), sl));
+                        ai[t] = _mm256_add_epi32(ai[t], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(aq + 32)), sh));
+                    }
+                }
+                _Pragma("GCC unroll 4")
+                for (int t = 0; t < m; t++) {
+                    is[t][i] = ai[t];
+                    im[t][i] = _mm256_madd_epi16(load256(y[t][b].bsums), m16);
+                }
+            }
+            const __m256 dx = quad_f16(x[0][b].d, x[1][b].d, x[2][b].d, x[3][b].d);
+            const __m256 dmx = quad_f16(x[0][b].dmin, x[1][b].dmin, x[2][b].dmin, x[3][b].dmin);
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < m; t++) {
+                const __m256 dy = _mm256_set1_ps(y[t][b].d);
+                const __m256i s = fold_i32(is[t][0], is[t][1], is[t][2], is[t][3]);
+                const __m256i mn = fold_i32(im[t][0], im[t][1], im[t][2], im[t][3]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dx, dy), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mn), _mm256_mul_ps(dmx, dy), acc[t]);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < m; t++)
+            put_rows(acc[t], dst + (size_t)t * ds + r, nr - r);
+    }
+}
+
+AVX2 ONE_TOKEN static void q5_K_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    q5_K_rows_m(k, w, ws, a, 0, out, 0, nr, 1);
+}
+
+GEMM_DRIVER_SMALL(gemm_q5_K_avx2, q5_K_tok4, q5_K_rows, q5_K_rows_m)
 
 /* ---------------------------------------------------------------------------------------------
  * Q6_K weights, Q8_K activations: x = d sc_g (q - 32) per group of 16, q in 0..63, so
@@ -1191,11 +1550,19 @@ void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_F16] = gemm_f16_avx2;
     k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx2;
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx2;
+    k->gemm[KIRI_TYPE_Q4_1] = gemm_q4_1_avx2;
+    k->gemm[KIRI_TYPE_Q5_0] = gemm_q5_0_avx2;
+    k->gemm[KIRI_TYPE_Q5_1] = gemm_q5_1_avx2;
     k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx2;
+    k->gemm[KIRI_TYPE_Q5_K] = gemm_q5_K_avx2;
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx2;
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* GEMM_DRIVER_SMALL */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
+    k->gemm_stream[KIRI_TYPE_Q4_1] = 4;
+    k->gemm_stream[KIRI_TYPE_Q5_0] = 4;
+    k->gemm_stream[KIRI_TYPE_Q5_1] = 4;
     k->gemm_stream[KIRI_TYPE_Q4_K] = 4;
+    k->gemm_stream[KIRI_TYPE_Q5_K] = 4;
     k->gemm_stream[KIRI_TYPE_Q6_K] = 4;
 }
 
