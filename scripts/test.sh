@@ -97,7 +97,7 @@ if wants tsan; then
   tier "threads (tsan)" tsan_tier
 fi
 if wants reference; then
-  tier "reference tests" env KIRI_BUILD="$PWD/build" "$VENV/bin/python" -m pytest -q tests
+  tier "reference tests" env KIRI_BUILD="$PWD/build" "$VENV/bin/python" -m pytest -q --durations=12 tests
 fi
 if wants fuzz && command -v clang >/dev/null; then
   tier "fuzz smoke" scripts/fuzz.sh 30
