@@ -8,10 +8,10 @@ models/templates/. The benches build llama.cpp's own tools from it.
 
 The version is pinned to the llama-cpp-python the test venv installs, so the logits reference and
 this source are one llama.cpp. The archive's sha256 is checked. The cache is
-$KIRI_PEER_CACHE, else ~/.cache/kiri/peer. Exit status 0 with the path on stdout, else non-zero
+$KIRI_PEER_CACHE, else a folder `peer` beside real_models.py's model cache
+(~/.cache/kiri/peer). Exit status 0 with the path on stdout, else non-zero
 with the reason on stderr.
 """
-import hashlib
 import os
 import shutil
 import subprocess
@@ -20,6 +20,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_models  # noqa: E402  (the cache root and the digest, shared)
+
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -27,18 +30,7 @@ SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
 def cache_dir() -> Path:
     d = os.environ.get("KIRI_PEER_CACHE")
-    if d:
-        return Path(d)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kiri" / "peer"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return Path(d) if d else real_models.cache_dir().parent / "peer"
 
 
 def fetch_archive(d: Path) -> Path:
@@ -53,7 +45,7 @@ def fetch_archive(d: Path) -> Path:
                 if not got.exists():
                     raise RuntimeError(f"pip download did not produce {SDIST}")
                 got.rename(dest)
-        if sha256_of(dest) == SHA256:
+        if real_models.sha256_of(dest) == SHA256:
             return dest
         dest.unlink()
     raise RuntimeError(f"{SDIST}: sha256 does not match {SHA256} after a fresh download")

@@ -97,6 +97,19 @@ def reference(source, messages, bos, eos, gen):
     return "ok", out.encode()
 
 
+def run_render(args):
+    """Runs render_template with args: ("ok", bytes), ("raise", message) or ("error", stderr)."""
+    p = subprocess.run(args, capture_output=True, timeout=60)
+    if p.returncode == 0:
+        return "ok", p.stdout
+    if p.returncode != 1:
+        raise AssertionError(f"render_template crashed ({p.returncode}): {p.stderr.decode()}")
+    err = p.stderr.decode()
+    if err.startswith("E_INVALID_ARG raise_exception: "):
+        return "raise", err[len("E_INVALID_ARG raise_exception: "):].rstrip("\n")
+    return "error", err
+
+
 def kiri(path, messages, bos, eos, gen):
     args = [TOOL, str(path)]
     if bos is not None:
@@ -107,15 +120,7 @@ def kiri(path, messages, bos, eos, gen):
         args.append("--gen")
     for role, content in messages:
         args += ["--none", role] if content is None else [role, content]
-    p = subprocess.run(args, capture_output=True, timeout=60)
-    if p.returncode == 0:
-        return "ok", p.stdout
-    if p.returncode != 1:
-        raise AssertionError(f"render_template crashed ({p.returncode}): {p.stderr.decode()}")
-    err = p.stderr.decode()
-    if err.startswith("E_INVALID_ARG raise_exception: "):
-        return "raise", err[len("E_INVALID_ARG raise_exception: "):].rstrip("\n")
-    return "error", err
+    return run_render(args)
 
 
 def check(path, source, messages, bos="<s>", eos="</s>", gen=False):
@@ -316,15 +321,7 @@ def json_kiri(path, messages, tools, gen, extra, tmp):
         args += ["--vars", str(files["vars"])]
     if gen:
         args.append("--gen")
-    p = subprocess.run(args, capture_output=True, timeout=60)
-    if p.returncode == 0:
-        return "ok", p.stdout
-    if p.returncode != 1:
-        raise AssertionError(f"render_template crashed ({p.returncode}): {p.stderr.decode()}")
-    err = p.stderr.decode()
-    if err.startswith("E_INVALID_ARG raise_exception: "):
-        return "raise", err[len("E_INVALID_ARG raise_exception: "):].rstrip("\n")
-    return "error", err
+    return run_render(args)
 
 
 @functools.lru_cache(maxsize=None)
