@@ -11,7 +11,8 @@
  * template is parsed, with the line and column in the message, so a caller can fall back to
  * another template (kiri_chat_template_chatml) instead of rendering something subtly wrong.
  *
- * The template is untrusted input. Rendering is sandboxed: no I/O, no clock, no attribute whose
+ * The template is untrusted input. Rendering is sandboxed: no I/O (the clock only through
+ * strftime_now, transformers' global that shows the local date), no attribute whose
  * name starts with '_', no mutation of lists or dicts, bounded recursion, and caps on the output
  * size, the evaluation steps and the scratch memory (struct kiri_chat_limits), so a hostile
  * template cannot hang or exhaust the server. A parsed template is immutable: several threads may
@@ -66,7 +67,7 @@ void kiri_chat_template_free(struct kiri_chat_template *t);
 
 /* Renders n_msgs messages. The template sees the variables transformers passes: messages (a list
  * of {role, content} dicts), add_generation_prompt (a bool), bos_token and eos_token (undefined
- * when NULL), and tools and documents (none); and the globals raise_exception, namespace, range
+ * when NULL), and tools and documents (none); and the globals raise_exception, strftime_now, namespace, range
  * and dict. limits may be NULL for the defaults.
  * On success *out is a NUL-terminated string owned by the caller (free with kiri_mem_free) and
  * *out_len its length. Errors: KIRI_E_INVALID_ARG for bad arguments (roles, contents and tokens

@@ -1,7 +1,7 @@
 /* Chat templates: the built-ins a template can call, as tables from name to function: filters
  * and tests keep jinja2's names, parameters and results (tojson is transformers' replacement:
  * json.dumps with ensure_ascii=False); string, dict, list and loop methods follow Python's; the
- * globals are raise_exception (transformers'), namespace, range and dict. Methods that would
+ * globals are raise_exception and strftime_now (transformers'), namespace, range and dict. Methods that would
  * modify a list or dict are refused, as ImmutableSandboxedEnvironment refuses them.
  *
  * Case mapping (upper, lower, title, capitalize) covers ASCII, Latin-1, Greek and Cyrillic
@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "chat_template_text.h"
 #include "kiri.h"
@@ -1699,6 +1700,62 @@ static int global_raise_exception(struct kiri_chat_render *r, int64_t at, struct
                                (int)(msg.u.s.n > 255 ? 255 : msg.u.s.n), msg.u.s.p);
 }
 
+/* transformers' strftime_now(format): datetime.now().strftime(format), the local wall clock (some
+ * templates, Granite's among them, put today's date into the system prompt). datetime.now() is
+ * naive, so %z and %Z give "" as in Python, and %f is the microseconds; every other directive is
+ * the C library's strftime, as CPython uses it. The format and the result are bounded. */
+#define MAX_STRFTIME 256
+static int global_strftime_now(struct kiri_chat_render *r, int64_t at, struct kiri_chat_args *a,
+                               struct kiri_chat_value *out)
+{
+    static const char *const names[] = {"format"};
+    struct kiri_chat_value p[1];
+    if (bind(r, at, "strftime_now", a, names, 1, p) < 0)
+        return -1;
+    if (p[0].type != KIRI_CHAT_TYPE_STR)
+        return kiri_chat_fail(r, at, "strftime_now() takes a format string, not '%s'", kiri_chat_type_name(p[0]));
+    const char *f = p[0].u.s.p;
+    const size_t n = p[0].u.s.n;
+    if (n > MAX_STRFTIME || memchr(f, '\0', n))
+        return kiri_chat_fail(r, at, "strftime_now() format must be at most %d bytes, without NUL", MAX_STRFTIME);
+    struct timespec ts;
+    struct tm tm;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0 || !localtime_r(&ts.tv_sec, &tm))
+        return kiri_chat_fail(r, at, "strftime_now(): no clock");
+    /* Rewrite the Python-only directives into literal text, then let strftime do the rest. */
+    char fmt[4 * MAX_STRFTIME + 2], res[4 * MAX_STRFTIME + 256];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (f[i] != '%' || i + 1 == n) {
+            fmt[k++] = f[i];
+            continue;
+        }
+        const char d = f[++i];
+        if (d == 'z' || d == 'Z')
+            continue;
+        if (d == 'f') {
+            k += (size_t)snprintf(fmt + k, sizeof fmt - k, "%06ld", (long)(ts.tv_nsec / 1000));
+            continue;
+        }
+        fmt[k++] = '%';
+        fmt[k++] = d;
+    }
+    fmt[k] = '\0';
+    /* strftime returns 0 both for an empty result and for one that does not fit; a leading space
+     * tells them apart. */
+    char spaced[sizeof fmt + 1];
+    spaced[0] = ' ';
+    memcpy(spaced + 1, fmt, k + 1);
+    const size_t got = strftime(res, sizeof res, spaced, &tm);
+    if (got == 0)
+        return kiri_chat_fail(r, at, "strftime_now(): the result is too long");
+    char *dst;
+    if (kiri_chat_new_str(r, got - 1, &dst, out) < 0)
+        return -1;
+    memcpy(dst, res + 1, got - 1);
+    return 0;
+}
+
 /* namespace() and dict(): positional dicts are copied in, then keyword arguments set. */
 static int make_dict(struct kiri_chat_render *r, int64_t at, int ns, struct kiri_chat_args *a,
                      struct kiri_chat_value *out)
@@ -1771,6 +1828,7 @@ static const struct {
     global_fn *fn;
 } globals[] = {
     {"raise_exception", global_raise_exception},
+    {"strftime_now", global_strftime_now},
     {"namespace", global_namespace},
     {"range", global_range},
     {"dict", global_dict},

@@ -330,9 +330,11 @@ static void test_sandbox(void)
     s = "{% set ns = namespace(l=[]) %}{% for i in range(200) %}{% set ns.l = [ns.l] %}{% endfor %}"
         "{{ ns.l|tojson }}";
     expect_error(s, strlen(s), KIRI_E_UNSUPPORTED, "chat_template", "nested too deeply");
-    /* no I/O, no clock: such names are simply undefined */
+    /* no I/O: such names are simply undefined; the clock only through transformers' strftime_now */
     expect_text("{{ strftime_now is defined }}{{ open is defined }}{{ cycler is defined }}",
-                "FalseFalseFalse");
+                "TrueFalseFalse");
+    s = "{{ strftime_now('%Y' * 200) }}";
+    expect_error(s, strlen(s), KIRI_E_UNSUPPORTED, "chat_template", "at most 256 bytes");
 }
 
 static void test_raise_exception(void)

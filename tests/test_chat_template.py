@@ -4,9 +4,10 @@ The reference environment is set up the way transformers' chat_template_utils se
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with the loopcontrols
 extension, a `generation` block tag, `raise_exception`, and `tojson` replaced by
 json.dumps(ensure_ascii=False). Templates are rendered with messages, add_generation_prompt,
-bos_token, eos_token, tools=None and documents=None, as apply_chat_template passes them.
-(transformers also defines strftime_now; kiri has no clock in the sandbox, so neither side
-defines it here and templates fall back to their fixed date.)
+bos_token, eos_token, tools=None and documents=None, as apply_chat_template passes them, and
+transformers' strftime_now (datetime.now().strftime). Both sides read the wall clock in UTC (TZ is
+set for this process and the renderer it starts); a comparison that straddles a change of the
+clock's shown value is rendered again.
 
 The templates: the two inside the tokenizer vectors (Llama 3 and Qwen3), read with gguf-py, and
 the published templates of common models written out under tests/data/chat_templates/, each over
@@ -23,6 +24,8 @@ import json
 import os
 import subprocess
 import tempfile
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -73,7 +76,15 @@ def reference_env():
                                         extensions=[GenerationTag, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    def strftime_now(format):  # transformers' own definition
+        return datetime.now().strftime(format)
+
+    env.globals["strftime_now"] = strftime_now
     return env
+
+
+os.environ["TZ"] = "UTC"
+time.tzset()
 
 
 ENV = reference_env()
@@ -123,9 +134,21 @@ def kiri(path, messages, bos, eos, gen):
     return run_render(args)
 
 
+def same_clock(render_pair, tries=3):
+    """render_pair() -> (want, got), rendered again while they differ (at most tries times in all):
+    a template that shows the time can see the clock move between the two renders."""
+    want, got = render_pair()
+    for _ in range(tries - 1):
+        if want == got:
+            break
+        time.sleep(0.2)
+        want, got = render_pair()
+    return want, got
+
+
 def check(path, source, messages, bos="<s>", eos="</s>", gen=False):
-    want = reference(source, messages, bos, eos, gen)
-    got = kiri(path, messages, bos, eos, gen)
+    want, got = same_clock(lambda: (reference(source, messages, bos, eos, gen),
+                                    kiri(path, messages, bos, eos, gen)))
     if want[0] == "error":
         assert got[0] != "ok", f"jinja2 failed ({want[1]}) but kiri rendered {got[1]!r}"
         return want
@@ -347,24 +370,25 @@ def test_family_template(name, conversation, with_tools, tmp_path):
         variants += [{"enable_thinking": True}, {"enable_thinking": False}]
     for gen in (False, True):
         for extra in variants:
-            want = json_reference(source, messages, tools, gen, extra)
-            got = json_kiri(path, messages, tools, gen, extra, tmp_path)
+            want, got = same_clock(lambda: (json_reference(source, messages, tools, gen, extra),
+                                            json_kiri(path, messages, tools, gen, extra, tmp_path)))
             if want[0] == "error":
                 assert got[0] != "ok", f"jinja2 failed ({want[1]}) but kiri rendered {got[1]!r}"
                 continue
             assert got == want, f"\n{gen=} {extra=}\njinja2: {want!r}\nkiri:   {got!r}"
 
 
-@pytest.mark.parametrize("name", [n for n in FAMILY_TEMPLATES if "granite-3.3" not in n])
+@pytest.mark.parametrize("name", FAMILY_TEMPLATES)
 def test_family_template_renders(name, tmp_path):
-    """A plain conversation and a tool round render on both sides (not only fail alike). Not
-    Granite 3.3: it calls strftime_now, which neither side defines here (kiri's sandbox has no
-    clock), so both refuse it alike in test_family_template."""
+    """A plain conversation and a tool round render on both sides (not only fail alike); Granite
+    3.3's puts today's date (strftime_now) into its system prompt."""
     path, source = family_template(name)
     for conv in ("system_multi", "two_calls"):
-        want = json_reference(source, JSON_CONVERSATIONS[conv], WEATHER_TOOLS, True, {})
+        want, got = same_clock(lambda: (
+            json_reference(source, JSON_CONVERSATIONS[conv], WEATHER_TOOLS, True, {}),
+            json_kiri(path, JSON_CONVERSATIONS[conv], WEATHER_TOOLS, True, {}, tmp_path)))
         assert want[0] == "ok", want
-        assert json_kiri(path, JSON_CONVERSATIONS[conv], WEATHER_TOOLS, True, {}, tmp_path) == want
+        assert got == want
 
 
 def test_vars_refused(tmp_path):
@@ -496,6 +520,13 @@ SMALL = [
     "{{ {'b': 1, 'A': 2, 'a': 3}|dictsort(true) }} {{ {'x': 2, 'y': 1, 'z': 2}|dictsort(by='value') }} {{ {'x': 1, 'y': 2}|dictsort(reverse=true) }}",
     "{{ [1]|dictsort }}",
     "{{ {'a': 1}|dictsort(by='nope') }}",
+    # transformers' strftime_now: the wall clock (UTC here), Python's directives, bad formats
+    "{{ strftime_now('%d %B %Y') }}|{{ strftime_now('%Y-%m-%d %A %a %b %j %y %e %U %w %%') }}",
+    "{{ strftime_now('%H:%M %p %I') }}|{{ strftime_now(format='[%z][%Z]') }}|{{ strftime_now('') }}|{{ strftime_now('%') }}",
+    "{{ strftime_now('%Y') ~ strftime_now('%m')|int }}",
+    "{{ strftime_now(5) }}",
+    "{{ strftime_now() }}",
+    "{{ strftime_now('%Y', 1) }}",
     # generation tag (transformers)
     "{% generation %}{{ messages[0].content }}{% endgeneration %}!",
 ]
