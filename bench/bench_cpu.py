@@ -83,8 +83,8 @@ MODELS = ["tinyllama-Q4_0", "tinyllama-Q4_K_M", "tinyllama-Q8_0", "smollm-Q4_0",
           "smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
 MORE_MODELS = ["tinyllama-Q4_1", "tinyllama-Q5_K", "smollm-Q4_1"]
 ALL_MODELS = MODELS[:5] + MORE_MODELS + MODELS[5:]
-REAL = {"smollm2-135m-instruct-q4_1": "SmolLM2-135M-Instruct Q4_1 (real file)",
-        "gemma-3-270m-q4_k_m": "Gemma 3 270M Q4_K_M (real file)"}
+REAL = {"smollm2-135m-instruct-q4_1": "SmolLM2-135M-Instruct Q4_1, real file",
+        "gemma-3-270m-q4_k_m": "Gemma 3 270M Q4_K_M, real file"}
 PROMPT = "Once upon a time, there was a little robot who lived in a small town by the sea."
 # kiri / llama.cpp (issue 13): prefill >= 1.3, decode never slower; peak RSS and TTFT as before.
 TARGETS = {"prefill": 1.3, "decode": 1.0, "rss": 0.6, "ttft": 1.0, "bound_fraction": 0.85}
@@ -347,7 +347,7 @@ def table(results, a, machine):
         f"1 GiB, this run): " + ", ".join(f"{v:.1f} GB/s with {t} thread{'s' if t > 1 else ''}"
                                            for t, v in sorted(bw.items())) + ".")]
     lines.append(
-        f"Each cell is kiri / llama.cpp (kiri / llama.cpp in brackets; ✗ = below the target: prefill "
+        f"Each cell is kiri / llama.cpp with the ratio in brackets (✗ = the target missed: prefill "
         f"≥ {T['prefill']}, decode ≥ {T['decode']}, peak RSS ≤ {T['rss']}, TTFT ≤ {T['ttft']}). Prefill and "
         f"decode: `kiri bench` against `llama-bench`, -p {a.n_prompt} -n {a.n_gen} -d "
         f"{','.join(map(str, a.depths))}, best of {a.rounds} alternated rounds x {a.reps} timed runs; "
@@ -381,7 +381,15 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--nice", type=int, default=0,
                     help="scheduling priority of the measured processes (negative needs privileges)")
+    ap.add_argument("--render", metavar="JSON", help="prints the table of an earlier run's JSON and exits")
     a = ap.parse_args()
+    if a.render:
+        with open(a.render) as f:
+            old = json.load(f)
+        vars(a).update(old["settings"])
+        old["machine"]["membw_gbps"] = {int(t): v for t, v in old["machine"]["membw_gbps"].items()}
+        print(table(old["results"], a, old["machine"]))
+        return 0
     global NICE
     NICE = a.nice
     if a.quick:
