@@ -48,8 +48,9 @@ Usage: bench_cpu.py [--kiri PATH] [--llama-bin DIR] [--models DIR ...] [--make-d
   Defaults: /tmp/bench-build/kiri, the folder bench/build_llama_cpp.sh prints (it builds the
   tools once if they are missing, 10-15 minutes), <repo>/build/bench-models, T=2, N=3 rounds of
   R=1 timed run each (best of 3 per side), depths 0 and 512 (--long adds 2048), 3 TTFT rounds,
-  <repo>/build/bench-results.json. The default set takes about 15 minutes on 2 idle Zen 3 cores
-  (a TinyLlama-shape process runs about 40 s: warm-up, then at each depth a refill and the test).
+  <repo>/build/bench-results.json. The default set takes about 18 minutes on 2 idle Zen 3 cores
+  (a TinyLlama-shape process runs about 40 s: warm-up, then at each depth a refill and the test;
+  --rounds 2: about 12 minutes).
   --models: folders searched in order for <name>.gguf (a folder you may only read is fine);
   a missing synthetic model is written into --make-dir (default: the first folder) by
   make_models.py, from an F16 file in any of the folders. --all adds the types beyond the
@@ -78,7 +79,7 @@ import gguf
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(REPO, "bench")
 # Synthetic models (make_models.py, "<shape>-<type>") and real files (scripts/real_models.py
-# names, lower case). The default set fits a full run in about 15 minutes on 2 cores.
+# names, lower case). The default set: a full run in about 18 minutes on 2 idle cores.
 MODELS = ["tinyllama-Q4_0", "tinyllama-Q4_K_M", "tinyllama-Q8_0", "smollm-Q4_0", "smollm-Q8_0",
           "smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
 MORE_MODELS = ["tinyllama-Q4_1", "tinyllama-Q5_K", "smollm-Q4_1"]
