@@ -653,12 +653,19 @@ static void test_stats(const struct bench_test *t, double *best, double *avg, do
     *stddev = t->n_runs > 1 ? sqrt(sq / (t->n_runs - 1)) : 0;
 }
 
-/* The backend kiri_model_describe reports as picked ("cpu: picked (avx2)"): name and detail. */
-static void picked_backend(const struct kiri_model *m, char *name, size_t name_cap, char *detail, size_t detail_cap)
+/* What kiri_model_describe reports: the backend picked ("cpu: picked (avx2)": name and detail)
+ * and the worker threads ("threads:       2"; 0 when the line is missing). */
+struct bench_setup {
+    char backend[32], kernels[64];
+    int threads;
+};
+
+static void describe_setup(const struct kiri_model *m, struct bench_setup *out)
 {
+    snprintf(out->backend, sizeof out->backend, "?");
+    snprintf(out->kernels, sizeof out->kernels, "?");
+    out->threads = 0;
     char *buf = malloc(1 << 16);
-    snprintf(name, name_cap, "?");
-    snprintf(detail, detail_cap, "?");
     if (!buf)
         return;
     kiri_model_describe(m, buf, 1 << 16);
@@ -670,10 +677,13 @@ static void picked_backend(const struct kiri_model *m, char *name, size_t name_c
         const char *open = pick + strlen(": picked (");
         const char *close = strchr(open, ')');
         if (close) {
-            snprintf(name, name_cap, "%.*s", (int)(pick - line), line);
-            snprintf(detail, detail_cap, "%.*s", (int)(close - open), open);
+            snprintf(out->backend, sizeof out->backend, "%.*s", (int)(pick - line), line);
+            snprintf(out->kernels, sizeof out->kernels, "%.*s", (int)(close - open), open);
         }
     }
+    const char *threads = strstr(buf, "\nthreads:");
+    if (threads)
+        out->threads = atoi(threads + strlen("\nthreads:"));
     free(buf);
 }
 
@@ -726,7 +736,7 @@ static int bench_run(struct kiri_context *c, struct bench_test *t, int32_t *ids,
 }
 
 static void print_bench(const struct options *o, const struct bench_test *tests, int n_tests, const int *depths,
-                        int n_depths, int n_g, const char *backend, const char *kernels, double open_seconds,
+                        int n_depths, int n_g, const struct bench_setup *setup, double open_seconds,
                         double first_prefill)
 {
     const unsigned long long rss = (unsigned long long)kiri_peak_rss_bytes();
@@ -737,7 +747,7 @@ static void print_bench(const struct options *o, const struct bench_test *tests,
             *(tests[i].n_prompt ? &pp_first : &tg_first) = best;
         }
     if (!o->json) {
-        printf("backend: %s (%s), %d threads\n", backend, kernels, o->n_threads);
+        printf("backend: %s (%s), %d threads\n", setup->backend, setup->kernels, setup->threads);
         printf("%-16s %12s %20s\n", "test", "best tok/s", "avg ± stddev tok/s");
         for (int i = 0; i < n_tests; i++) {
             const struct bench_test *t = &tests[i];
@@ -754,15 +764,15 @@ static void print_bench(const struct options *o, const struct bench_test *tests,
     printf("{\"model\":");
     print_json_string(o->model);
     printf(",\"backend\":");
-    print_json_string(backend);
+    print_json_string(setup->backend);
     printf(",\"kernels\":");
-    print_json_string(kernels);
+    print_json_string(setup->kernels);
     printf(",\"n_prompt\":%d,\"n_gen\":%d,\"n_depth\":%d,\"depths\":[", o->n_prompt_bench, n_g, depths[0]);
     for (int i = 0; i < n_depths; i++)
         printf(i ? ",%d" : "%d", depths[i]);
     printf("],\"threads\":%d,\"repetitions\":%d,\"warmup\":%s,\"prefill_tps\":%.3f,\"decode_tps\":%.3f,"
            "\"peak_rss_bytes\":%llu,\"load_seconds\":%.4f,\"first_prefill_seconds\":%.4f,\"tests\":[",
-           o->n_threads, o->repetitions, o->no_warmup ? "false" : "true", pp_first, tg_first, rss, open_seconds,
+           setup->threads, o->repetitions, o->no_warmup ? "false" : "true", pp_first, tg_first, rss, open_seconds,
            first_prefill);
     for (int i = 0; i < n_tests; i++) {
         const struct bench_test *t = &tests[i];
@@ -833,9 +843,9 @@ static int cmd_bench(const struct options *o, const char **args, int n_args)
                 first_prefill = tests[i].seconds[r];
         }
     if (rc == 0) {
-        char backend[32], kernels[64];
-        picked_backend(m, backend, sizeof backend, kernels, sizeof kernels);
-        print_bench(o, tests, n_tests, depths, n_depths, n_g, backend, kernels, open_seconds, first_prefill);
+        struct bench_setup setup;
+        describe_setup(m, &setup);
+        print_bench(o, tests, n_tests, depths, n_depths, n_g, &setup, open_seconds, first_prefill);
     }
     free(ids);
     kiri_context_free(c);
