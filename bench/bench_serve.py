@@ -1,58 +1,66 @@
 #!/usr/bin/env python3
-"""Serving speed: `kiri serve` against llama.cpp's server (llama-cpp-python[server]) on the same
-GGUF file and thread count, both on 127.0.0.1, one server at a time.
+"""Serving speed: `kiri serve` against llama.cpp's own `llama-server` on the same GGUF file and
+thread count, both on 127.0.0.1, one server at a time.
 
-For each number of concurrent clients (default 1, 4, 8, 16) each side gets a fresh server, the two
-sides alternating (kiri first at the first level, llama.cpp first at the next, and so on):
+The peer is llama-server as a user runs it for several clients: continuous batching (its default,
+passed explicitly) with as many slots as kiri's --parallel, built from the llama.cpp source that
+the pinned llama-cpp-python sdist vendors (bench/build_llama_cpp.sh). For each number of
+concurrent clients (default 1, 4, 8, 16) each side gets a fresh server, the two sides alternating
+(kiri first at the first level, llama.cpp first at the next, and so on):
 
-  kiri       `kiri serve -m M -t T --parallel P --kv-memory KV --backend B --port PORT`
-  llama.cpp  `python -m llama_cpp.server --model M --n_threads T --n_threads_batch T --n_ctx 2048
-              --interrupt_requests False` (its default, True, ends a running stream as soon as
-              another request arrives; off, requests wait their turn)
+  kiri       `kiri serve -m M -t T --parallel P --ctx S --kv-memory KV --backend B --port PORT`
+  llama.cpp  `llama-server -m M -t T -tb T -np P -c P*S --cont-batching --no-webui --port PORT`
+             (-c is the whole KV cache, split into P slots of S tokens)
+
+S is the per-sequence context (--slot-ctx, default 1024) and KV, unless given, is what P
+sequences of S tokens take in an F16 cache, so both servers get the same KV capacity.
 
 After one short warm-up request, C client threads each send streaming `POST /v1/completions`
-requests (a 48-token prompt with TinyLlama's vocabulary, max_tokens 64, temperature 0), one after another, until
---duration seconds have passed; requests already started finish. Measured at the client:
+requests (a 48-token prompt with TinyLlama's vocabulary, max_tokens 64, temperature 0), one after
+another, until --duration seconds have passed; requests already started finish. Measured at the
+client:
 
   aggregate tok/s  generated tokens of all requests / (last answer's end - start of the level)
   TTFT             request sent -> first streamed chunk with a choice; p50 and p99 (nearest rank:
                    with fewer than 100 requests p99 is the slowest one)
 
-Generated tokens: the `usage` chunk when the server sends one (kiri does, with
-stream_options.include_usage), else max_tokens when finish_reason is "length", else the number of
-non-empty chunks. Every request's prompt starts with its own number ("Request 12: ..."), so neither
-server's prefix reuse (kiri's prefix cache, llama.cpp's reuse of its previous prompt) skips the
-prompt; --same-prompt sends one identical prompt instead.
-
-llama-cpp-python's server runs one request at a time (one context, a lock around it): clients queue
-and aggregate throughput stays that of one stream. That is its behaviour, measured as it is.
+Generated tokens: the `usage` chunk (both servers send one with stream_options.include_usage),
+else max_tokens when finish_reason is "length", else the number of non-empty chunks. Every
+request's prompt starts with its own number ("Request 12: ..."), so neither server's prefix reuse
+(kiri's prefix cache, llama-server's prompt cache) skips the prompt; --same-prompt sends one
+identical prompt instead.
 
 Also measured, on kiri alone:
 
   single stream  decode tok/s of one streamed request through `kiri serve` ((tokens - 1) / (last
                  token - first token), at the client) against `kiri bench -m M -t T -p NP -n 64
-                 -r 1 --json` with NP = the prompt's token count, alternated --rounds times while
-                 the server idles; best of each. The target: within 5%.
-  memory         /proc/PID/status and smaps of the server after warm-up and, sampled every 0.25 s,
+                 -d NP -r 1 --json` with NP = the prompt's token count (decode right after the
+                 prompt, as in the server), alternated --rounds times while the server idles; best
+                 of each. The target: within 5%.
+  memory         /proc/PID/status and smaps of the server after warm-up and, sampled every 0.25 s
                  under load: VmRSS, RssAnon, the resident part of the mapped model file and of the
                  KV pool. The pool's size is kiri_kv_blocks_capacity x kiri_kv_block_size_tokens
                  (/metrics) x the F16 bytes per token (GGUF); it is anonymous memory and counts as
                  RssAnon once touched. "Other" = VmRSS - model file - KV pool (resident): the
                  server's own memory, split into anonymous pages and other files (binary,
-                 libraries). Target: <= 20 MB. The peak under --rss-clients (default 8) is reported.
+                 libraries). Target: <= 20 MB. The peak under --rss-clients (default 8) is reported,
+                 with llama-server's VmRSS and RssAnon under the same load.
 
-Usage: bench_serve.py [--kiri PATH] [--model FILE] [--threads T] [--clients 1 4 8 16]
-                      [--duration S] [--max-tokens N] [--parallel P] [--kv-memory 256M]
-                      [--backend B] [--kiri-args "FLAGS"] [--rounds N] [--rss-clients C]
+The report names the CPU, kiri's kernel tier and the memory read bandwidth measured in the same
+run (bench/membw.c, as bench_cpu.py).
+
+Usage: bench_serve.py [--kiri PATH] [--llama-bin DIR] [--model FILE] [--threads T]
+                      [--clients 1 4 8 16] [--duration S] [--max-tokens N] [--parallel P]
+                      [--slot-ctx S] [--kv-memory SIZE] [--backend B] [--cpu-kernels TIER]
+                      [--kiri-args "FLAGS"] [--llama-args "FLAGS"] [--rounds N] [--rss-clients C]
                       [--nice N] [--json PATH] [--same-prompt] [--no-llama] [--no-single] [--quick]
-  Defaults: build/kiri, <repo>/build/bench-models/tinyllama-Q4_0.gguf (bench/make_models.py),
-  T=2, 20 s per level and side, P=16, KV 256M, B=auto, 3 single-stream rounds, C=8,
+  Defaults: build/kiri, the folder bench/build_llama_cpp.sh prints, <repo>/build/bench-models/
+  tinyllama-Q4_0.gguf (bench/make_models.py), T=2, 1, 4, 8 and 16 clients, 30 s per level and
+  side, P=16, S=1024, KV=P*S tokens, B=auto, 3 single-stream rounds, C=8,
   <repo>/build/bench-serve.json (server logs beside it in bench-serve-logs/).
   --nice -20 runs both servers, kiri bench and this script's clients at a higher priority than
   other work on a shared machine (each server in its own session whose autogroup gets that nice
   value too; needs root). --quick: levels 1 and 4, 6 s each, 1 round (a smoke test, not a result).
-  llama.cpp's server needs llama-cpp-python's [server] extras (see bench/README.md); without them
-  the script says what to install, or runs kiri alone with --no-llama.
 """
 
 import argparse
@@ -83,10 +91,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT_BODY = ("Once upon a time, there was a little robot who lived in a small town by the sea. "
                "Every morning it walked along the harbour, counted the boats and wrote a short "
                "story about the people it met.")
+# kiri / llama-server at TARGET_CLIENTS clients (issue 13): aggregate >= 1.3x, p99 TTFT no worse.
 TARGETS = {"aggregate": 1.3, "ttft_p99": 1.0, "single": 0.95, "other_mb": 20.0}
+TARGET_CLIENTS = (4, 8, 16)
 MiB = 1 << 20
-LLAMA_EXTRAS = ["uvicorn>=0.22.0", "fastapi>=0.100.0", "pydantic-settings>=2.0.1",
-                "sse-starlette>=1.6.1", "starlette-context>=0.3.6,<0.4", "PyYAML>=5.1"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -117,16 +125,15 @@ class Server:
         self.port = free_port()
         if side == "kiri":
             self.cmd = [a.kiri, "serve", "-m", a.model, "-t", str(a.threads), "--parallel", str(a.parallel),
-                        "--kv-memory", a.kv_memory, "--backend", a.backend, "--host", "127.0.0.1",
-                        "--port", str(self.port)]
-            self.cmd += shlex.split(a.kiri_args)
-            self.ready_path = "/health"
+                        "--ctx", str(a.slot_ctx), "--kv-memory", a.kv_memory, "--backend", a.backend,
+                        "--host", "127.0.0.1", "--port", str(self.port)]
+            self.cmd += (["--cpu-kernels", a.cpu_kernels] if a.cpu_kernels else []) + shlex.split(a.kiri_args)
         else:
-            self.cmd = [sys.executable, "-m", "llama_cpp.server", "--model", a.model,
-                        "--n_threads", str(a.threads), "--n_threads_batch", str(a.threads),
-                        "--n_ctx", "2048", "--host", "127.0.0.1", "--port", str(self.port),
-                        "--interrupt_requests", "False", "--verbose", "False"]
-            self.ready_path = "/v1/models"
+            self.cmd = [os.path.join(a.llama_bin, "llama-server"), "-m", a.model, "-t", str(a.threads),
+                        "-tb", str(a.threads), "-np", str(a.parallel), "-c", str(a.parallel * a.slot_ctx),
+                        "--cont-batching", "--no-webui", "--host", "127.0.0.1", "--port", str(self.port)]
+            self.cmd += shlex.split(a.llama_args)
+        self.ready_path = "/health"  # both: 200 once the model is loaded
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.t_spawn = time.perf_counter()
@@ -209,9 +216,22 @@ def proc_memory(pid, model_path, kv_bytes):
     return out
 
 
-def kv_pool_bytes(port, model_path, kv_type="f16"):
+def kv_bytes_per_token(model_path):
+    """Bytes one token takes in an F16 KV cache: n_layer * 2 * n_head_kv * head_dim * 2."""
+    r = gguf.GGUFReader(model_path)
+    arch = r.fields["general.architecture"].contents()
+
+    def meta(key, default=None):
+        f = r.fields.get(f"{arch}.{key}")
+        return int(f.contents()) if f is not None else default
+
+    head_dim = meta("attention.key_length", meta("embedding_length") // meta("attention.head_count"))
+    return meta("block_count") * 2 * meta("attention.head_count_kv") * head_dim * 2
+
+
+def kv_pool_bytes(port, model_path):
     """The KV pool's size: kiri_kv_blocks_capacity x kiri_kv_block_size_tokens from /metrics,
-    times the bytes per token of an F16 cache (n_layer * 2 * n_head_kv * head_dim * 2)."""
+    times the bytes per token of an F16 cache."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
@@ -221,16 +241,7 @@ def kv_pool_bytes(port, model_path, kv_type="f16"):
         parts = line.split()
         if len(parts) == 2 and parts[0] in ("kiri_kv_blocks_capacity", "kiri_kv_block_size_tokens"):
             val[parts[0]] = int(float(parts[1]))
-    r = gguf.GGUFReader(model_path)
-    arch = r.fields["general.architecture"].contents()
-
-    def meta(key):
-        return int(r.fields[f"{arch}.{key}"].contents())
-
-    n_head = meta("attention.head_count")
-    head_dim = meta("embedding_length") // n_head
-    per_token = meta("block_count") * 2 * meta("attention.head_count_kv") * head_dim * 2
-    return val["kiri_kv_blocks_capacity"] * val["kiri_kv_block_size_tokens"] * per_token
+    return val["kiri_kv_blocks_capacity"] * val["kiri_kv_block_size_tokens"] * kv_bytes_per_token(model_path)
 
 
 class MemSampler(threading.Thread):
@@ -373,7 +384,8 @@ def start(side, a, tag):
 
 def kiri_bench(a, n_prompt):
     cmd = [a.kiri, "bench", "-m", a.model, "-t", str(a.threads), "-p", str(n_prompt), "-n", str(a.max_tokens),
-           "-r", "1", "--backend", a.backend, "--json"]
+           "-d", str(n_prompt), "-r", "1", "--backend", a.backend, "--json"]
+    cmd += ["--cpu-kernels", a.cpu_kernels] if a.cpu_kernels else []
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True,
                        preexec_fn=_renice)
     if r.returncode != 0:
@@ -460,7 +472,7 @@ def mark(ok):
     return "" if ok else " ✗"
 
 
-def table(a, levels, single, rss_level):
+def table(a, levels, single, rss_level, machine):
     lines = []
     both = not a.no_llama
     if both:
@@ -475,7 +487,7 @@ def table(a, levels, single, rss_level):
             l = lv["llama"]
             ra = k["aggregate_tps"] / l["aggregate_tps"] if l["aggregate_tps"] else float("nan")
             rp = k["ttft_p99"] / l["ttft_p99"] if l["ttft_p99"] else float("nan")
-            target = lv["clients"] == 8
+            target = lv["clients"] in TARGET_CLIENTS
             lines.append(
                 f"| {lv['clients']} | {k['aggregate_tps']:.1f} / {l['aggregate_tps']:.1f} "
                 f"| {ra:.2f}{mark(ra >= TARGETS['aggregate']) if target else ''} "
@@ -487,16 +499,27 @@ def table(a, levels, single, rss_level):
             lines.append(f"| {lv['clients']} | {k['aggregate_tps']:.1f} | {k['ttft_p50'] * 1e3:.0f} "
                          f"| {k['ttft_p99'] * 1e3:.0f} | {k['requests']} |")
     lines.append("")
-    flags = f"--parallel {a.parallel} --kv-memory {a.kv_memory} --backend {a.backend} {a.kiri_args}".strip()
-    llama = ", llama.cpp `--n_ctx 2048` (one request at a time)" if both else ""
+    bw = machine["membw_gbps"]
+    lines.append(f"CPU: {machine['cpu']} ({machine['cores']} cores); kiri kernels: {machine['kiri_kernels']}; "
+                 f"memory read bandwidth (bench/membw.c, best pass over 1 GiB, this run): "
+                 + ", ".join(f"{v:.1f} GB/s with {t} thread{'s' if t > 1 else ''}" for t, v in sorted(bw.items()))
+                 + ".")
+    flags = (f"--parallel {a.parallel} --ctx {a.slot_ctx} --kv-memory {a.kv_memory} --backend {a.backend} "
+             f"{'--cpu-kernels ' + a.cpu_kernels if a.cpu_kernels else ''} {a.kiri_args}").split()
+    llama_flags = f"-np {a.parallel} -c {a.parallel * a.slot_ctx} --cont-batching -t {a.threads} -tb {a.threads} "
+    llama = (f", `llama-server {(llama_flags + a.llama_args).strip()}` (llama.cpp {machine['llama_cpp']})"
+             if both else "")
     prompt = f"{single['prompt_tokens']} tokens" if single else "about 48 tokens"
-    lines.append(f"{a.threads} threads, kiri `{flags}`{llama}; {a.duration:.0f} s of requests per level and "
-                 f"side, prompt {prompt}, max_tokens {a.max_tokens}, temperature 0."
-                 + (" Targets at 8 clients: aggregate ≥ 1.3x, p99 TTFT ratio ≤ 1.0 (✗ = missed)." if both else ""))
+    lines.append(f"{a.threads} threads, kiri `{' '.join(flags)}`{llama}; "
+                 f"{a.duration:.0f} s of requests per level and side, unique prompts of {prompt}, max_tokens "
+                 f"{a.max_tokens}, temperature 0, streamed /v1/completions."
+                 + (f" Targets at {', '.join(map(str, TARGET_CLIENTS))} clients: aggregate ≥ {TARGETS['aggregate']}x, "
+                    f"p99 TTFT ratio ≤ {TARGETS['ttft_p99']} (✗ = missed)." if both else ""))
     if single:
         lines.append("")
         lines.append(f"Single stream (decode tok/s, best of {a.rounds}): kiri serve {single['serve_best']:.1f}, "
-                     f"`kiri bench -p {single['prompt_tokens']} -n {a.max_tokens}` {single['bench_best']:.1f}: "
+                     f"`kiri bench -p {single['prompt_tokens']} -n {a.max_tokens} -d {single['prompt_tokens']}` "
+                     f"{single['bench_best']:.1f}: "
                      f"{single['ratio']:.2f}{mark(single['ratio'] >= TARGETS['single'])} (target ≥ 0.95).")
     if rss_level:
         m, idle = rss_level["kiri"]["memory_peak"], rss_level["kiri"]["memory_idle"]
@@ -508,39 +531,45 @@ def table(a, levels, single, rss_level):
             f"model file {m['model_rss'] / MiB:.0f} + KV pool {m['kv_rss'] / MiB:.0f} resident of "
             f"{m['kv_bytes'] / MiB:.0f} + other {other:.1f}{mark(other * MiB <= TARGETS['other_mb'] * 1e6)} "
             f"(target ≤ 20 MB: {m['other_anon'] / MiB:.1f} anonymous, {m['other_file'] / MiB:.1f} in other files: "
-            f"the binary and libraries). RssAnon {m['rss_anon'] / MiB:.0f} MiB: the KV pool counts as anonymous "
-            f"memory. After warm-up: VmRSS {idle['vm_rss'] / MiB:.0f}, other {idle['other'] / MiB:.1f} MiB.")
+            f"the binary and libraries). After warm-up: VmRSS {idle['vm_rss'] / MiB:.0f}, other "
+            f"{idle['other'] / MiB:.1f} MiB.")
         if "llama" in rss_level:
             lm = rss_level["llama"]["memory_peak"]
-            lines.append(f"llama.cpp's server, same load: VmRSS {lm['vm_rss'] / MiB:.0f} MiB, RssAnon "
-                         f"{lm['rss_anon'] / MiB:.0f} MiB (Python, its repacked weights and a 2048-token KV cache).")
+            lines.append(f"llama-server, same load: VmRSS {lm['vm_rss'] / MiB:.0f} MiB, RssAnon "
+                         f"{lm['rss_anon'] / MiB:.0f} MiB (its KV cache of {a.parallel} x {a.slot_ctx} tokens, "
+                         f"repacked weights and compute buffers).")
     return "\n".join(lines)
 
 
-def llama_server_missing():
-    """None when llama-cpp-python's server imports, else what to tell the user."""
-    if subprocess.run([sys.executable, "-c", "import llama_cpp"], capture_output=True).returncode != 0:
-        return ("llama-cpp-python is not installed for this Python: run the script with the test venv's "
-                "(V=$(scripts/make-venv.sh); $V/bin/python bench/bench_serve.py ...), or pass --no-llama.")
-    if subprocess.run([sys.executable, "-c", "import llama_cpp.server.app"], capture_output=True).returncode == 0:
-        return None
-    pkgs = " ".join(f"'{p}'" for p in LLAMA_EXTRAS)
-    return ("llama.cpp's server needs llama-cpp-python's [server] extras. Install them alone (this does not "
-            f"rebuild llama-cpp-python):\n  {sys.executable} -m pip install {pkgs}\nor run kiri alone with --no-llama.")
+def kiri_kernels(a):
+    """The backend and kernel tier kiri picks for the model, from `kiri info` ("cpu: picked (avx2)")."""
+    cmd = [a.kiri, "info", "-m", a.model, "--backend", a.backend] + (["--cpu-kernels", a.cpu_kernels]
+                                                                     if a.cpu_kernels else [])
+    text = tool_output(cmd)
+    picked = [line.strip() for line in text.splitlines() if ": picked (" in line]
+    if not picked:
+        return "?"
+    name, _, rest = picked[-1].partition(": picked (")
+    return f"{name} ({rest.rstrip(')')})"
 
 
 def main():
-    ap = argparse.ArgumentParser(description="kiri serve vs llama.cpp server benchmark")
+    ap = argparse.ArgumentParser(description="kiri serve vs llama-server benchmark")
     ap.add_argument("--kiri", default=os.environ.get("KIRI_BIN", os.path.join(REPO, "build", "kiri")))
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN", ""),
+                    help="folder with llama-server (default: bench/build_llama_cpp.sh's)")
     ap.add_argument("--model", default=os.path.join(REPO, "build", "bench-models", "tinyllama-Q4_0.gguf"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
-    ap.add_argument("--duration", type=float, default=20.0, help="seconds of new requests per level and side")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of new requests per level and side")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--parallel", type=int, default=16)
-    ap.add_argument("--kv-memory", default="256M")
+    ap.add_argument("--parallel", type=int, default=16, help="kiri's --parallel and llama-server's -np")
+    ap.add_argument("--slot-ctx", type=int, default=1024, help="context per sequence (kiri --ctx, llama -c / -np)")
+    ap.add_argument("--kv-memory", default="", help="kiri's --kv-memory (default: parallel x slot-ctx tokens)")
     ap.add_argument("--backend", default="auto", help="kiri's --backend (serve and bench)")
+    ap.add_argument("--cpu-kernels", default="", help="kiri's --cpu-kernels (serve and bench)")
     ap.add_argument("--kiri-args", default="", help="more kiri serve flags, e.g. \"--chunk 64\"")
+    ap.add_argument("--llama-args", default="", help="more llama-server flags")
     ap.add_argument("--rounds", type=int, default=3, help="single-stream rounds")
     ap.add_argument("--rss-clients", type=int, default=8)
     ap.add_argument("--request-timeout", type=float, default=600)
@@ -555,33 +584,46 @@ def main():
     if a.quick:
         a.clients, a.duration, a.rounds = [1, 4], 6.0, 1
     if not (1 <= a.threads <= 256 and all(1 <= c <= 256 for c in a.clients) and 0 < a.duration <= 3600
-            and 1 <= a.max_tokens <= 2048 and 1 <= a.rounds <= 20):
+            and 1 <= a.max_tokens <= 2048 and 1 <= a.rounds <= 20 and 1 <= a.parallel <= 256
+            and 128 <= a.slot_ctx <= 1 << 20):
         raise SystemExit("an option is out of range")
     a.kiri = os.path.abspath(a.kiri)
     if not os.access(a.kiri, os.X_OK):
         raise SystemExit(f"no kiri binary at {a.kiri} (build it, or pass --kiri PATH)")
     if not os.path.exists(a.model):
         raise SystemExit(f"no model {a.model}: run {sys.executable} bench/make_models.py tinyllama-Q4_0")
-    missing = None if a.no_llama else llama_server_missing()
-    if missing:
-        raise SystemExit(missing)
+    if not a.kv_memory:
+        a.kv_memory = f"{-(-a.parallel * a.slot_ctx * kv_bytes_per_token(a.model) // MiB)}M"
+    if not a.no_llama:
+        a.llama_bin = bench_cpu.llama_bin_dir(a)
+        if not os.access(os.path.join(a.llama_bin, "llama-server"), os.X_OK):
+            raise SystemExit(f"no llama-server in {a.llama_bin}: run bench/build_llama_cpp.sh")
     a.log_dir = os.path.join(os.path.dirname(os.path.abspath(a.json)), "bench-serve-logs")
     os.makedirs(a.log_dir, exist_ok=True)
     renice_self()
 
     t_start = time.time()
+    bw_samples = [bench_cpu.membw(a)]
     single = None if a.no_single else single_stream(a)
     levels = sweep(a)
+    bw_samples.append(bench_cpu.membw(a))
     rss_level = next((lv for lv in levels if lv["clients"] == a.rss_clients), levels[-1] if levels else None)
-    md = table(a, levels, single, rss_level)
+    machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "kernel": platform.release(),
+               "kiri_kernels": kiri_kernels(a),
+               "llama_cpp": ("" if a.no_llama else
+                             f"{llama_build(a)} from the llama-cpp-python {bench_cpu.llama_cpp_version()} sdist, GGML_NATIVE"),
+               "membw_gbps": {t: max(b[t][0] for b in bw_samples) for t in bw_samples[0]}}
+    md = table(a, levels, single, rss_level, machine)
     out = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_start)),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "kernel": platform.release()},
+        "machine": machine,
         "kiri": {"binary": a.kiri, "git_head": tool_output(["git", "-C", REPO, "rev-parse", "HEAD"]),
                  "binary_mtime": time.ctime(os.path.getmtime(a.kiri))},
-        "llama_cpp_python": tool_output([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"]),
+        "llama_cpp_bin": "" if a.no_llama else a.llama_bin,
         "settings": {k: getattr(a, k) for k in ("model", "threads", "clients", "duration", "max_tokens", "parallel",
-                                                "kv_memory", "backend", "kiri_args", "rounds", "same_prompt", "nice")},
+                                                "slot_ctx", "kv_memory", "backend", "cpu_kernels", "kiri_args",
+                                                "llama_args", "rounds", "same_prompt", "nice")},
+        "membw_samples_best_median_gbps": bw_samples,
         "targets": TARGETS, "single_stream": single, "levels": levels, "markdown": md,
         "elapsed_seconds": time.time() - t_start, "quick": a.quick,
     }
@@ -591,6 +633,16 @@ def main():
     print(md)
     print(f"\n(results: {a.json}, server logs: {a.log_dir}, {time.time() - t_start:.0f} s)", file=sys.stderr)
     return 0
+
+
+def llama_build(a):
+    """llama-server's --version line: "0.5.0-dev (build 1, commit 0c1e570)"."""
+    text = subprocess.run([os.path.join(a.llama_bin, "llama-server"), "--version"], capture_output=True,
+                          text=True, timeout=60)
+    for line in (text.stdout + text.stderr).splitlines():
+        if line.startswith("version:"):
+            return line.split(":", 1)[1].strip()
+    return "?"
 
 
 if __name__ == "__main__":

@@ -1,44 +1,31 @@
 #!/usr/bin/env python3
-"""The llama.cpp side of bench_cpu.py: one measurement per process, through llama-cpp-python's
-low-level API (the C functions, no high-level Llama object), printing one JSON line.
+"""The llama.cpp side of bench_grammar.py: grammar-constrained generation through llama-cpp-python's
+low-level API (the C functions, no high-level Llama object), printing one JSON line. llama.cpp's
+own tools cannot measure this (llama-bench has no grammar option), which is why a Python wrapper
+remains here; bench_cpu.py and bench_serve.py compare with llama-bench, llama-completion and
+llama-server instead.
 
-  bench MODEL -t T [-p 512] [-n 128] [-r 2]
-      Mirrors `kiri bench`: the same pseudo-random prompt tokens (kiri's generator), prefill of
-      n_prompt tokens in one batch (n_batch = n_ubatch = 512, logits for the last token only), then
-      n_gen greedy one-token steps, starting from the last prompt token; the KV cache is cleared
-      before each repetition and the best repetition is reported. n_ctx = n_prompt + n_gen + 1.
-  ttft MODEL -t T --prompt TEXT [-c 2048]
-      What `kiri run -n 1 --temp 0` does: load, tokenize (with BOS), evaluate the prompt, pick the
-      greedy token, print its text, exit. The parent times the whole process.
   gen MODEL -t T --prompt TEXT -n N --temp X --seed S [--grammar FILE]
-      What `kiri run -p TEXT -n N --temp X --seed S [--grammar FILE]` does, for bench_grammar.py:
-      evaluate the prompt, then up to N steps of sample-and-decode with top-k 40, top-p 0.95,
-      min-p 0.05 and the temperature (greedy at 0), stopping at an end-of-generation token. With
-      a grammar it samples the way llama.cpp's own tools do (common_sampler): draw without the
-      grammar, check the drawn token against it, and only when it is rejected apply the grammar
-      to the whole vocabulary and draw again. Prints the decode-loop seconds, the tokens and the
-      text.
-  noop
-      Imports llama_cpp and exits: the interpreter's share of ttft, which the parent subtracts.
+      What `kiri run -p TEXT -n N --temp X --seed S [--grammar FILE]` does: evaluate the prompt,
+      then up to N steps of sample-and-decode with top-k 40, top-p 0.95, min-p 0.05 and the
+      temperature (greedy at 0), stopping at an end-of-generation token. With a grammar it samples
+      the way llama.cpp's own tools do (common_sampler): draw without the grammar, check the drawn
+      token against it, and only when it is rejected apply the grammar to the whole vocabulary and
+      draw again. Prints the decode-loop seconds, the tokens and the text.
 
 Weights are memory-mapped (use_mmap, llama.cpp's default). Threads: n_threads = n_threads_batch
 = T. Everything else is llama.cpp's default (F16 KV cache, flash attention on auto, its CPU weight
-repacking). numpy is not imported, so the interpreter adds little to the peak RSS; the JSON
-carries the RSS reached before the model was loaded (baseline_rss_bytes).
+repacking).
 """
 
 import argparse
 import ctypes
 import json
-import resource
 import sys
 import time
 
 import llama_cpp as L
-
-
-def rss_peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+import numpy as np
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -71,80 +58,6 @@ def load(path, threads, n_ctx, verbose):
     return model, ctx, time.perf_counter() - t0
 
 
-def greedy():
-    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-    L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
-    return chain
-
-
-def cmd_bench(a):
-    base = rss_peak()
-    model, ctx, load_s = load(a.model, a.threads, a.n_prompt + a.n_gen + 1, a.verbose)
-    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-    smpl = greedy()
-    batch = L.llama_batch_init(a.n_prompt, 0, 1)
-    best_p = best_g = first = 0.0
-    for r in range(a.reps):
-        s = (12345 + r) & 0xFFFFFFFF
-        for i in range(a.n_prompt):  # kiri bench's token generator
-            s = (s * 1664525 + 1013904223) & 0xFFFFFFFF
-            batch.token[i] = (s >> 8) % n_vocab
-            batch.pos[i] = i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == a.n_prompt - 1
-        batch.n_tokens = a.n_prompt
-        last = batch.token[a.n_prompt - 1]
-        L.llama_memory_clear(L.llama_get_memory(ctx), True)
-        t0 = time.perf_counter()
-        if L.llama_decode(ctx, batch) != 0:
-            raise SystemExit("prefill failed")
-        L.llama_synchronize(ctx)
-        tp = time.perf_counter() - t0
-        if r == 0:
-            first = tp
-        tok = (L.llama_token * 1)(last)
-        t0 = time.perf_counter()
-        for _ in range(a.n_gen):
-            if L.llama_decode(ctx, L.llama_batch_get_one(tok, 1)) != 0:
-                raise SystemExit("decode failed")
-            tok[0] = L.llama_sampler_sample(smpl, ctx, -1)
-        tg = time.perf_counter() - t0
-        best_p = max(best_p, a.n_prompt / tp)
-        best_g = max(best_g, a.n_gen / tg)
-    print(json.dumps({
-        "model": a.model, "n_prompt": a.n_prompt, "n_gen": a.n_gen, "threads": a.threads,
-        "prefill_tps": best_p, "decode_tps": best_g, "peak_rss_bytes": rss_peak(),
-        "baseline_rss_bytes": base, "load_seconds": load_s, "first_prefill_seconds": first,
-    }), flush=True)
-    L.llama_batch_free(batch)
-    L.llama_sampler_free(smpl)
-    L.llama_free(ctx)
-    L.llama_model_free(model)
-
-
-def cmd_ttft(a):
-    model, ctx, _ = load(a.model, a.threads, a.ctx, a.verbose)
-    vocab = L.llama_model_get_vocab(model)
-    text = a.prompt.encode()
-    ids = (L.llama_token * (len(text) + 8))()
-    n = L.llama_tokenize(vocab, text, len(text), ids, len(ids), True, False)
-    if n <= 0:
-        raise SystemExit("tokenize failed")
-    if L.llama_decode(ctx, L.llama_batch_get_one(ids, n)) != 0:
-        raise SystemExit("prefill failed")
-    smpl = greedy()
-    tok = L.llama_sampler_sample(smpl, ctx, -1)
-    buf = ctypes.create_string_buffer(256)
-    k = L.llama_token_to_piece(vocab, tok, buf, len(buf), 0, False)
-    sys.stdout.buffer.write(buf.raw[:max(k, 0)] + b"\n")
-    sys.stdout.flush()
-    print(json.dumps({"n_prompt": n, "token": tok}), file=sys.stderr)
-    L.llama_sampler_free(smpl)
-    L.llama_free(ctx)
-    L.llama_model_free(model)
-
-
 def free_chain(a):
     """The sampler chain without the grammar: kiri run's default filters, then the draw."""
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
@@ -175,7 +88,6 @@ def cmd_gen(a):
             grammar = L.llama_sampler_init_grammar(vocab, f.read(), b"root")
         if not grammar:
             raise SystemExit(f"llama.cpp refuses the grammar {a.grammar}")
-    import numpy as np  # only here: the other modes keep the interpreter's RSS small
     one = (L.llama_token_data * 1)()
     one_arr = L.llama_token_data_array(one, 1, -1, False)
     full = np.zeros(n_vocab, dtype=np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
@@ -227,13 +139,11 @@ def cmd_gen(a):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="llama.cpp side of bench_cpu.py and bench_grammar.py")
-    ap.add_argument("mode", choices=["bench", "ttft", "gen", "noop"])
-    ap.add_argument("model", nargs="?")
+    ap = argparse.ArgumentParser(description="llama.cpp side of bench_grammar.py")
+    ap.add_argument("mode", choices=["gen"])
+    ap.add_argument("model")
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
-    ap.add_argument("-r", "--reps", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("--prompt", default="Once upon a time")
     ap.add_argument("--temp", type=float, default=0.0)
@@ -241,13 +151,7 @@ def main():
     ap.add_argument("--grammar")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
-    if a.mode == "noop":
-        return 0
-    if not a.model:
-        ap.error("MODEL is required")
-    if a.mode == "bench" and not 1 <= a.n_prompt <= 512:
-        ap.error("n_prompt must be 1..512 (one batch)")
-    {"bench": cmd_bench, "ttft": cmd_ttft, "gen": cmd_gen}[a.mode](a)
+    cmd_gen(a)
     return 0
 
 

@@ -37,14 +37,19 @@ benchmark uses random weights at the shapes of two real models instead of downlo
 
 Each model is written once as F16 (normal weights, std 0.02, norms 1.0, one fixed seed per
 model; generated in chunks so memory stays near one tensor), then converted with
-`kiri quantize` to Q4_0, Q8_0 and Q4_K_M. SmolLM gets no Q4_K_M: its rows of 576 are not whole
-256-wide K-quant blocks, so kiri (like llama.cpp) would fall back to another type for nearly every
-matrix and the file would not be a Q4_K_M model.
+`kiri quantize` to the shape's types (TinyLlama: Q4_0, Q4_1, Q4_K_M, Q5_K, Q8_0; SmolLM: Q4_0, Q4_1,
+Q8_0; runtime/quantize.c's table: Q4_K_M is Q4_K with Q6_K for the output and V matrices, Q5_K
+is Q5_K throughout, llama.cpp's Q5_K_S file type). SmolLM gets no K-quants: its rows of 576 are
+not whole 256-wide K-quant blocks, so kiri (like llama.cpp) would fall back to another type for
+nearly every matrix and the file would not be a K-quant model.
 
 --check loads every quantized file in llama.cpp (llama-cpp-python) and evaluates a few tokens, so
 a file llama.cpp rejects is reported with llama.cpp's own log lines.
 
-Usage: make_models.py [--out DIR] [--kiri PATH] [--force] [--check] [--layers N] [NAME ...]
+Usage: make_models.py [--out DIR] [--kiri PATH] [--f16-from DIR ...] [--force] [--check] [--layers N]
+                      [NAME ...]
+  --f16-from DIR: quantize from DIR's <shape>-F16.gguf when --out has none (DIR is only read),
+  so new types can go into a folder of their own beside a shared set of models.
   --layers N writes N layers instead of the model's (a quick check that the files load; not for
   benchmarks: such files are named <name>-<N>L-<type>.gguf).
   DIR defaults to <repo>/build/bench-models (ignored by git). PATH defaults to
@@ -100,9 +105,9 @@ class Shape:
 
 SHAPES = [
     Shape("tinyllama", "ggml-vocab-llama-spm.gguf", 32000, 2048, 22, 32, 4, 5632, 2048, 10000.0,
-          1e-5, False, 1101, ("Q4_0", "Q4_K_M", "Q8_0")),
+          1e-5, False, 1101, ("Q4_0", "Q4_1", "Q4_K_M", "Q5_K", "Q8_0")),
     Shape("smollm", "ggml-vocab-gpt-2.gguf", 50257, 576, 30, 9, 3, 1536, 2048, 10000.0,
-          1e-5, True, 135, ("Q4_0", "Q8_0")),
+          1e-5, True, 135, ("Q4_0", "Q4_1", "Q8_0")),
     Shape("qwen05", "ggml-vocab-qwen2.gguf", 151669, 896, 24, 14, 2, 4864, 4096, 1000000.0,
           1e-6, True, 500, ("Q4_0",)),
     Shape("gemma3-1b", "", 262144, 1152, 26, 4, 1, 6912, 32768, 1000000.0, 1e-6, True, 1001,
@@ -317,6 +322,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--kiri", default=os.environ.get("KIRI_BIN", DEFAULT_KIRI))
+    ap.add_argument("--f16-from", action="append", default=[])
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--layers", type=int, default=0)
@@ -338,6 +344,9 @@ def main():
         if not todo:
             continue
         need = [t for t, p in todo.items() if a.force or not os.path.exists(p)]
+        if need and not a.force and not os.path.exists(f16):
+            f16 = next((p for p in (os.path.join(d, os.path.basename(f16)) for d in a.f16_from)
+                        if os.path.exists(p)), f16)
         if need and (a.force or not os.path.exists(f16)):
             print(f"writing {f16}", file=sys.stderr)
             write_f16(s, f16)

@@ -3,6 +3,7 @@
  * (base/options.h). The engine commands use only the public API (kiri.h), as any program
  * embedding libkiri would. Errors go to stderr, one line, exit status 1; usage errors (a bad
  * flag, a command this build lacks) exit with status 2. */
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,8 @@ struct options {
     int n_prompt_bench;
     int n_gen_bench;
     int repetitions;
+    const char *depths;         /* kiri bench -d: a comma-separated list of context depths */
+    int no_warmup;
     struct kiri_sampling sampling;
     const char *stop[MAX_STOP];
     int n_stop;
@@ -172,7 +175,13 @@ static const struct kiri_option bench_opts[] = {
     {.name = "n-predict", .short_name = 'n', .type = KIRI_OPTION_INT, O(n_gen_bench), .lo = -1, .hi = 1 << 24,
      .arg = "N", .help = "Tokens to generate; below 1, the default.", .def = "128"},
     {.name = "repetitions", .short_name = 'r', .type = KIRI_OPTION_INT, O(repetitions), .lo = 1, .hi = 100,
-     .arg = "N", .help = "Runs to take the best of.", .def = "3"},
+     .arg = "N", .help = "Timed runs of each test.", .def = "3"},
+    {.name = "depth", .short_name = 'd', .type = KIRI_OPTION_STRING_REF, O(depths), .arg = "D[,D...]",
+     .help = "Context depths, as llama-bench's -d: before every timed run, D pseudo-random tokens fill the "
+             "context untimed, then the prefill of -p tokens or the decode of -n tokens is timed at that depth "
+             "(each from D, not one after the other). A list runs both tests at each depth.", .def = "0"},
+    {.name = "no-warmup", .type = KIRI_OPTION_FLAG, O(no_warmup),
+     .help = "Skips the untimed warm-up (one prefill of -p tokens and one decode step) before the timed runs."},
     {.name = "json", .type = KIRI_OPTION_FLAG, O(json), .help = "Prints one JSON object."},
 };
 
@@ -571,71 +580,272 @@ static int cmd_quantize(const struct options *o, const char **args, int n_args)
     return 0;
 }
 
+/* kiri bench measures the way llama-bench does, so the two print comparable numbers: two tests
+ * per depth, the prefill of n_prompt tokens ("pp") and the decode of n_gen tokens one at a time
+ * ("tg"), each repeated; before every timed run the context is cleared and refilled with `depth`
+ * pseudo-random tokens, untimed, so both tests start right after `depth` tokens. Decode feeds
+ * pseudo-random tokens too (nothing is sampled). One untimed warm-up (a prefill and one decode
+ * step) comes first, as llama-bench's. */
+#define BENCH_MAX_DEPTHS 16
+#define BENCH_MAX_DEPTH (1 << 20)
+
+struct bench_test {
+    int n_prompt, n_gen, n_depth;   /* one of n_prompt, n_gen is 0, as in llama-bench's tests */
+    double seconds[100];            /* one per repetition (options cap -r at 100) */
+    int n_runs;
+};
+
+/* Parses "0,512,2048" into depths[]; returns the count, or -1 with a message in err. */
+static int parse_depths(const char *text, int *depths, char *err, size_t cap)
+{
+    if (!text || !*text) {
+        depths[0] = 0;
+        return 1;
+    }
+    int n = 0;
+    const char *p = text;
+    for (;;) {
+        long v = 0;
+        int digits = 0;
+        while (*p >= '0' && *p <= '9' && digits < 9) {
+            v = v * 10 + (*p++ - '0');
+            digits++;
+        }
+        if (!digits || v > BENCH_MAX_DEPTH || (*p && *p != ',') || n == BENCH_MAX_DEPTHS) {
+            snprintf(err, cap, "--depth wants up to %d comma-separated depths of 0 to %d tokens, not '%s'",
+                     BENCH_MAX_DEPTHS, BENCH_MAX_DEPTH, text);
+            return -1;
+        }
+        depths[n++] = (int)v;
+        if (!*p)
+            return n;
+        p++;
+    }
+}
+
+static void fill_random(int32_t *ids, int n, uint32_t *state, int32_t n_vocab)
+{
+    for (int i = 0; i < n; i++) {
+        *state = *state * 1664525u + 1013904223u;
+        ids[i] = (int32_t)((*state >> 8) % (uint32_t)n_vocab);
+    }
+}
+
+static double tokens_per_second(const struct bench_test *t, int i)
+{
+    return (t->n_prompt + t->n_gen) / t->seconds[i];
+}
+
+/* llama-bench's summary of a test: the mean and sample standard deviation of the per-run tok/s. */
+static void test_stats(const struct bench_test *t, double *best, double *avg, double *stddev)
+{
+    double sum = 0, sq = 0;
+    *best = 0;
+    for (int i = 0; i < t->n_runs; i++) {
+        const double ts = tokens_per_second(t, i);
+        sum += ts;
+        if (ts > *best)
+            *best = ts;
+    }
+    *avg = t->n_runs ? sum / t->n_runs : 0;
+    for (int i = 0; i < t->n_runs; i++)
+        sq += (tokens_per_second(t, i) - *avg) * (tokens_per_second(t, i) - *avg);
+    *stddev = t->n_runs > 1 ? sqrt(sq / (t->n_runs - 1)) : 0;
+}
+
+/* What kiri_model_describe reports: the backend picked ("cpu: picked (avx2)": name and detail)
+ * and the worker threads ("threads:       2"; 0 when the line is missing). */
+struct bench_setup {
+    char backend[32], kernels[64];
+    int threads;
+};
+
+static void describe_setup(const struct kiri_model *m, struct bench_setup *out)
+{
+    snprintf(out->backend, sizeof out->backend, "?");
+    snprintf(out->kernels, sizeof out->kernels, "?");
+    out->threads = 0;
+    char *buf = malloc(1 << 16);
+    if (!buf)
+        return;
+    kiri_model_describe(m, buf, 1 << 16);
+    const char *pick = strstr(buf, ": picked (");
+    if (pick) {
+        const char *line = pick;
+        while (line > buf && line[-1] != '\n' && line[-1] != ' ')
+            line--;
+        const char *open = pick + strlen(": picked (");
+        const char *close = strchr(open, ')');
+        if (close) {
+            snprintf(out->backend, sizeof out->backend, "%.*s", (int)(pick - line), line);
+            snprintf(out->kernels, sizeof out->kernels, "%.*s", (int)(close - open), open);
+        }
+    }
+    const char *threads = strstr(buf, "\nthreads:");
+    if (threads)
+        out->threads = atoi(threads + strlen("\nthreads:"));
+    free(buf);
+}
+
+/* Prints s as a JSON string (quotes, backslashes and control bytes escaped). */
+static void print_json_string(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        const unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+/* One timed run of a test: clear, fill to the depth (untimed), then the prefill or the decode. */
+static int bench_run(struct kiri_context *c, struct bench_test *t, int32_t *ids, uint32_t *state,
+                     int32_t n_vocab, double *seconds)
+{
+    const float *logits;
+    struct kiri_status_info info;
+    kiri_context_reset(c);
+    if (t->n_depth > 0) {
+        fill_random(ids, t->n_depth, state, n_vocab);
+        if (kiri_context_eval(c, ids, t->n_depth, &logits, &info) != KIRI_OK)
+            return fail("bench depth fill", &info);
+    }
+    if (t->n_prompt > 0) {
+        fill_random(ids, t->n_prompt, state, n_vocab);
+        const double t0 = kiri_time_seconds();
+        if (kiri_context_eval(c, ids, t->n_prompt, &logits, &info) != KIRI_OK)
+            return fail("bench prefill", &info);
+        *seconds = kiri_time_seconds() - t0;
+        return 0;
+    }
+    int32_t tok;
+    fill_random(&tok, 1, state, n_vocab);
+    const double t0 = kiri_time_seconds();
+    for (int i = 0; i < t->n_gen; i++) {
+        if (kiri_context_eval(c, &tok, 1, &logits, &info) != KIRI_OK)
+            return fail("bench decode", &info);
+        fill_random(&tok, 1, state, n_vocab);
+    }
+    *seconds = kiri_time_seconds() - t0;
+    return 0;
+}
+
+static void print_bench(const struct options *o, const struct bench_test *tests, int n_tests, const int *depths,
+                        int n_depths, int n_g, const struct bench_setup *setup, double open_seconds,
+                        double first_prefill)
+{
+    const unsigned long long rss = (unsigned long long)kiri_peak_rss_bytes();
+    double best, avg, sd, pp_first = 0, tg_first = 0;
+    for (int i = 0; i < n_tests; i++)
+        if (tests[i].n_depth == depths[0]) {
+            test_stats(&tests[i], &best, &avg, &sd);
+            *(tests[i].n_prompt ? &pp_first : &tg_first) = best;
+        }
+    if (!o->json) {
+        printf("backend: %s (%s), %d threads\n", setup->backend, setup->kernels, setup->threads);
+        printf("%-16s %12s %20s\n", "test", "best tok/s", "avg ± stddev tok/s");
+        for (int i = 0; i < n_tests; i++) {
+            const struct bench_test *t = &tests[i];
+            char name[48];
+            int len = snprintf(name, sizeof name, "%s%d", t->n_prompt ? "pp" : "tg", t->n_prompt + t->n_gen);
+            if (t->n_depth > 0)
+                snprintf(name + len, sizeof name - (size_t)len, " @ d%d", t->n_depth);
+            test_stats(t, &best, &avg, &sd);
+            printf("%-16s %12.2f %12.2f ± %.2f\n", name, best, avg, sd);
+        }
+        printf("peak RSS: %.1f MiB\nload: %.1f ms\n", (double)rss / (1024.0 * 1024.0), open_seconds * 1e3);
+        return;
+    }
+    printf("{\"model\":");
+    print_json_string(o->model);
+    printf(",\"backend\":");
+    print_json_string(setup->backend);
+    printf(",\"kernels\":");
+    print_json_string(setup->kernels);
+    printf(",\"n_prompt\":%d,\"n_gen\":%d,\"n_depth\":%d,\"depths\":[", o->n_prompt_bench, n_g, depths[0]);
+    for (int i = 0; i < n_depths; i++)
+        printf(i ? ",%d" : "%d", depths[i]);
+    printf("],\"threads\":%d,\"repetitions\":%d,\"warmup\":%s,\"prefill_tps\":%.3f,\"decode_tps\":%.3f,"
+           "\"peak_rss_bytes\":%llu,\"load_seconds\":%.4f,\"first_prefill_seconds\":%.4f,\"tests\":[",
+           setup->threads, o->repetitions, o->no_warmup ? "false" : "true", pp_first, tg_first, rss, open_seconds,
+           first_prefill);
+    for (int i = 0; i < n_tests; i++) {
+        const struct bench_test *t = &tests[i];
+        test_stats(t, &best, &avg, &sd);
+        printf("%s{\"n_prompt\":%d,\"n_gen\":%d,\"n_depth\":%d,\"best_ts\":%.3f,\"avg_ts\":%.3f,\"stddev_ts\":%.3f,"
+               "\"samples_ts\":[", i ? "," : "", t->n_prompt, t->n_gen, t->n_depth, best, avg, sd);
+        for (int k = 0; k < t->n_runs; k++)
+            printf(k ? ",%.3f" : "%.3f", tokens_per_second(t, k));
+        printf("]}");
+    }
+    printf("]}\n");
+}
+
 static int cmd_bench(const struct options *o, const char **args, int n_args)
 {
     (void)args;
     (void)n_args;
+    int depths[BENCH_MAX_DEPTHS];
+    char err[160];
+    const int n_depths = parse_depths(o->depths, depths, err, sizeof err);
+    if (n_depths < 0) {
+        fprintf(stderr, "kiri: error: %s\n", err);
+        return 2;
+    }
+    const int n_p = o->n_prompt_bench, n_g = o->n_gen_bench >= 1 ? o->n_gen_bench : 128;
+    int max_depth = 0;
+    struct bench_test tests[2 * BENCH_MAX_DEPTHS];
+    memset(tests, 0, sizeof tests);
+    for (int i = 0; i < n_depths; i++) {
+        tests[2 * i] = (struct bench_test){.n_prompt = n_p, .n_depth = depths[i]};
+        tests[2 * i + 1] = (struct bench_test){.n_gen = n_g, .n_depth = depths[i]};
+        if (depths[i] > max_depth)
+            max_depth = depths[i];
+    }
+    const int n_tests = 2 * n_depths;
+
     struct kiri_model *m = NULL;
     struct kiri_context *c = NULL;
     const double t_open = kiri_time_seconds();
     int rc = open_model(o, 0, &m);
     const double open_seconds = kiri_time_seconds() - t_open;
-    const int n_p = o->n_prompt_bench, n_g = o->n_gen_bench >= 1 ? o->n_gen_bench : 128;
     struct options oc = *o;
     if (rc == 0 && oc.n_ctx == 0)
-        oc.n_ctx = n_p + n_g + 1;
+        oc.n_ctx = max_depth + (n_p > n_g ? n_p : n_g) + 1;
     if (rc == 0)
         rc = make_context(m, &oc, &c);
-    int32_t *ids = rc == 0 ? malloc((size_t)n_p * sizeof *ids) : NULL;
+    const int n_ids = max_depth > n_p ? max_depth : n_p;
+    int32_t *ids = rc == 0 ? malloc((size_t)n_ids * sizeof *ids) : NULL;
     if (rc == 0 && !ids)
         rc = 1;
-    double best_p = 0, best_g = 0, first_token = 0;
-    for (int r = 0; rc == 0 && r < o->repetitions; r++) {
-        /* Deterministic pseudo-random tokens: speed does not depend on their meaning. */
-        uint32_t s = 12345u + (uint32_t)r;
-        for (int i = 0; i < n_p; i++) {
-            s = s * 1664525u + 1013904223u;
-            ids[i] = (int32_t)((s >> 8) % (uint32_t)kiri_model_n_vocab(m));
-        }
-        const float *logits;
-        struct kiri_status_info info;
-        kiri_context_reset(c);
-        double t0 = kiri_time_seconds();
-        if (kiri_context_eval(c, ids, n_p, &logits, &info) != KIRI_OK) {
-            rc = fail("bench prefill", &info);
-            break;
-        }
-        const double tp = kiri_time_seconds() - t0;
-        if (r == 0)
-            first_token = tp;
-        t0 = kiri_time_seconds();
-        int32_t tok = ids[n_p - 1];
-        for (int i = 0; i < n_g; i++) {
-            if (kiri_context_eval(c, &tok, 1, &logits, &info) != KIRI_OK) {
-                rc = fail("bench decode", &info);
-                break;
-            }
-            int32_t best = 0;
-            for (int32_t v = 1; v < kiri_model_n_vocab(m); v++)
-                if (logits[v] > logits[best])
-                    best = v;
-            tok = best;
-        }
-        const double tg = kiri_time_seconds() - t0;
-        if (n_p / tp > best_p)
-            best_p = n_p / tp;
-        if (n_g / tg > best_g)
-            best_g = n_g / tg;
+    const int32_t n_vocab = rc == 0 ? kiri_model_n_vocab(m) : 1;
+    uint32_t state = 12345u;
+    double first_prefill = 0;
+    if (rc == 0 && !o->no_warmup) {
+        struct bench_test warm_pp = {.n_prompt = n_p}, warm_tg = {.n_gen = 1};
+        rc = bench_run(c, &warm_pp, ids, &state, n_vocab, &first_prefill);
+        double unused;
+        if (rc == 0)
+            rc = bench_run(c, &warm_tg, ids, &state, n_vocab, &unused);
     }
+    for (int i = 0; rc == 0 && i < n_tests; i++)
+        for (int r = 0; rc == 0 && r < o->repetitions; r++) {
+            rc = bench_run(c, &tests[i], ids, &state, n_vocab, &tests[i].seconds[r]);
+            if (rc == 0 && tests[i].seconds[r] <= 0)
+                tests[i].seconds[r] = 1e-9;
+            tests[i].n_runs += rc == 0;
+            if (rc == 0 && i == 0 && r == 0 && o->no_warmup)
+                first_prefill = tests[i].seconds[r];
+        }
     if (rc == 0) {
-        const unsigned long long rss = (unsigned long long)kiri_peak_rss_bytes();
-        if (o->json)
-            printf("{\"model\":\"%s\",\"n_prompt\":%d,\"n_gen\":%d,\"threads\":%d,\"prefill_tps\":%.3f,"
-                   "\"decode_tps\":%.3f,\"peak_rss_bytes\":%llu,\"load_seconds\":%.4f,\"first_prefill_seconds\":%.4f}\n",
-                   o->model, n_p, n_g, o->n_threads, best_p, best_g, rss, open_seconds, first_token);
-        else
-            printf("prefill %d tokens: %.2f tok/s\ndecode %d tokens: %.2f tok/s\npeak RSS: %.1f MiB\nload: %.1f ms\n",
-                   n_p, best_p, n_g, best_g, (double)rss / (1024.0 * 1024.0), open_seconds * 1e3);
+        struct bench_setup setup;
+        describe_setup(m, &setup);
+        print_bench(o, tests, n_tests, depths, n_depths, n_g, &setup, open_seconds, first_prefill);
     }
     free(ids);
     kiri_context_free(c);
@@ -709,7 +919,7 @@ static const struct command commands[] = {
     {"info", "[-m MODEL] [options]", "describe the machine and the model", &info_spec, cmd_info, NULL, NULL},
     {"quantize", "IN.gguf OUT.gguf TYPE", "convert weights", &quantize_spec, cmd_quantize, NULL,
      "TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q4_K_M Q5_K Q6_K F16 BF16 F32\n"},
-    {"bench", "-m MODEL [-p N] [-n N] [options]", "tokens per second", &bench_spec, cmd_bench, NULL, NULL},
+    {"bench", "-m MODEL [-p N] [-n N] [-d D,...] [options]", "tokens per second", &bench_spec, cmd_bench, NULL, NULL},
     {"serve", "-m MODEL [--host H] [--port P] [options]", "OpenAI-compatible HTTP(S) server", NULL, NULL,
      SERVER_COMMAND(cmd_serve), NULL},
     {"pull", "REF --models-dir DIR [options]", "fetch a model (OCI registry or https)", NULL, NULL,
