@@ -49,7 +49,8 @@ class Variant:
     no_v: bool = False         # no attn_v: values are the keys' projection (llama.cpp's k_eq_v)
     seed: int = 400
     extra: dict = field(default_factory=dict)   # tensors beyond the text graph (towers, experts)
-    llama_cpp_loads: bool = True
+    extra_kv: dict = field(default_factory=dict)  # keys beyond the text model's (uint32 values)
+    base: str = ""             # the weights of this variant (same seed and shapes), plus extra
 
     @property
     def path_name(self):
@@ -66,6 +67,19 @@ VARIANTS = [
             "sliding layers, layer output scales, soft-capping 30, window 8",
             E_PATTERN, double_wide=True, shared=4, per_layer=8, rot_swa=8, rot_unrotated=12,
             softcap=30.0, out_scale=True, seed=401),
+    # Files that are not ordinary text models (llama.cpp refuses all three: it counts tensors).
+    Variant("gemma4-towers", "gemma4-e's weights plus vision and audio tower tensors and their "
+            "projectors (v.*, a.*, mm.*): runs as text", E_PATTERN, double_wide=True, shared=4,
+            per_layer=8, rot_swa=8, rot_unrotated=12, softcap=30.0, out_scale=True, seed=401,
+            base="gemma4-e", extra={"v.patch_embd.weight": (16, 48), "v.blk.0.attn_q.weight": (16, 16),
+                                    "a.conv1d.0.weight": (8, 8), "mm.input_projection.weight": (64, 16)}),
+    Variant("gemma4-moe", "gemma4-plain with a mixture-of-experts router on layer 1 (26B-A4B's "
+            "ffn_gate_inp and expert tensors), no expert_count key", [True, False, True, True, False, True],
+            kv_swa=2, kv_global=2, window=12, no_v=True, seed=402, base="gemma4-plain",
+            extra={"blk.1.ffn_gate_inp.weight": (4, 64), "blk.1.ffn_gate_exps.weight": (4, 32, 64)}),
+    Variant("gemma4-moe-key", "gemma4-plain with gemma4.expert_count 4", [True, False, True, True, False, True],
+            kv_swa=2, kv_global=2, window=12, no_v=True, seed=402, base="gemma4-plain",
+            extra_kv={"expert_count": 4, "expert_used_count": 2}),
     Variant("gemma4-plain", "gemma4 without per-layer embeddings or shared KV, one KV head count and "
             "feed-forward width for every layer, no values projection (values are the keys' "
             "projection), rope_freqs all ones, no soft-capping, window 12",
@@ -127,8 +141,9 @@ def _weights(v, n_vocab):
         if v.out_scale:
             w[p + "layer_output_scale.weight"] = np.array([rng.uniform(0.6, 1.4)], dtype=np.float32)
     w["output_norm.weight"] = norm(E)
+    extra = np.random.default_rng(v.seed + 1000)
     for name, shape in v.extra.items():
-        w[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        w[name] = (0.1 * extra.standard_normal(shape)).astype(np.float32)
     return w
 
 
@@ -172,6 +187,8 @@ def write(v, path):
     if v.softcap:
         wr.add_float32(f"{k}.final_logit_softcapping", v.softcap)
     wr.add_uint32(f"{k}.vocab_size", n_vocab)
+    for key, val in v.extra_kv.items():
+        wr.add_uint32(f"{k}.{key}", val)
     for key, (val, kind) in vocab.items():
         getattr(wr, "add_" + kind)(key, val)
     for name, data in _weights(v, n_vocab).items():
