@@ -175,6 +175,9 @@ int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri
         const int32_t src = lay && lay->source ? lay->source[l] : l;
         if (dim < 1 || dim % kiri_type_block_size(type) != 0 || src < 0 || src > l)
             return KIRI_E_INVALID_ARG;
+        const size_t row = (size_t)(dim / kiri_type_block_size(type)) * kiri_type_size(type);
+        if (!layer_size(row, n_windowed && w->layers[l] ? w->n_blocks : n_blocks, block_size, n_layer))
+            return KIRI_E_INVALID_ARG;
         if (src == l)
             continue;
         const int32_t src_src = lay->source[src];
@@ -214,10 +217,6 @@ int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri
         const size_t slots = (size_t)pool_of(c, l)->n_blocks * (size_t)block_size;
         c->row[l] = row;
         c->source[l] = lay && lay->source ? lay->source[l] : l;
-        if (c->source[l] == l && !layer_size(row, pool_of(c, l)->n_blocks, block_size, n_layer)) {
-            kiri_kvcache_free(c);
-            return KIRI_E_INVALID_ARG;
-        }
         c->bytes += layer_bytes(c, l) * 2;
         struct kiri_tensor *t[2] = {&c->k[l], &c->v[l]};
         for (int j = 0; j < 2; j++) {

@@ -534,8 +534,9 @@ def g4_check(c, toks, K, at, kv, what):
 def test_gemma4_llama_cpp_vs_exact(g4):
     """llama.cpp agrees with tiny_gemma4.reference_logits: the keys and tensors (shared KV and
     its layer mapping, per-layer head sizes and KV heads, per-layer embeddings, rope_freqs,
-    output scales, soft-capping) mean what E computes. Without a feature the distance is far
-    larger (the output scales alone: above 0.05)."""
+    output scales, soft-capping) mean what E computes. E without any one of the output scales,
+    the per-layer embeddings, rope_freqs, the soft-cap or llama.cpp's KV layer mapping is 0.25 to
+    0.9 from llama.cpp on gemma4-e (measured), so each of them is held to."""
     toks = prompt(g4)
     E = exact_logits(g4.path, toks, g4.n_ctx)
     L = llama_logits(g4.path, toks, "f32", g4.n_ctx)

@@ -64,13 +64,13 @@ VARIANTS = [
             "KV of layers 2 and 3, head sizes 16 (sliding) and 32 (global), KV heads 2 and 1, "
             "per-layer embeddings of 8, double-wide feed-forward on the shared layers, proportional "
             "RoPE on the global layers (12 of 16 pairs unrotated), partial rotary 8 of 16 on "
-            "sliding layers, layer output scales, soft-capping 30, window 8",
+            "sliding layers, layer output scales, soft-capping 2.5, window 8",
             E_PATTERN, double_wide=True, shared=4, per_layer=8, rot_swa=8, rot_unrotated=12,
-            softcap=30.0, out_scale=True, seed=401),
+            softcap=2.5, out_scale=True, seed=401),
     # Files that are not ordinary text models (llama.cpp refuses all three: it counts tensors).
     Variant("gemma4-towers", "gemma4-e's weights plus vision and audio tower tensors and their "
             "projectors (v.*, a.*, mm.*): runs as text", E_PATTERN, double_wide=True, shared=4,
-            per_layer=8, rot_swa=8, rot_unrotated=12, softcap=30.0, out_scale=True, seed=401,
+            per_layer=8, rot_swa=8, rot_unrotated=12, softcap=2.5, out_scale=True, seed=401,
             base="gemma4-e", extra={"v.patch_embd.weight": (16, 48), "v.blk.0.attn_q.weight": (16, 16),
                                     "a.conv1d.0.weight": (8, 8), "mm.input_projection.weight": (64, 16)}),
     Variant("gemma4-moe", "gemma4-plain with a mixture-of-experts router on layer 1 (26B-A4B's "
