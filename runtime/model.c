@@ -94,6 +94,24 @@ static int bad_hparam(struct kiri_status_info *info, const struct kiri_gguf *g, 
                          "hyperparameter %s %s", key, why);
 }
 
+/* The array key "<arch>.<suffix>" of one int32/uint32 (or, with bools, bool) per layer. */
+static int layer_array(const struct kiri_gguf *g, const char *arch, const char *suffix, int n_layer, int bools,
+                       int *et, const void **data, struct kiri_status_info *info)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint64_t n = 0;
+    const int rc = kiri_gguf_get_arr(g, key, 1, et, &n, data, info);
+    if (rc < 0)
+        return rc;
+    if ((*et != KIRI_GGUF_UINT32 && *et != KIRI_GGUF_INT32 && !(bools && *et == KIRI_GGUF_BOOL)) ||
+        n != (uint64_t)n_layer)
+        return bad_hparam(info, g, arch, suffix,
+                          bools ? "must be a number or one bool/int32/uint32 per layer"
+                                : "must be a number or one int32/uint32 per layer");
+    return KIRI_OK;
+}
+
 /* A key that is one number for every layer or an array of one per layer (int32 or uint32), as
  * llama.cpp's get_key_or_arr reads it: vals gets n_layer values. Returns 1 when it is absent
  * (vals untouched), KIRI_OK, or an error. */
@@ -111,13 +129,10 @@ static int get_layer_u32(const struct kiri_gguf *g, const char *arch, const char
         return rc;
     }
     int et = 0;
-    uint64_t n = 0;
     const void *data = NULL;
-    int rc = kiri_gguf_get_arr(g, key, 1, &et, &n, &data, info);
+    int rc = layer_array(g, arch, suffix, n_layer, 0, &et, &data, info);
     if (rc < 0)
         return rc;
-    if ((et != KIRI_GGUF_UINT32 && et != KIRI_GGUF_INT32) || n != (uint64_t)n_layer)
-        return bad_hparam(info, g, arch, suffix, "must be a number or one int32/uint32 per layer");
     for (int l = 0; l < n_layer; l++) {
         uint32_t v;
         memcpy(&v, (const char *)data + (size_t)l * 4, 4);
@@ -826,15 +841,11 @@ static int gemma3_swa_layers(struct kiri_model *m, int array_only, struct kiri_s
                      : bad_hparam(info, g, a, "attention.sliding_window_pattern", "must be one bool per layer");
     if (k >= 0 && kiri_gguf_kv_type(g, k) == KIRI_GGUF_ARRAY) {
         int et = 0;
-        uint64_t n = 0;
         const void *data = NULL;
-        int rc = kiri_gguf_get_arr(g, key, 1, &et, &n, &data, info);
+        int rc = layer_array(g, a, "attention.sliding_window_pattern", hp->n_layer, 1, &et, &data, info);
         if (rc < 0)
             return rc;
-        const size_t es = et == KIRI_GGUF_BOOL ? 1 : et == KIRI_GGUF_UINT32 || et == KIRI_GGUF_INT32 ? 4 : 0;
-        if (!es || n != (uint64_t)hp->n_layer)
-            return bad_hparam(info, g, a, "attention.sliding_window_pattern",
-                              "must be a number or one bool/int32/uint32 per layer");
+        const size_t es = et == KIRI_GGUF_BOOL ? 1 : 4;
         for (int l = 0; l < hp->n_layer; l++) {
             uint32_t v = 0;
             memcpy(&v, (const char *)data + (size_t)l * es, es);

@@ -401,6 +401,10 @@ VULKAN_STEPS = 11
 def test_vulkan(case, dump_tool):
     """The Vulkan backend (lavapipe on a machine without a GPU), token by token and in chunks
     of 7, F16 KV."""
+    run_vulkan(case, dump_tool)
+
+
+def run_vulkan(case, dump_tool):
     if not _vulkan_device():
         pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
     toks = prompt(case)
@@ -609,3 +613,10 @@ def test_gemma4_moe_refused(name, named, gemma4_files, dump_tool):
     r = subprocess.run([dump_tool, "--n-ctx", "32", path, "1", "2"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0, f"{name}: kiri ran it"
     assert "mixture-of-experts" in r.stderr and named in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("g4", G4_CASES, indirect=True, ids=repr)
+def test_gemma4_vulkan(g4, dump_tool):
+    """The Vulkan backend (lavapipe without a GPU): token by token over the first VULKAN_STEPS
+    positions and in chunks of 7 over the whole prompt, F16 KV."""
+    run_vulkan(g4, dump_tool)
