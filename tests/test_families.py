@@ -502,6 +502,8 @@ class _G4Model:
         self.fam = v
 
 
+# F32 files only: on files this small, Q8_0's activation rounding moves both runtimes' logits by
+# 3e-2 to 2e-1 of their range (measured on gemma4-e in Q8_0), too much for per-position bounds.
 G4_RUN = ["gemma4-e", "gemma4-plain"]
 G4_CASES = [Case(_G4Model(tg.variant(n)), N_CTX) for n in G4_RUN]
 G4_EXACT_F32KV = TOL_F32_F32KV  # kiri vs E with an F32 KV cache
@@ -521,12 +523,12 @@ def g4(request, gemma4_files):
 
 
 def g4_check(c, toks, K, at, kv, what):
-    """check(), and with an F32 KV cache kiri held to E at the F32 bound (check() allows twice
+    """check(), and with F32 weights and an F32 KV cache kiri held to E at the F32 bound (check() allows twice
     llama.cpp's distance from E, which is large here). With an F16 cache check()'s bounds stand:
     gemma4's unscaled attention over RMS-normed keys (scores up to the head size) turns the
     cache's F16 rounding into 4e-3 of the logits' range, in kiri and in llama.cpp alike."""
     check(c, toks, K, at, kv, what)
-    if kv != "f32":
+    if kv != "f32" or c.wtype != "F32":
         return
     E = exact_logits(c.path, toks, c.n_ctx)[at]
     e = rel_err(K, E).max()
@@ -539,8 +541,8 @@ def test_gemma4_llama_cpp_vs_exact(g4):
     """llama.cpp agrees with tiny_gemma4.reference_logits: the keys and tensors (shared KV and
     its layer mapping, per-layer head sizes and KV heads, per-layer embeddings, rope_freqs,
     output scales, soft-capping) mean what E computes. E without any one of the output scales,
-    the per-layer embeddings, rope_freqs, the soft-cap or llama.cpp's KV layer mapping is 0.25 to
-    0.9 from llama.cpp on gemma4-e (measured), so each of them is held to."""
+    the per-layer embeddings, rope_freqs, the soft-cap or llama.cpp's KV layer mapping is 0.06 to
+    0.8 from llama.cpp on gemma4-e (measured), so each of them is held to."""
     toks = prompt(g4)
     E = exact_logits(g4.path, toks, g4.n_ctx)
     L = llama_logits(g4.path, toks, "f32", g4.n_ctx)

@@ -126,7 +126,10 @@ def _weights(v, n_vocab):
             if not v.no_v:
                 w[p + "attn_v.weight"] = mat(Hkv * D, E)
             w[p + "attn_k_norm.weight"] = norm(D)
-        w[p + "attn_q_norm.weight"] = norm(D)
+        # Unscaled attention over RMS-normed queries and keys gives scores up to the head size;
+        # small query norm weights keep the softmax soft, so rounding (F16 caches, quantized
+        # weights) moves the logits little and the comparisons stay sharp.
+        w[p + "attn_q_norm.weight"] = (0.25 * norm(D)).astype(np.float32)
         w[p + "attn_output.weight"] = mat(E, v.n_head * D)
         w[p + "post_attention_norm.weight"] = norm(E)
         w[p + "ffn_norm.weight"] = norm(E)
