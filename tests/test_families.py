@@ -44,6 +44,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import zlib
 
 import numpy as np
@@ -622,3 +623,66 @@ def test_gemma4_vulkan(g4, dump_tool):
     """The Vulkan backend (lavapipe without a GPU): token by token over the first VULKAN_STEPS
     positions and in chunks of 7 over the whole prompt, F16 KV."""
     run_vulkan(g4, dump_tool)
+
+
+G4_STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog. "
+
+
+def test_gemma4_server_prefix_reuse_and_preemption(start_server, gemma4_files):
+    """kiri serve on gemma4-e (F32 cache, chunks of 16): a cold request, the same long prefix
+    again (its blocks come from the prefix cache, the shared layers' included, since they own
+    none), then three at once in a pool too small for them (preemption, then recomputation).
+    Every generated token's logprob is held to llama.cpp's for the same prompt and tokens."""
+    import llama_cpp
+    path = gemma4_files["gemma4-e"]
+    srv = start_server(["-m", path, "--ctx", "128", "--parallel", "3", "--chunk", "16", "--kv-type", "f32",
+                        "--kv-memory", "150K"], model=False)
+    llm = llama(path, "f32", N_CTX)
+
+    def complete(prompt):
+        r = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 1})
+        assert r.status == 200, r
+        return r.json
+
+    def held_to_llama_cpp(prompt, res):
+        """llama.cpp's greedy continuation of the same prompt is kiri's, logprobs alike."""
+        ids = llm.tokenize(prompt.encode(), add_bos=True, special=False)
+        got = res["choices"][0]
+        n = len(got["logprobs"]["token_logprobs"])
+        llm.reset()
+        llm.eval(ids)
+        gen, ref = [], []
+        for _ in range(n):
+            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+            t = int(row.argmax())
+            ref.append(float(llama_cpp.Llama.logits_to_logprobs(row)[t]))
+            gen.append(t)
+            llm.eval([t])
+        text = llm.detokenize(gen).decode("utf-8", "replace")
+        err = np.abs(np.array(got["logprobs"]["token_logprobs"]) - np.array(ref)).max()
+        log(f"kiri serve gemma4-e: {len(ids)} prompt tokens, {n} generated, cached "
+            f"{res['usage']['prompt_tokens_details']['cached_tokens']}: logprobs vs llama.cpp {err:.2e}")
+        assert got["text"] == text, (got["text"], text)
+        assert err <= 5e-3, (err, got["logprobs"]["token_logprobs"], ref)
+
+    a = G4_STORY * 2 + "One day"
+    cold = complete(a)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    held_to_llama_cpp(a, cold)
+    b = G4_STORY * 2 + "The dog ran"
+    warm = complete(b)
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48, warm["usage"]
+    held_to_llama_cpp(b, warm)
+
+    p0 = srv.metrics()["kiri_preemptions_total"]
+    # Different openings (no shared blocks), 6 blocks each at the end: 18 in a pool of 10.
+    prompts = [s + G4_STORY * 2 for s in ("Lily saw a bird. ", "The sun was hot. ", "Her dog barked. ")]
+    out = [None] * 3
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, complete(prompts[i]))) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert srv.metrics()["kiri_preemptions_total"] > p0, "the pool held all three: no preemption to check"
+    for p, res in zip(prompts, out):
+        held_to_llama_cpp(p, res)
