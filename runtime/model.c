@@ -990,13 +990,14 @@ static int gemma4_shapes(struct kiri_model *m, struct kiri_status_info *info)
 }
 
 /* Gemma 4, after its weights: gemma3's RoPE bases (freq_base_swa, default 10000, on the sliding
- * layers), embeddings times sqrt(n_embd), soft-capping when set, GeGLU; attention scale 1 (its
- * queries and keys are RMS-normed, llama.cpp ignores attention.scale). */
+ * layers), embeddings times sqrt(n_embd), GeGLU; attention scale 1 (its queries and keys are
+ * RMS-normed, llama.cpp ignores attention.scale). The logits are soft-capped at 30 unless the file
+ * says otherwise (0: not capped), as llama.cpp reads the key for gemma4 (gemma3's default is 0). */
 static int gemma4_hparams(struct kiri_model *m, struct kiri_status_info *info)
 {
     const struct kiri_gguf *g = m->gguf;
     struct kiri_hparams *hp = &m->hp;
-    float base_swa = 10000.0f, cap = 0.0f;
+    float base_swa = 10000.0f, cap = 30.0f;
     int rc;
     if ((rc = get_f32_key(g, "gemma4", "rope.freq_base_swa", 0, &base_swa, info)) < 0 ||
         (rc = get_f32_key(g, "gemma4", "final_logit_softcapping", 0, &cap, info)) < 0)

@@ -29,9 +29,9 @@ put the edge inside a chunk. phi4-longrope runs twice: with a 256-token context 
 uses the short LongRoPE factors) and a 512-token one (the long factors).
 
 gemma4 (the end of this file) has files of its own, from tiny_gemma4.py, and E from its
-reference_logits; llama.cpp is 2e-3 to 5e-3 from E there (not its F16 GELU table alone: E with
-that table stays as far), so kiri is held to E at the F32 bound and to llama.cpp within llama.cpp's
-distance from E.
+reference_logits; llama.cpp is 3e-4 to 4.5e-3 from E there, its F16 GELU table (E computed with
+that table is 1.5e-4 from llama.cpp), so kiri, which computes GELU exactly, is held to E at the
+F32 bound and to llama.cpp within llama.cpp's distance from E.
 
 Environment: KIRI_DUMP_LOGITS, KIRI_BATCH_LOGITS (default <repo>/build/<tool>; built from
 build/libkiri.a into a temporary folder when missing), KIRI_TINY_MODELS (default
@@ -508,7 +508,7 @@ class _G4Model:
 G4_RUN = ["gemma4-e", "gemma4-plain"]
 G4_CASES = [Case(_G4Model(tg.variant(n)), N_CTX) for n in G4_RUN]
 G4_EXACT_F32KV = TOL_F32_F32KV  # kiri vs E with an F32 KV cache
-G4_LLAMA_CPP_EXACT = 1e-2       # llama.cpp vs E (measured 2e-3 to 5e-3)
+G4_LLAMA_CPP_EXACT = 1e-2       # llama.cpp vs E (measured 3e-4 to 4.5e-3, see the docstring)
 
 
 @pytest.fixture(scope="session")
@@ -527,7 +527,7 @@ def g4_check(c, toks, K, at, kv, what):
     """check(), and with F32 weights and an F32 KV cache kiri held to E at the F32 bound (check() allows twice
     llama.cpp's distance from E, which is large here). With an F16 cache check()'s bounds stand:
     gemma4's unscaled attention over RMS-normed keys (scores up to the head size) turns the
-    cache's F16 rounding into 4e-3 of the logits' range, in kiri and in llama.cpp alike."""
+    cache's F16 rounding into up to 2e-2 of the logits' range, in kiri and in llama.cpp alike."""
     check(c, toks, K, at, kv, what)
     if kv != "f32" or c.wtype != "F32":
         return

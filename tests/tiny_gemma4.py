@@ -44,7 +44,7 @@ class Variant:
     window: int = 8
     rot_swa: int = 0           # rope.dimension_count_swa (0: the sliding head size)
     rot_unrotated: int = 0     # global layers' pairs left unrotated by rope_freqs (1e30 factors)
-    softcap: float = 0.0
+    softcap: float = 0.0       # 0: no final_logit_softcapping key (llama.cpp then caps at 30)
     out_scale: bool = False    # blk.N.layer_output_scale.weight
     no_v: bool = False         # no attn_v: values are the keys' projection (llama.cpp's k_eq_v)
     seed: int = 400
@@ -82,7 +82,7 @@ VARIANTS = [
             extra_kv={"expert_count": 4, "expert_used_count": 2}),
     Variant("gemma4-plain", "gemma4 without per-layer embeddings or shared KV, one KV head count and "
             "feed-forward width for every layer, no values projection (values are the keys' "
-            "projection), rope_freqs all ones, no soft-capping, window 12",
+            "projection), rope_freqs all ones, no soft-capping key (capped at 30), window 12",
             [True, False, True, True, False, True], kv_swa=2, kv_global=2, window=12, no_v=True,
             seed=402),
 ]
@@ -226,7 +226,7 @@ def reference_logits(path, tokens):
     rot_full, rot_swa = hp("rope.dimension_count"), hp("rope.dimension_count_swa")
     base, base_swa = hp("rope.freq_base"), hp("rope.freq_base_swa", 10000.0)
     P = hp("embedding_length_per_layer_input", 0)
-    softcap = hp("final_logit_softcapping", 0.0)
+    softcap = hp("final_logit_softcapping", 30.0)   # llama.cpp's default for gemma4 (0: none)
 
     def per_layer(key, default=None):
         v = hp(key, default)
