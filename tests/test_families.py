@@ -607,15 +607,20 @@ def test_gemma4_towers_run_as_text(gemma4_files, dump_tool):
     assert mtm.llama_cpp_refuses(towers)
 
 
-@pytest.mark.parametrize("name,named", [("gemma4-moe", "blk.1.ffn_gate_inp.weight"),
-                                        ("gemma4-moe-key", "gemma4.expert_count")])
-def test_gemma4_moe_refused(name, named, gemma4_files, dump_tool):
+@pytest.mark.parametrize("name,named", [("gemma4-moe", "mixture-of-experts"),
+                                        ("gemma4-moe-key", "mixture-of-experts"),
+                                        ("gemma4-bad-share", "of the other kind")])
+def test_gemma4_refused(name, named, gemma4_files, dump_tool):
     """gemma4's mixture-of-experts layers (26B-A4B) are refused, naming the router tensor or
-    the expert_count key."""
-    path = os.path.join(MODELS_DIR, tg.variant(name).path_name)
+    the expert_count key; so is a shared-KV layout whose source layer is of the other kind,
+    naming shared_kv_layers."""
+    v = tg.variant(name)
+    path = os.path.join(MODELS_DIR, v.path_name)
     r = subprocess.run([dump_tool, "--n-ctx", "32", path, "1", "2"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0, f"{name}: kiri ran it"
-    assert "mixture-of-experts" in r.stderr and named in r.stderr, r.stderr
+    key = ("gemma4.attention.shared_kv_layers" if v.malformed else
+           "gemma4.expert_count" if v.extra_kv else next(iter(v.extra)))
+    assert named in r.stderr and key in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("g4", G4_CASES, indirect=True, ids=repr)

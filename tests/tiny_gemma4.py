@@ -51,6 +51,7 @@ class Variant:
     extra: dict = field(default_factory=dict)   # tensors beyond the text graph (towers, experts)
     extra_kv: dict = field(default_factory=dict)  # keys beyond the text model's (uint32 values)
     base: str = ""             # the weights of this variant (same seed and shapes), plus extra
+    malformed: bool = False    # breaks llama.cpp's layout rules on purpose (a refusal case)
 
     @property
     def path_name(self):
@@ -80,6 +81,10 @@ VARIANTS = [
     Variant("gemma4-moe-key", "gemma4-plain with gemma4.expert_count 4", [True, False, True, True, False, True],
             kv_swa=2, kv_global=2, window=12, no_v=True, seed=402, base="gemma4-plain",
             extra_kv={"expert_count": 4, "expert_used_count": 2}),
+    Variant("gemma4-bad-share", "gemma4 whose last two layers share KV although layer n_kv - 1 "
+            "slides: llama.cpp's mapping would give the shared global layer a sliding layer's keys",
+            [True, True, False, True, False, True], kv_swa=2, kv_global=2, shared=2, window=12, seed=403,
+            malformed=True),
     Variant("gemma4-plain", "gemma4 without per-layer embeddings or shared KV, one KV head count and "
             "feed-forward width for every layer, no values projection (values are the keys' "
             "projection), rope_freqs all ones, no soft-capping key (capped at 30), window 12",
@@ -155,7 +160,7 @@ def write(v, path):
     n_vocab = len(vocab["tokenizer.ggml.tokens"][0])
     n_layer = len(v.swa)
     n_kv = n_layer - v.shared
-    assert v.shared == 0 or (not v.swa[n_kv - 1] and v.swa[n_kv - 2])
+    assert v.malformed or v.shared == 0 or (not v.swa[n_kv - 1] and v.swa[n_kv - 2])
     tmp = path + ".tmp"
     wr = gguf.GGUFWriter(tmp, ARCH)
     k = ARCH
