@@ -126,7 +126,7 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "batcher limits out of range");
     if (p.kv_type != KIRI_TYPE_F16 && p.kv_type != KIRI_TYPE_F32 && p.kv_type != KIRI_TYPE_Q8_0)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "kv type must be F16, F32 or Q8_0");
-    if (p.kv_type == KIRI_TYPE_Q8_0 && m->hp.head_dim % KIRI_QK8_0)
+    if (p.kv_type == KIRI_TYPE_Q8_0 && (m->hp.head_dim % KIRI_QK8_0 || m->hp.head_dim_swa % KIRI_QK8_0))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "a Q8_0 cache needs a head size that is a multiple of 32");
     /* The pool's size. A model with sliding-window layers keeps their keys in a pool of their
      * own (unless swa_full, or the window spans the whole context anyway): a sequence holds there

@@ -34,7 +34,21 @@ enum {
     T_OUT_ROWS, /* (n_out) I32 */
     T_SWA_SLOTS,  /* (n) I32 slots in a cache's windowed pool (models with sliding-window layers) */
     T_SWA_TABLES, /* (entries) I32 their block tables */
+    /* gemma4's per-layer embeddings (P = n_embd_per_layer, L = n_layer; empty without): */
+    T_PL_TOK,   /* (P*L, n) the tokens' per-layer rows */
+    T_PL_PROJ,  /* (P*L, n) the embedding's projection, then the per-layer inputs, token-major */
+    T_PL_PROJ_ROWS, /* (P, L*n) the same memory as rows of one layer's input */
+    T_PL_IN,    /* (P, L*n) the inputs layer-major: layer l's (P, n) at row l*n */
+    T_PL_ROWS,  /* (L*n) I32 the rows of T_PL_PROJ_ROWS that make T_PL_IN */
+    T_PL_GATE,  /* (P, n) */
     T_COUNT
+};
+
+/* The activations whose shapes are a layer's own (gemma4's per-layer heads and widths): one
+ * descriptor of each per layer, over the memory of the T_ tensor of the same name. */
+enum {
+    LT_Q, LT_Q3, LT_QH, LT_K, LT_K3, LT_KH, LT_V, LT_VH, LT_ATT, LT_GATE, LT_UP, LT_PL_IN,
+    LT_COUNT
 };
 
 /* The scratch of one backend: a buffer laid out by plan() and the descriptors of one step. */
@@ -45,6 +59,7 @@ struct side {
     void *host;                               /* host address of buffer, or NULL */
     size_t offsets[T_COUNT];
     struct kiri_tensor t[T_COUNT];
+    struct kiri_tensor *lt;                   /* owned (n_layer * LT_COUNT) */
 };
 
 struct kiri_graph {
@@ -61,6 +76,8 @@ struct kiri_graph {
     float *logits_host;                   /* owned copy when the main scratch is not host-visible */
     int32_t *meta_host;                   /* owned (2, max_tokens) staging for a scratch that is not
                                              host-visible, else NULL */
+    int32_t *pl_rows;                     /* owned (max_tokens * n_layer): T_PL_ROWS of a step, for
+                                             a model with per-layer embeddings, else NULL */
 };
 
 struct layout {
@@ -70,12 +87,21 @@ struct layout {
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-/* Lays out the scratch of n tokens; with_head adds the token ids and what produces the logits. */
-static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_t entries, int with_head,
+/* Lays out the scratch of n tokens; with_head adds the token ids and what produces the logits.
+ * The per-layer activations take the largest of the layers' shapes. */
+static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t entries, int with_head,
                  int with_swa, struct layout *l)
 {
-    const size_t E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * (size_t)hp->head_dim;
-    const size_t KV = (size_t)hp->n_head_kv * (size_t)hp->head_dim, F = (size_t)hp->n_ff;
+    const struct kiri_hparams *hp = &m->hp;
+    const size_t E = (size_t)hp->n_embd, PL = (size_t)hp->n_embd_per_layer * (size_t)hp->n_layer;
+    size_t Q = 0, KV = 0, F = 0;
+    for (int i = 0; i < hp->n_layer; i++) {
+        const struct kiri_layer *L = &m->layers[i];
+        const size_t q = (size_t)L->n_head * (size_t)L->head_dim, kv = (size_t)L->n_head_kv * (size_t)L->head_dim;
+        Q = q > Q ? q : Q;
+        KV = kv > KV ? kv : KV;
+        F = (size_t)L->n_ff > F ? (size_t)L->n_ff : F;
+    }
     size_t bytes[T_COUNT] = {0};
     bytes[T_X] = bytes[T_XN] = E * (size_t)n * 4;
     bytes[T_Q] = Q * (size_t)n * 4;
@@ -95,6 +121,11 @@ static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_
         bytes[T_SWA_SLOTS] = (size_t)n * 4;
         bytes[T_SWA_TABLES] = (size_t)entries * 4;
     }
+    if (PL) {
+        bytes[T_PL_TOK] = bytes[T_PL_PROJ] = bytes[T_PL_IN] = PL * (size_t)n * 4;
+        bytes[T_PL_ROWS] = (size_t)hp->n_layer * (size_t)n * 4;
+        bytes[T_PL_GATE] = (size_t)hp->n_embd_per_layer * (size_t)n * 4;
+    }
     size_t off = 0;
     for (int i = 0; i < T_COUNT; i++) {
         l->off[i] = off;
@@ -103,6 +134,7 @@ static void plan(const struct kiri_hparams *hp, int32_t n, int32_t n_out, int32_
     /* Views share the memory of their base tensor. */
     l->off[T_Q3] = l->off[T_QH] = l->off[T_Q];
     l->off[T_K3] = l->off[T_KH] = l->off[T_K];
+    l->off[T_PL_PROJ_ROWS] = l->off[T_PL_PROJ];
     l->total = off;
 }
 
@@ -111,19 +143,21 @@ uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens
 {
     struct layout l, lo;
     const int swa = kiri_model_n_swa_layers(m) > 0;
-    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, swa, &l);
+    plan(m, max_tokens, max_outputs, max_table_entries, 1, swa, &l);
     if (!m->n_offload)
         return l.total;
-    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 0, swa, &lo);
+    plan(m, max_tokens, max_outputs, max_table_entries, 0, swa, &lo);
     return (uint64_t)l.total + lo.total;
 }
 
 static int side_init(struct side *s, const struct kiri_backend_iface *iface, struct kiri_backend *be,
-                     const struct layout *l)
+                     const struct layout *l, int n_layer)
 {
     s->iface = iface;
     s->be = be;
     memcpy(s->offsets, l->off, sizeof l->off);
+    if (!(s->lt = kiri_mem_calloc((size_t)n_layer * LT_COUNT, sizeof *s->lt)))
+        return KIRI_E_NOMEM;
     if (iface->buffer_alloc(be, l->total, &s->buffer, &s->host) != 0) {
         s->buffer = NULL;
         s->host = NULL;
@@ -148,19 +182,22 @@ int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_output
     g->rope_off = m->n_offload ? kiri_model_rope_factors(m, n_ctx, 1) : NULL;
     struct layout l;
     const int swa = kiri_model_n_swa_layers(m) > 0;
-    plan(&m->hp, max_tokens, max_outputs, max_table_entries, 1, swa, &l);
-    g->max_nodes = m->hp.n_layer * 48 + 16;
+    plan(m, max_tokens, max_outputs, max_table_entries, 1, swa, &l);
+    g->max_nodes = m->hp.n_layer * 64 + 32;
     g->nodes = kiri_mem_calloc((size_t)g->max_nodes, sizeof *g->nodes);
-    int rc = g->nodes ? side_init(&g->main, m->iface, m->be, &l) : KIRI_E_NOMEM;
+    int rc = g->nodes ? side_init(&g->main, m->iface, m->be, &l, m->hp.n_layer) : KIRI_E_NOMEM;
     if (rc == KIRI_OK && m->n_offload) {
-        plan(&m->hp, max_tokens, max_outputs, max_table_entries, 0, swa, &l);
-        rc = side_init(&g->off, m->off_iface, m->off_be, &l);
+        plan(m, max_tokens, max_outputs, max_table_entries, 0, swa, &l);
+        rc = side_init(&g->off, m->off_iface, m->off_be, &l, m->hp.n_layer);
     }
     if (rc == KIRI_OK && !g->main.host &&
         !(g->logits_host = kiri_mem_array((size_t)m->hp.n_vocab * (size_t)max_outputs, sizeof(float))))
         rc = KIRI_E_NOMEM;
     if (rc == KIRI_OK && (!g->main.host || (m->n_offload && !g->off.host)) &&
         !(g->meta_host = kiri_mem_array((size_t)max_tokens * 2, sizeof(int32_t))))
+        rc = KIRI_E_NOMEM;
+    if (rc == KIRI_OK && m->hp.n_embd_per_layer > 0 &&
+        !(g->pl_rows = kiri_mem_array((size_t)max_tokens * (size_t)m->hp.n_layer, sizeof(int32_t))))
         rc = KIRI_E_NOMEM;
     if (rc != KIRI_OK) {
         kiri_graph_free(g);
@@ -178,16 +215,19 @@ void kiri_graph_free(struct kiri_graph *g)
         g->main.iface->buffer_free(g->main.be, g->main.buffer);
     if (g->off.buffer)
         g->off.iface->buffer_free(g->off.be, g->off.buffer);
+    kiri_mem_free(g->main.lt);
+    kiri_mem_free(g->off.lt);
     kiri_mem_free(g->nodes);
     kiri_mem_free(g->logits_host);
     kiri_mem_free(g->meta_host);
+    kiri_mem_free(g->pl_rows);
     kiri_mem_free(g);
 }
 
-/* Shapes a scratch descriptor: contiguous rows of ne0 elements of type. */
-static struct kiri_tensor *shape(struct side *s, int id, int type, int64_t ne0, int64_t ne1, int64_t ne2)
+/* Shapes descriptor t over the scratch at offset: contiguous rows of ne0 elements of type. */
+static struct kiri_tensor *shape_at(struct side *s, struct kiri_tensor *t, size_t offset, int type, int64_t ne0,
+                                    int64_t ne1, int64_t ne2)
 {
-    struct kiri_tensor *t = &s->t[id];
     memset(t, 0, sizeof *t);
     t->type = type;
     t->ne[0] = ne0;
@@ -199,9 +239,15 @@ static struct kiri_tensor *shape(struct side *s, int id, int type, int64_t ne0, 
     t->nb[2] = t->nb[1] * (size_t)ne1;
     t->nb[3] = t->nb[2] * (size_t)ne2;
     t->buffer = s->buffer;
-    t->offset = s->offsets[id];
-    t->data = s->host ? (char *)s->host + s->offsets[id] : NULL;
+    t->offset = offset;
+    t->data = s->host ? (char *)s->host + offset : NULL;
     return t;
+}
+
+/* Shapes scratch descriptor id. */
+static struct kiri_tensor *shape(struct side *s, int id, int type, int64_t ne0, int64_t ne1, int64_t ne2)
+{
+    return shape_at(s, &s->t[id], s->offsets[id], type, ne0, ne1, ne2);
 }
 
 static int upload(struct side *s, struct kiri_tensor *t, const void *src, size_t size)
@@ -213,23 +259,41 @@ static int upload(struct side *s, struct kiri_tensor *t, const void *src, size_t
     return s->iface->tensor_set(s->be, t, src, 0, size);
 }
 
-/* Shapes the activations of a step of n tokens (and n_out logit rows on the side with the head). */
-static void shape_step(const struct kiri_hparams *hp, struct side *s, int32_t n, int32_t n_out, int with_head)
+/* Shapes the activations of a step of n tokens (and n_out logit rows on the side with the head):
+ * the shared ones, and each layer's in s->lt. */
+static void shape_step(const struct kiri_model *m, struct side *s, int32_t n, int32_t n_out, int with_head)
 {
-    const int64_t E = hp->n_embd, D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv, F = hp->n_ff;
+    const struct kiri_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, P = hp->n_embd_per_layer, NL = hp->n_layer;
     const int f32 = KIRI_TYPE_F32;
     shape(s, T_X, f32, E, n, 1);
     shape(s, T_XN, f32, E, n, 1);
-    shape(s, T_Q, f32, D * H, n, 1);
-    shape(s, T_Q3, f32, D, H, n);
-    shape(s, T_QH, f32, D, H * n, 1);
-    shape(s, T_K, f32, D * Hkv, n, 1);
-    shape(s, T_K3, f32, D, Hkv, n);
-    shape(s, T_KH, f32, D, Hkv * n, 1);
-    shape(s, T_V, f32, D * Hkv, n, 1);
-    shape(s, T_ATT, f32, D * H, n, 1);
-    shape(s, T_GATE, f32, F, n, 1);
-    shape(s, T_UP, f32, F, n, 1);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct kiri_layer *L = &m->layers[l];
+        const int64_t D = L->head_dim, H = L->n_head, Hkv = L->n_head_kv, F = L->n_ff;
+        struct kiri_tensor *t = &s->lt[(size_t)l * LT_COUNT];
+        const size_t *o = s->offsets;
+        shape_at(s, &t[LT_Q], o[T_Q], f32, D * H, n, 1);
+        shape_at(s, &t[LT_Q3], o[T_Q], f32, D, H, n);
+        shape_at(s, &t[LT_QH], o[T_Q], f32, D, H * n, 1);
+        shape_at(s, &t[LT_K], o[T_K], f32, D * Hkv, n, 1);
+        shape_at(s, &t[LT_K3], o[T_K], f32, D, Hkv, n);
+        shape_at(s, &t[LT_KH], o[T_K], f32, D, Hkv * n, 1);
+        shape_at(s, &t[LT_V], o[T_V], f32, D * Hkv, n, 1);
+        shape_at(s, &t[LT_VH], o[T_V], f32, D, Hkv * n, 1);
+        shape_at(s, &t[LT_ATT], o[T_ATT], f32, D * H, n, 1);
+        shape_at(s, &t[LT_GATE], o[T_GATE], f32, F, n, 1);
+        shape_at(s, &t[LT_UP], o[T_UP], f32, F, n, 1);
+        if (P)
+            shape_at(s, &t[LT_PL_IN], o[T_PL_IN] + (size_t)l * (size_t)P * (size_t)n * 4, f32, P, n, 1);
+    }
+    if (P) {
+        shape(s, T_PL_TOK, f32, P * NL, n, 1);
+        shape(s, T_PL_PROJ, f32, P * NL, n, 1);
+        shape(s, T_PL_PROJ_ROWS, f32, P, NL * n, 1);
+        shape(s, T_PL_IN, f32, P, NL * n, 1);
+        shape(s, T_PL_GATE, f32, P, n, 1);
+    }
     if (with_head) {
         shape(s, T_XO, f32, E, n_out, 1);
         shape(s, T_LOGITS, f32, hp->n_vocab, n_out, 1);
@@ -251,6 +315,15 @@ static int upload_inputs(struct kiri_graph *g, struct side *s, const struct kiri
         struct kiri_tensor *rows = shape(s, T_OUT_ROWS, KIRI_TYPE_I32, n_out, 1, 1);
         rc |= upload(s, tokens, b->tokens, (size_t)n * 4);
         rc |= upload(s, rows, b->out_rows, (size_t)n_out * 4);
+        if (g->pl_rows) {
+            /* Layer l's input for token t is row t * L + l of the token-major inputs. */
+            const int32_t L = g->model->hp.n_layer;
+            struct kiri_tensor *pr = shape(s, T_PL_ROWS, KIRI_TYPE_I32, (int64_t)L * n, 1, 1);
+            for (int32_t l = 0; l < L; l++)
+                for (int32_t t = 0; t < n; t++)
+                    g->pl_rows[l * n + t] = t * L + l;
+            rc |= upload(s, pr, g->pl_rows, (size_t)L * (size_t)n * 4);
+        }
     }
     rc |= upload(s, pos, b->pos, (size_t)n * 4);
     rc |= upload(s, slots, b->slots, (size_t)n * 4);
@@ -323,17 +396,22 @@ static void project(struct builder *b, struct kiri_tensor *dst, struct kiri_tens
         add(b, KIRI_OP_ADD, dst, dst, bias);
 }
 
-/* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared.
- * A sliding-window layer attends its last hp.swa_window keys, in the cache's windowed pool when it
- * has one (its own slots and tables). */
+static void rms_norm(struct builder *b, struct kiri_tensor *dst, struct kiri_tensor *src, struct kiri_tensor *w,
+                     float eps)
+{
+    add(b, KIRI_OP_RMS_NORM, dst, src, w)->p.eps = eps;
+}
+
+/* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared
+ * (applied on the layers with rope_factors). A sliding-window layer attends its last
+ * hp.swa_window keys, in the cache's windowed pool when it has one (its own slots and tables). A
+ * layer that attends another layer's cache (kv_source) computes only its queries. */
 static void build_layers(const struct kiri_model *m, struct side *s, struct kiri_kvcache *kv,
                          struct kiri_tensor *rope_freqs, int l0, int l1, struct builder *b)
 {
     const struct kiri_hparams *hp = &m->hp;
-    const int64_t D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
-    struct kiri_tensor *x = &s->t[T_X], *xn = &s->t[T_XN], *q = &s->t[T_Q], *q3 = &s->t[T_Q3];
-    struct kiri_tensor *qh = &s->t[T_QH], *k = &s->t[T_K], *k3 = &s->t[T_K3], *kh = &s->t[T_KH];
-    struct kiri_tensor *v = &s->t[T_V], *att = &s->t[T_ATT], *gate = &s->t[T_GATE], *up = &s->t[T_UP];
+    const float eps = hp->rms_eps;
+    struct kiri_tensor *x = &s->t[T_X], *xn = &s->t[T_XN];
     struct kiri_tensor *pos = &s->t[T_POS], *slots = &s->t[T_SLOTS], *meta = &s->t[T_META];
     struct kiri_tensor *tables = &s->t[T_TABLES];
     struct kiri_tensor *swa_slots = &s->t[T_SWA_SLOTS], *swa_tables = &s->t[T_SWA_TABLES];
@@ -341,34 +419,42 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
 
     for (int l = l0; l < l1; l++) {
         const struct kiri_layer *L = &m->layers[l];
-        const struct kiri_rope_params rope = {hp->rope_mode, hp->n_rot, L->rope_freq_base, L->rope_freq_scale,
+        struct kiri_tensor *t = &s->lt[(size_t)l * LT_COUNT];
+        struct kiri_tensor *q = &t[LT_Q], *q3 = &t[LT_Q3], *qh = &t[LT_QH], *k = &t[LT_K], *k3 = &t[LT_K3];
+        struct kiri_tensor *kh = &t[LT_KH], *v = &t[LT_V], *vh = &t[LT_VH], *att = &t[LT_ATT];
+        struct kiri_tensor *gate = &t[LT_GATE], *up = &t[LT_UP];
+        const int own_kv = L->kv_source == l;
+        const struct kiri_rope_params rope = {hp->rope_mode, L->n_rot, L->rope_freq_base, L->rope_freq_scale,
                                               hp->rope_attn_factor};
-        const struct kiri_attn_params attn = {(int)H, (int)Hkv, (int)D, kiri_kvcache_block_size(kv), hp->attn_scale,
-                                              L->swa ? hp->swa_window : 0};
-        nd = add(b, KIRI_OP_RMS_NORM, xn, x, L->attn_norm);
-        nd->p.eps = hp->rms_eps;
+        const struct kiri_attn_params attn = {L->n_head, L->n_head_kv, L->head_dim, kiri_kvcache_block_size(kv),
+                                              hp->attn_scale, L->swa ? hp->swa_window : 0};
+        rms_norm(b, xn, x, L->attn_norm, eps);
         project(b, q, L->wq, L->bq, L->wq_scale, 0, xn);
-        project(b, k, L->wk, L->bk, L->wk_scale, 0, xn);
-        project(b, v, L->wv, L->bv, L->wv_scale, 0, xn);
-        if (L->q_norm) {
-            nd = add(b, KIRI_OP_RMS_NORM, qh, qh, L->q_norm);
-            nd->p.eps = hp->rms_eps;
+        if (own_kv) {
+            project(b, k, L->wk, L->bk, L->wk_scale, 0, xn);
+            project(b, v, L->wv, L->bv, L->wv_scale, 0, xn);
         }
-        if (L->k_norm) {
-            nd = add(b, KIRI_OP_RMS_NORM, kh, kh, L->k_norm);
-            nd->p.eps = hp->rms_eps;
-        }
+        if (L->q_norm)
+            rms_norm(b, qh, qh, L->q_norm, eps);
+        if (L->k_norm && own_kv)
+            rms_norm(b, kh, kh, L->k_norm, eps);
+        if (L->v_norm && own_kv)
+            rms_norm(b, vh, vh, L->v_norm, eps);
         if (L->rope) {
             nd = add(b, KIRI_OP_ROPE, q3, q3, pos);
-            nd->src[2] = rope_freqs;
+            nd->src[2] = L->rope_factors ? rope_freqs : NULL;
             nd->p.rope = rope;
-            nd = add(b, KIRI_OP_ROPE, k3, k3, pos);
-            nd->src[2] = rope_freqs;
-            nd->p.rope = rope;
+            if (own_kv) {
+                nd = add(b, KIRI_OP_ROPE, k3, k3, pos);
+                nd->src[2] = L->rope_factors ? rope_freqs : NULL;
+                nd->p.rope = rope;
+            }
         }
         const int windowed = kiri_kvcache_layer_windowed(kv, l);
-        add(b, KIRI_OP_STORE_KV, kiri_kvcache_k(kv, l), k, windowed ? swa_slots : slots);
-        add(b, KIRI_OP_STORE_KV, kiri_kvcache_v(kv, l), v, windowed ? swa_slots : slots);
+        if (own_kv) {
+            add(b, KIRI_OP_STORE_KV, kiri_kvcache_k(kv, l), k, windowed ? swa_slots : slots);
+            add(b, KIRI_OP_STORE_KV, kiri_kvcache_v(kv, l), v, windowed ? swa_slots : slots);
+        }
         nd = add(b, KIRI_OP_ATTENTION, att, q3, kiri_kvcache_k(kv, l));
         nd->src[2] = kiri_kvcache_v(kv, l);
         nd->src[3] = meta;
@@ -376,14 +462,42 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
         nd->p.attn = attn;
         project(b, xn, L->wo, L->bo, L->wo_scale, 0, att);
         block_out(hp, L->attn_post_norm, x, xn, b);
-        nd = add(b, KIRI_OP_RMS_NORM, xn, x, L->ffn_norm);
-        nd->p.eps = hp->rms_eps;
+        rms_norm(b, xn, x, L->ffn_norm, eps);
         project(b, gate, L->w_gate, L->b_gate, L->w_gate_scale, 1, xn);
         project(b, up, L->w_up, L->b_up, L->w_up_scale, 1, xn);
         add(b, hp->ffn_gelu ? KIRI_OP_GEGLU : KIRI_OP_SWIGLU, gate, gate, up);
         project(b, xn, L->w_down, L->b_down, L->w_down_scale, 1, gate);
         block_out(hp, L->ffn_post_norm, x, xn, b);
+        if (L->pl_gate) {
+            /* gemma4: x += post_norm(proj(gelu(inp_gate x) * this layer's per-layer input)). */
+            struct kiri_tensor *pg = &s->t[T_PL_GATE];
+            add(b, KIRI_OP_MATMUL, pg, L->pl_gate, x);
+            add(b, KIRI_OP_GEGLU, pg, pg, &t[LT_PL_IN]);
+            add(b, KIRI_OP_MATMUL, xn, L->pl_proj, pg);
+            rms_norm(b, xn, xn, L->pl_post_norm, eps);
+            add(b, KIRI_OP_ADD, x, x, xn);
+        }
+        if (L->out_scale != 1.0f)
+            add(b, KIRI_OP_SCALE, x, x, NULL)->p.scale = L->out_scale;
     }
+}
+
+/* gemma4's per-layer inputs, after the scaled token embedding x: the tokens' rows
+ * of per_layer_token_embd times sqrt(P), plus the RMS-normed projection of x times
+ * 1/sqrt(n_embd), all times 1/sqrt(2); then gathered layer-major so each layer reads a
+ * contiguous (P, n). */
+static void build_per_layer_inputs(const struct kiri_model *m, struct side *s, struct builder *b)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    struct kiri_tensor *tok = &s->t[T_PL_TOK], *proj = &s->t[T_PL_PROJ];
+    add(b, KIRI_OP_GET_ROWS, tok, m->pl_tok_embd, &s->t[T_TOKENS]);
+    add(b, KIRI_OP_SCALE, tok, tok, NULL)->p.scale = sqrtf((float)hp->n_embd_per_layer);
+    add(b, KIRI_OP_MATMUL, proj, m->pl_model_proj, &s->t[T_X]);
+    add(b, KIRI_OP_SCALE, proj, proj, NULL)->p.scale = 1.0f / sqrtf((float)hp->n_embd);
+    rms_norm(b, &s->t[T_PL_PROJ_ROWS], &s->t[T_PL_PROJ_ROWS], m->pl_proj_norm, hp->rms_eps);
+    add(b, KIRI_OP_ADD, proj, proj, tok);
+    add(b, KIRI_OP_SCALE, proj, proj, NULL)->p.scale = 1.0f / sqrtf(2.0f);
+    add(b, KIRI_OP_GET_ROWS, &s->t[T_PL_IN], &s->t[T_PL_PROJ_ROWS], &s->t[T_PL_ROWS]);
 }
 
 /* Only the rows that need logits go through the output norm and the vocabulary product. */
@@ -437,10 +551,10 @@ static int run_step(struct kiri_graph *g, struct kiri_kvcache *kv, const struct 
     struct kiri_model *m = g->model;
     const int n_off = m->n_offload, n_layer = m->hp.n_layer;
     int rc = upload_inputs(g, &g->main, b, 1);
-    shape_step(&m->hp, &g->main, b->n_tokens, b->n_outputs, 1);
+    shape_step(m, &g->main, b->n_tokens, b->n_outputs, 1);
     if (n_off) {
         rc |= upload_inputs(g, &g->off, b, 0);
-        shape_step(&m->hp, &g->off, b->n_tokens, b->n_outputs, 0);
+        shape_step(m, &g->off, b->n_tokens, b->n_outputs, 0);
     }
     struct builder bl = {g->nodes, 0, g->max_nodes};
     add(&bl, KIRI_OP_GET_ROWS, &g->main.t[T_X], m->tok_embd, &g->main.t[T_TOKENS]);
@@ -448,6 +562,8 @@ static int run_step(struct kiri_graph *g, struct kiri_kvcache *kv, const struct 
         struct kiri_node *nd = add(&bl, KIRI_OP_SCALE, &g->main.t[T_X], &g->main.t[T_X], NULL);
         nd->p.scale = m->hp.embd_scale;
     }
+    if (m->pl_tok_embd)
+        build_per_layer_inputs(m, &g->main, &bl);
     const int n_embed = bl.n;
     if (n_off)
         build_layers(m, &g->off, kv, g->rope_off, 0, n_off, &bl);

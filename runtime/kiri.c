@@ -143,6 +143,28 @@ static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
     }
     if (n_norope)
         kiri_buf_printf(text, "no rope:       on %d of %d layers\n", n_norope, hp->n_layer);
+    if (hp->arch == KIRI_ARCH_GEMMA4) {
+        int ff_min = hp->n_ff, kv_min = hp->n_head_kv;
+        for (int l = 0; l < hp->n_layer; l++) {
+            ff_min = m->layers[l].n_ff < ff_min ? m->layers[l].n_ff : ff_min;
+            kv_min = m->layers[l].n_head_kv < kv_min ? m->layers[l].n_head_kv : kv_min;
+        }
+        kiri_buf_printf(text, "per layer:     head size %d (global) / %d (sliding), rope over %d / %d dims, kv heads "
+                        "%d..%d, feed-forward %d..%d\n", hp->head_dim, hp->head_dim_swa, hp->n_rot, hp->n_rot_swa,
+                        kv_min, hp->n_head_kv, ff_min, hp->n_ff);
+        if (hp->n_layer_kv < hp->n_layer)
+            kiri_buf_printf(text, "shared kv:     layers %d-%d keep no keys or values; they attend layer %d's "
+                            "(sliding) or %d's (global)\n", hp->n_layer_kv, hp->n_layer - 1, hp->n_layer_kv - 2,
+                            hp->n_layer_kv - 1);
+        if (hp->n_embd_per_layer > 0)
+            kiri_buf_printf(text, "per-layer embeddings: %d per layer; their %.2f MiB table stays in the mapping, "
+                            "one row read per token\n",
+                            hp->n_embd_per_layer,
+                            (double)(m->pl_tok_embd->nb[1] * (size_t)m->pl_tok_embd->ne[1]) / (1024.0 * 1024.0));
+        if (m->n_tower_tensors)
+            kiri_buf_printf(text, "text only:     the file's %d vision/audio tensors are not used\n",
+                            m->n_tower_tensors);
+    }
     const float default_attn = 1.0f / sqrtf((float)hp->head_dim);
     if (hp->embd_scale != 1.0f || hp->residual_scale != 1.0f || hp->logit_scale != 1.0f || hp->final_softcap > 0.0f ||
         hp->attn_scale != default_attn || hp->ffn_gelu) {
@@ -183,7 +205,7 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     kiri_buf_printf(&text, "context:       %d (trained)\n", hp->n_ctx_train);
     int count[KIRI_TYPE_COUNT] = {0};
     for (int i = 0; i < m->n_tensors; i++)
-        if (m->tensors[i].type >= 0 && m->tensors[i].type < KIRI_TYPE_COUNT)
+        if (m->tensors[i].type >= 0 && m->tensors[i].type < KIRI_TYPE_COUNT && m->tensors[i].data != m->ones)
             count[m->tensors[i].type]++;
     kiri_buf_printf(&text, "tensor types: ");
     for (int t = 0; t < KIRI_TYPE_COUNT; t++)
@@ -199,10 +221,17 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     const double kv_ctx = (double)kv_tok * hp->n_ctx_train + (n_swa ? (double)kv_window * kept / hp->swa_window : 0.0);
     kiri_buf_printf(&text, "weights:       %.2f MiB mapped from the file (shared page cache, not copied)\n",
             (double)m->weight_bytes / mib);
+    /* Layers that attend another layer's keys (gemma4's shared ones) store none. */
+    int own_global = 0, own_swa = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const int own = m->layers[l].kv_source == l, slides = n_swa && m->layers[l].swa;
+        own_global += own && !slides;
+        own_swa += own && slides;
+    }
     if (n_swa)
         kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16) in the %d global layers, plus %.2f MiB for the "
                 "%d sliding-window layers' %d-token window (per sequence, whatever its length); %.2f MiB at the "
-                "trained context\n", (double)kv_tok / 1024.0, hp->n_layer - n_swa, (double)kv_window / mib, n_swa,
+                "trained context\n", (double)kv_tok / 1024.0, own_global, (double)kv_window / mib, own_swa,
                 hp->swa_window, kv_ctx / mib);
     else
         kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",

@@ -16,7 +16,6 @@ struct part {
 /* The blocks of one pool: reference counts, the free list and the prefix index. */
 struct pool {
     int32_t n_blocks;
-    size_t layer_bytes;                       /* keys or values of one of its layers */
     int32_t *refs;                            /* owned: reference count per block */
     int32_t *free_list;                       /* owned: stack of free block ids */
     int32_t n_free;
@@ -47,12 +46,25 @@ struct kiri_kvcache {
     int32_t window;                           /* 0: no windowed pool */
     uint8_t *windowed;                        /* owned (n_layer): layer l is in pool[1]; NULL
                                                  without a window */
-    struct kiri_tensor *k, *v;                /* owned arrays of n_layer descriptors */
+    size_t *row;                              /* owned (n_layer): bytes of one slot of layer l's
+                                                 keys (or values) */
+    int32_t *source;                          /* owned (n_layer): the layer whose keys and values
+                                                 layer l attends; l for a layer with its own */
+    struct kiri_tensor *k, *v;                /* owned arrays of n_layer descriptors (a layer
+                                                 without its own: unused, see kiri_kvcache_k) */
 };
 
 static struct pool *pool_of(struct kiri_kvcache *c, int layer)
 {
     return &c->pool[c->windowed && c->windowed[layer] ? 1 : 0];
+}
+
+/* The bytes of layer l's keys (or values) in its pool: 0 for a layer that reads another's. */
+static size_t layer_bytes(struct kiri_kvcache *c, int l)
+{
+    if (c->source[l] != l)
+        return 0;
+    return c->row[l] * (size_t)pool_of(c, l)->n_blocks * (size_t)c->block_size;
 }
 
 /* Allocates the buffers of a placement (part[1] always, part[0] when n_first > 0) and points
@@ -63,7 +75,7 @@ static int alloc_parts(struct kiri_kvcache *c, struct part p[2], int n_first, st
     void *host[2] = {NULL, NULL};
     size_t size[2] = {0, 0};
     for (int l = 0; l < c->n_layer; l++)
-        size[l < n_first ? 0 : 1] += pool_of(c, l)->layer_bytes * 2;
+        size[l < n_first ? 0 : 1] += layer_bytes(c, l) * 2;
     p[0].buffer = p[1].buffer = NULL;
     for (int i = 0; i < 2; i++) {
         if (size[i] == 0)
@@ -80,22 +92,22 @@ static int alloc_parts(struct kiri_kvcache *c, struct part p[2], int n_first, st
     for (int l = 0; l < c->n_layer; l++) {
         const int i = l < n_first ? 0 : 1;
         const struct pool *pl = pool_of(c, l);
+        const size_t bytes = layer_bytes(c, l);
         struct kiri_tensor *t[2] = {&k[l], &v[l]};
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < 2 && bytes; j++) {
             t[j]->ne[1] = (int64_t)pl->n_blocks * c->block_size;
             t[j]->buffer = p[i].buffer;
             t[j]->offset = off[i];
             t[j]->data = host[i] ? (char *)host[i] + off[i] : NULL;
-            off[i] += pl->layer_bytes;
+            off[i] += bytes;
         }
     }
     return KIRI_OK;
 }
 
-static int pool_init(struct pool *p, int32_t n_blocks, int block_size, size_t layer_bytes)
+static int pool_init(struct pool *p, int32_t n_blocks, int block_size)
 {
     p->n_blocks = n_blocks;
-    p->layer_bytes = layer_bytes;
     p->refs = kiri_mem_calloc((size_t)n_blocks, sizeof *p->refs);
     p->free_list = kiri_mem_array((size_t)n_blocks, sizeof *p->free_list);
     uint32_t nb = 1;
@@ -140,28 +152,40 @@ static size_t layer_size(size_t row, int32_t n_blocks, int block_size, int n_lay
     return row * slots;
 }
 
-int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
-                               const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
-                               int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
-                               const struct kiri_kvcache_window *w, struct kiri_kvcache **out)
+int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
+                            const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
+                            int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                            const struct kiri_kvcache_window *w, const struct kiri_kvcache_layout *lay,
+                            struct kiri_kvcache **out)
 {
-    if (n_layer < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1 || n_first < 0 || n_first > n_layer ||
+    if (n_layer < 1 || block_size < 1 || n_blocks < 1 || n_first < 0 || n_first > n_layer ||
         (n_first > 0 && (!first_iface || !first_be)))
         return KIRI_E_INVALID_ARG;
     if (type != KIRI_TYPE_F32 && type != KIRI_TYPE_F16 && type != KIRI_TYPE_Q8_0)
-        return KIRI_E_INVALID_ARG;
-    if (kv_dim % kiri_type_block_size(type) != 0)
         return KIRI_E_INVALID_ARG;
     int n_windowed = 0;
     for (int l = 0; w && w->layers && l < n_layer; l++)
         n_windowed += w->layers[l] != 0;
     if (n_windowed && (w->window < 1 || w->n_blocks < 1))
         return KIRI_E_INVALID_ARG;
-    const size_t row = (size_t)(kv_dim / kiri_type_block_size(type)) * kiri_type_size(type);
-    const size_t layer_bytes = layer_size(row, n_blocks, block_size, n_layer);
-    const size_t wlayer_bytes = n_windowed ? layer_size(row, w->n_blocks, block_size, n_layer) : 0;
-    if (!layer_bytes || (n_windowed && !wlayer_bytes))
-        return KIRI_E_INVALID_ARG;
+    /* Each layer's row, and where a layer without keys of its own reads: an earlier layer that
+     * has its own, in the same pool and on the same backend. */
+    for (int l = 0; l < n_layer; l++) {
+        const int64_t dim = lay && lay->kv_dim ? lay->kv_dim[l] : kv_dim;
+        const int32_t src = lay && lay->source ? lay->source[l] : l;
+        if (dim < 1 || dim % kiri_type_block_size(type) != 0 || src < 0 || src > l)
+            return KIRI_E_INVALID_ARG;
+        const size_t row = (size_t)(dim / kiri_type_block_size(type)) * kiri_type_size(type);
+        if (!layer_size(row, n_windowed && w->layers[l] ? w->n_blocks : n_blocks, block_size, n_layer))
+            return KIRI_E_INVALID_ARG;
+        if (src == l)
+            continue;
+        const int32_t src_src = lay->source[src];
+        const int own_w = n_windowed && w->layers[l], src_w = n_windowed && w->layers[src];
+        if (src_src != src || own_w != src_w || (l < n_first) != (src < n_first) ||
+            (lay->kv_dim && lay->kv_dim[src] != dim))
+            return KIRI_E_INVALID_ARG;
+    }
 
     struct kiri_kvcache *c = kiri_mem_calloc(1, sizeof *c);
     if (!c)
@@ -171,14 +195,15 @@ int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct ki
     c->n_first = n_first;
     c->n_layer = n_layer;
     c->block_size = block_size;
-    c->bytes = layer_bytes * 2 * (size_t)(n_layer - n_windowed) + wlayer_bytes * 2 * (size_t)n_windowed;
     c->k = kiri_mem_calloc((size_t)n_layer, sizeof *c->k);
     c->v = kiri_mem_calloc((size_t)n_layer, sizeof *c->v);
-    int rc = c->k && c->v ? pool_init(&c->pool[0], n_blocks, block_size, layer_bytes) : KIRI_E_NOMEM;
+    c->row = kiri_mem_array((size_t)n_layer, sizeof *c->row);
+    c->source = kiri_mem_array((size_t)n_layer, sizeof *c->source);
+    int rc = c->k && c->v && c->row && c->source ? pool_init(&c->pool[0], n_blocks, block_size) : KIRI_E_NOMEM;
     if (rc == KIRI_OK && n_windowed) {
         c->window = w->window;
         c->windowed = kiri_mem_alloc((size_t)n_layer);
-        rc = c->windowed ? pool_init(&c->pool[1], w->n_blocks, block_size, wlayer_bytes) : KIRI_E_NOMEM;
+        rc = c->windowed ? pool_init(&c->pool[1], w->n_blocks, block_size) : KIRI_E_NOMEM;
         for (int l = 0; c->windowed && l < n_layer; l++)
             c->windowed[l] = w->layers[l] != 0;
     }
@@ -187,11 +212,16 @@ int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct ki
         return KIRI_E_NOMEM;
     }
     for (int l = 0; l < n_layer; l++) {
+        const int64_t dim = lay && lay->kv_dim ? lay->kv_dim[l] : kv_dim;
+        const size_t row = (size_t)(dim / kiri_type_block_size(type)) * kiri_type_size(type);
         const size_t slots = (size_t)pool_of(c, l)->n_blocks * (size_t)block_size;
+        c->row[l] = row;
+        c->source[l] = lay && lay->source ? lay->source[l] : l;
+        c->bytes += layer_bytes(c, l) * 2;
         struct kiri_tensor *t[2] = {&c->k[l], &c->v[l]};
         for (int j = 0; j < 2; j++) {
             t[j]->type = type;
-            t[j]->ne[0] = kv_dim;
+            t[j]->ne[0] = dim;
             t[j]->ne[2] = t[j]->ne[3] = 1;
             t[j]->nb[0] = kiri_type_size(type);
             t[j]->nb[1] = row;
@@ -205,6 +235,15 @@ int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct ki
     }
     *out = c;
     return KIRI_OK;
+}
+
+int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
+                               const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
+                               int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                               const struct kiri_kvcache_window *w, struct kiri_kvcache **out)
+{
+    return kiri_kvcache_init_layers(iface, be, n_first, first_iface, first_be, n_layer, kv_dim, type, block_size,
+                                    n_blocks, w, NULL, out);
 }
 
 int kiri_kvcache_init_split(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
@@ -253,6 +292,9 @@ int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_ba
 {
     if (n_first < 0 || n_first > c->n_layer || (n_first > 0 && (!first_iface || !first_be)) || !iface || !be)
         return KIRI_E_INVALID_ARG;
+    for (int l = 0; l < c->n_layer; l++)
+        if ((l < n_first) != (c->source[l] < n_first))
+            return KIRI_E_INVALID_ARG;   /* a layer and the cache it reads stay together */
     if (n_first == c->n_first && (n_first == 0 || first_be == c->part[0].be) && be == c->part[1].be)
         return KIRI_OK;
     struct part np[2] = {{n_first ? first_iface : iface, n_first ? first_be : be, NULL}, {iface, be, NULL}};
@@ -260,8 +302,9 @@ int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_ba
      * leaves copies queued into a buffer that is then freed. */
     struct kiri_tensor *k = kiri_mem_array((size_t)c->n_layer, sizeof *k);
     struct kiri_tensor *v = kiri_mem_array((size_t)c->n_layer, sizeof *v);
-    const size_t largest = c->pool[0].layer_bytes > c->pool[1].layer_bytes ? c->pool[0].layer_bytes
-                                                                             : c->pool[1].layer_bytes;
+    size_t largest = 1;
+    for (int l = 0; l < c->n_layer; l++)
+        largest = layer_bytes(c, l) > largest ? layer_bytes(c, l) : largest;
     char *tmp = kiri_mem_alloc(largest < COPY_CHUNK ? largest : COPY_CHUNK);
     int rc = k && v && tmp ? KIRI_OK : KIRI_E_NOMEM;
     if (rc == KIRI_OK) {
@@ -271,8 +314,9 @@ int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_ba
     }
     for (int l = 0; l < c->n_layer && rc == KIRI_OK; l++) {
         const struct part *sp = &c->part[l < c->n_first ? 0 : 1], *dp = &np[l < n_first ? 0 : 1];
-        const size_t size = pool_of(c, l)->layer_bytes;
-        if (copy_layer(sp, &c->k[l], dp, &k[l], size, tmp) != 0 || copy_layer(sp, &c->v[l], dp, &v[l], size, tmp) != 0)
+        const size_t size = layer_bytes(c, l);
+        if (size && (copy_layer(sp, &c->k[l], dp, &k[l], size, tmp) != 0 ||
+                     copy_layer(sp, &c->v[l], dp, &v[l], size, tmp) != 0))
             rc = KIRI_E_BACKEND;
     }
     if (rc == KIRI_E_BACKEND) {
@@ -323,6 +367,8 @@ void kiri_kvcache_free(struct kiri_kvcache *c)
     pool_free(&c->pool[0]);
     pool_free(&c->pool[1]);
     kiri_mem_free(c->windowed);
+    kiri_mem_free(c->row);
+    kiri_mem_free(c->source);
     kiri_mem_free(c);
 }
 
@@ -331,8 +377,9 @@ int32_t kiri_kvcache_n_free(const struct kiri_kvcache *c) { return c->pool[0].n_
 int32_t kiri_kvcache_n_free_window(const struct kiri_kvcache *c) { return c->pool[1].n_free; }
 size_t kiri_kvcache_bytes(const struct kiri_kvcache *c) { return c->bytes; }
 int32_t kiri_kvcache_window(const struct kiri_kvcache *c) { return c->window; }
-struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer) { return &c->k[layer]; }
-struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer) { return &c->v[layer]; }
+struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer) { return &c->k[c->source[layer]]; }
+struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer) { return &c->v[c->source[layer]]; }
+int kiri_kvcache_layer_source(const struct kiri_kvcache *c, int layer) { return c->source[layer]; }
 
 int kiri_kvcache_layer_windowed(const struct kiri_kvcache *c, int layer)
 {

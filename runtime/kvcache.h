@@ -69,6 +69,21 @@ int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct ki
                                const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
                                int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
                                const struct kiri_kvcache_window *w, struct kiri_kvcache **out);
+/* Layers of different shapes (gemma4): kv_dim[l] elements per row of layer l (NULL: kv_dim for
+ * every layer), and source[l], the layer whose keys and values layer l attends (NULL: each its
+ * own). A layer with source[l] < l stores nothing (the step that runs it writes no keys) and costs
+ * no memory; its source must have its own, lie in the same pool (both windowed or neither), on
+ * the same backend (both below n_first or neither), with the same row. */
+struct kiri_kvcache_layout {
+    const int64_t *kv_dim;  /* borrowed (n_layer) or NULL */
+    const int32_t *source;  /* borrowed (n_layer) or NULL: source[l] == l, or an earlier layer */
+};
+/* kiri_kvcache_init_windowed with a layout (NULL: every layer kv_dim, its own). */
+int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
+                             const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
+                             int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
+                             const struct kiri_kvcache_window *w, const struct kiri_kvcache_layout *lay,
+                             struct kiri_kvcache **out);
 /* Moves layers [0, n_first) to a buffer of their own on backend (first_iface, first_be) and the
  * others to one on (iface, be), keeping what they hold (a one-time copy); a no-op when they are
  * already there. On failure (KIRI_E_INVALID_ARG, KIRI_E_NOMEM, KIRI_E_BACKEND) the cache is
@@ -92,10 +107,12 @@ size_t kiri_kvcache_bytes(const struct kiri_kvcache *c);
 /* The window of the windowed layers (0 without a windowed pool), and whether layer is one. */
 int32_t kiri_kvcache_window(const struct kiri_kvcache *c);
 int kiri_kvcache_layer_windowed(const struct kiri_kvcache *c, int layer);
-/* The key / value cache of one layer as a tensor (kv_dim, n_blocks * block_size) of its pool;
- * borrowed. */
+/* The key / value cache of one layer as a tensor (kv_dim, n_blocks * block_size) of its pool
+ * (of its source layer for one without its own); borrowed. */
 struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer);
 struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer);
+/* The layer whose keys and values layer attends: itself, or the earlier layer of the layout. */
+int kiri_kvcache_layer_source(const struct kiri_kvcache *c, int layer);
 
 /* Blocks a reservation could take now: free ones plus cached prefix blocks nobody uses; of the
  * global pool and of the windowed one (0 without one). */

@@ -21,6 +21,8 @@
 static int gemma3_hparams(struct kiri_model *m, struct kiri_status_info *info);
 static int smollm3_hparams(struct kiri_model *m, struct kiri_status_info *info);
 static int granite_hparams(struct kiri_model *m, struct kiri_status_info *info);
+static int gemma4_shapes(struct kiri_model *m, struct kiri_status_info *info);
+static int gemma4_hparams(struct kiri_model *m, struct kiri_status_info *info);
 
 struct arch_info {
     const char *name;
@@ -31,7 +33,11 @@ struct arch_info {
     int rope_freqs;       /* the graph applies rope_freqs.weight when the file has it */
     int fused_ffn_up;     /* ffn_up.weight holds the gate's rows, then the up projection's (phi3) */
     int longrope;         /* LongRoPE factor sets whatever rope.scaling.type says (phi3) */
-    int attn_scale_key;   /* the family reads attention.scale itself (granite) */
+    int attn_scale_key;   /* the family reads attention.scale itself (granite), or has its own (gemma4) */
+    int layer_arrays;     /* head_count, head_count_kv, feed_forward_length may be per-layer arrays */
+    /* Each layer's shapes and attention kind, before the weights are looked up; NULL: every
+     * layer has the hyperparameters' shapes. */
+    int (*shapes)(struct kiri_model *m, struct kiri_status_info *info);
     /* The family's own hyperparameters and per-layer settings, after the weights; NULL: none. */
     int (*family)(struct kiri_model *m, struct kiri_status_info *info);
 };
@@ -51,6 +57,11 @@ static const struct arch_info archs[] = {
      * disables the window for phi3 (the converters do not say which layers have it), and so does
      * kiri: every layer attends the whole context. */
     {.name = "phi3", .arch = KIRI_ARCH_PHI3, .rope_mode = KIRI_ROPE_NEOX, .fused_ffn_up = 1, .longrope = 1},
+    /* Gemma 4 text (E2B, E4B): gemma3's layout with per-layer shapes, shared KV, per-layer
+     * embeddings; rope_freqs applies to its global layers only. */
+    {.name = "gemma4", .arch = KIRI_ARCH_GEMMA4, .rope_mode = KIRI_ROPE_NEOX, .has_qk_norm = 1,
+     .has_post_norms = 1, .rope_freqs = 1, .attn_scale_key = 1, .layer_arrays = 1, .shapes = gemma4_shapes,
+     .family = gemma4_hparams},
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -81,6 +92,69 @@ static int bad_hparam(struct kiri_status_info *info, const struct kiri_gguf *g, 
     const int64_t i = kiri_gguf_find_key(g, key);
     return kiri_error_at(info, KIRI_E_MODEL_INVALID, key, i >= 0 ? (int64_t)kiri_gguf_kv_offset(g, i) : -1,
                          "hyperparameter %s %s", key, why);
+}
+
+/* The array key "<arch>.<suffix>" of one int32/uint32 (or, with bools, bool) per layer. */
+static int layer_array(const struct kiri_gguf *g, const char *arch, const char *suffix, int n_layer, int bools,
+                       int *et, const void **data, struct kiri_status_info *info)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint64_t n = 0;
+    const int rc = kiri_gguf_get_arr(g, key, 1, et, &n, data, info);
+    if (rc < 0)
+        return rc;
+    if ((*et != KIRI_GGUF_UINT32 && *et != KIRI_GGUF_INT32 && !(bools && *et == KIRI_GGUF_BOOL)) ||
+        n != (uint64_t)n_layer)
+        return bad_hparam(info, g, arch, suffix,
+                          bools ? "must be a number or one bool/int32/uint32 per layer"
+                                : "must be a number or one int32/uint32 per layer");
+    return KIRI_OK;
+}
+
+/* A key that is one number for every layer or an array of one per layer (int32 or uint32), as
+ * llama.cpp's get_key_or_arr reads it: vals gets n_layer values. Returns 1 when it is absent
+ * (vals untouched), KIRI_OK, or an error. */
+static int get_layer_u32(const struct kiri_gguf *g, const char *arch, const char *suffix, int required, int n_layer,
+                         uint32_t *vals, struct kiri_status_info *info)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    const int64_t k = kiri_gguf_find_key(g, key);
+    if (k < 0 || kiri_gguf_kv_type(g, k) != KIRI_GGUF_ARRAY) {
+        uint32_t v = 0;
+        const int rc = kiri_gguf_get_u32(g, key, required, &v, info);
+        for (int l = 0; rc == KIRI_OK && l < n_layer; l++)
+            vals[l] = v;
+        return rc;
+    }
+    int et = 0;
+    const void *data = NULL;
+    int rc = layer_array(g, arch, suffix, n_layer, 0, &et, &data, info);
+    if (rc < 0)
+        return rc;
+    for (int l = 0; l < n_layer; l++) {
+        uint32_t v;
+        memcpy(&v, (const char *)data + (size_t)l * 4, 4);
+        if (et == KIRI_GGUF_INT32 && (int32_t)v < 0)
+            return bad_hparam(info, g, arch, suffix, "must not be negative");
+        vals[l] = v;
+    }
+    return KIRI_OK;
+}
+
+/* The largest of a per-layer key's values (see get_layer_u32). */
+static int get_layer_max(const struct kiri_gguf *g, const char *arch, const char *suffix, int required, int n_layer,
+                         uint32_t *out, struct kiri_status_info *info)
+{
+    uint32_t vals[KIRI_MAX_LAYERS];
+    const int rc = get_layer_u32(g, arch, suffix, required, n_layer, vals, info);
+    if (rc != KIRI_OK)
+        return rc;
+    *out = 0;
+    for (int l = 0; l < n_layer; l++)
+        *out = vals[l] > *out ? vals[l] : *out;
+    return KIRI_OK;
 }
 
 /* rope.scaling.type and its factor, read as llama.cpp reads them: no type means linear; "none"
@@ -151,12 +225,18 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     int rc;
     if ((rc = get_u32_key(g, a, "context_length", 1, &ctx, info)) < 0 ||
         (rc = get_u32_key(g, a, "embedding_length", 1, &embd, info)) < 0 ||
-        (rc = get_u32_key(g, a, "block_count", 1, &layers, info)) < 0 ||
-        (rc = get_u32_key(g, a, "feed_forward_length", 1, &ff, info)) < 0 ||
-        (rc = get_u32_key(g, a, "attention.head_count", 1, &head, info)) < 0)
+        (rc = get_u32_key(g, a, "block_count", 1, &layers, info)) < 0)
         return rc;
     if (layers == 0 || layers > KIRI_MAX_LAYERS)
         return bad_hparam(info, g, a, "block_count", "must be 1..512");
+    if (ai->layer_arrays) {
+        if ((rc = get_layer_max(g, a, "feed_forward_length", 1, (int)layers, &ff, info)) < 0 ||
+            (rc = get_layer_max(g, a, "attention.head_count", 1, (int)layers, &head, info)) < 0)
+            return rc;
+    } else if ((rc = get_u32_key(g, a, "feed_forward_length", 1, &ff, info)) < 0 ||
+               (rc = get_u32_key(g, a, "attention.head_count", 1, &head, info)) < 0) {
+        return rc;
+    }
     if (ctx == 0 || ctx > (1u << 24))
         return bad_hparam(info, g, a, "context_length", "must be 1..2^24");
     if (embd == 0 || embd > (1u << 20))
@@ -166,9 +246,14 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     if (head == 0 || head > 4096)
         return bad_hparam(info, g, a, "attention.head_count", "must be 1..4096");
     head_kv = head;
-    if ((rc = get_u32_key(g, a, "attention.head_count_kv", 0, &head_kv, info)) < 0)
+    /* Per-layer counts are checked layer by layer (gemma4_shapes). */
+    if (ai->layer_arrays)
+        rc = get_layer_max(g, a, "attention.head_count_kv", 0, (int)layers, &head_kv, info);
+    else
+        rc = get_u32_key(g, a, "attention.head_count_kv", 0, &head_kv, info);
+    if (rc < 0)
         return rc;
-    if (head_kv == 0 || head % head_kv != 0)
+    if (head_kv == 0 || (!ai->layer_arrays && head % head_kv != 0))
         return bad_hparam(info, g, a, "attention.head_count_kv", "must divide attention.head_count");
     if ((rc = get_u32_key(g, a, "attention.key_length", 0, &key_len, info)) < 0)
         return rc;
@@ -240,6 +325,9 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     hp->residual_scale = 1.0f;
     hp->logit_scale = 1.0f;
     hp->rope_freq_base_swa = base;
+    hp->n_layer_kv = (int32_t)layers;
+    hp->head_dim_swa = (int32_t)key_len;
+    hp->n_rot_swa = (int32_t)rot;
     return KIRI_OK;
 }
 
@@ -269,8 +357,8 @@ static int check_unsupported_layout(const struct kiri_gguf *g, const struct arch
     if (used > experts)
         return bad_hparam(info, g, ai->name, "expert_used_count", "exceeds expert_count");
     if (experts > 0)
-        return kiri_error_set(info, KIRI_E_UNSUPPORTED, "mixture-of-experts models (%u experts) are not supported",
-                              experts);
+        return kiri_error_set(info, KIRI_E_UNSUPPORTED,
+                              "mixture-of-experts models (%s.expert_count %u) are not supported", ai->name, experts);
     return KIRI_OK;
 }
 
@@ -436,13 +524,31 @@ static int take_proj(struct kiri_model *m, const char *base, int64_t n_in, int n
     return take_scales(m, base, scale, info);
 }
 
+/* A gemma4 layer that attends an earlier layer's cache never computes keys or values: llama.cpp
+ * loads its attn_k, attn_v and attn_k_norm when a file has them and no graph reads them (the
+ * layer's attention reads its source's cache), so a file that carries them means the same as
+ * one that does not. They are checked for shape and accepted. */
+static int take_unread_kv(struct kiri_model *m, int l, const struct kiri_layer *L, struct kiri_status_info *info)
+{
+    const int64_t E = m->hp.n_embd, KV = (int64_t)L->n_head_kv * L->head_dim;
+    static const char *const names[3] = {"attn_k.weight", "attn_v.weight", "attn_k_norm.weight"};
+    for (int i = 0; i < 3; i++) {
+        char name[KIRI_GGUF_MAX_NAME + 32];
+        snprintf(name, sizeof name, "blk.%d.%s", l, names[i]);
+        const struct kiri_gguf_tensor *gt = find_used(m, name);
+        const int64_t want0 = i == 2 ? L->head_dim : E, want1 = i == 2 ? 1 : KV;
+        if (gt && (gt->ne[0] != want0 || (gt->n_dims == 2 ? gt->ne[1] : 1) != want1))
+            return kiri_error_at(info, KIRI_E_MODEL_INVALID, name, -1, "tensor %s has wrong shape", name);
+    }
+    return KIRI_OK;
+}
+
 /* Q, K and V: three weights, or one fused attn_qkv.weight (rows q, then k, then v) used as three
  * views, as llama.cpp accepts for every architecture here. The fused weight's bias is
  * attn_qkv.bias, or, without it, separate q/k/v biases. */
 static int take_qkv(struct kiri_model *m, int l, struct kiri_layer *L, struct kiri_status_info *info)
 {
-    const struct kiri_hparams *hp = &m->hp;
-    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim, KV = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t E = m->hp.n_embd, Q = (int64_t)L->n_head * L->head_dim, KV = (int64_t)L->n_head_kv * L->head_dim;
     const int64_t parts[3] = {Q, KV, KV};
     struct kiri_tensor **ws[3] = {&L->wq, &L->wk, &L->wv}, **bs[3] = {&L->bq, &L->bk, &L->bv};
     float *scales[3] = {&L->wq_scale, &L->wk_scale, &L->wv_scale};
@@ -467,12 +573,20 @@ static int take_qkv(struct kiri_model *m, int l, struct kiri_layer *L, struct ki
         }
         return KIRI_OK;
     }
-    for (int i = 0; i < 3; i++) {
+    /* gemma4: a layer that attends an earlier layer's cache needs only its queries; values
+     * may be absent, and then are the keys' projection (llama.cpp's attention_k_eq_v). */
+    const int shared = L->kv_source != l, v_optional = m->hp.arch == KIRI_ARCH_GEMMA4;
+    for (int i = 0; i < (shared ? 1 : 3); i++) {
         snprintf(base, sizeof base, "blk.%d.%s", l, names[i]);
-        if ((rc = take_proj(m, base, E, 1, &parts[i], 1, ws[i], bs[i], scales[i], info)) < 0)
+        if ((rc = take_proj(m, base, E, 1, &parts[i], !(i == 2 && v_optional), ws[i], bs[i], scales[i], info)) < 0)
             return rc;
     }
-    return KIRI_OK;
+    if (!shared && !L->wv) {
+        L->wv = L->wk;
+        L->bv = L->bk;
+        L->wv_scale = L->wk_scale;
+    }
+    return shared ? take_unread_kv(m, l, L, info) : KIRI_OK;
 }
 
 /* The feed-forward's three projections; phi3's ffn_up.weight holds the gate's n_ff rows, then
@@ -481,7 +595,7 @@ static int take_qkv(struct kiri_model *m, int l, struct kiri_layer *L, struct ki
 static int take_ffn(struct kiri_model *m, const struct arch_info *ai, int l, struct kiri_layer *L,
                     struct kiri_status_info *info)
 {
-    const int64_t E = m->hp.n_embd, F = m->hp.n_ff;
+    const int64_t E = m->hp.n_embd, F = L->n_ff;
     const int64_t two[2] = {F, F};
     char base[64];
     int rc;
@@ -509,13 +623,26 @@ static int take_ffn(struct kiri_model *m, const struct arch_info *ai, int l, str
 
 /* Every tensor of the file must be one the graph uses: one it would skip is a variant kiri does
  * not know, and running without it would give wrong results. */
-static int check_all_used(const struct kiri_model *m, struct kiri_status_info *info)
+static int check_all_used(struct kiri_model *m, struct kiri_status_info *info)
 {
     const int64_t n = kiri_gguf_n_tensors(m->gguf);
     for (int64_t i = 0; i < n; i++) {
         if (m->tensor_used[i])
             continue;
         const char *name = kiri_gguf_tensor(m->gguf, i)->name;
+        /* gemma4 files may carry the vision and audio towers (and their projectors): kiri runs
+         * the text model and leaves them alone, and says so (n_tower_tensors). A mixture of
+         * experts is refused by name rather than as an unused tensor. */
+        if (m->hp.arch == KIRI_ARCH_GEMMA4) {
+            if (strncmp(name, "v.", 2) == 0 || strncmp(name, "a.", 2) == 0 || strncmp(name, "mm.", 3) == 0) {
+                m->n_tower_tensors++;
+                continue;
+            }
+            if (strstr(name, ".ffn_gate_inp.") || strstr(name, "_exps."))
+                return kiri_error_at(info, KIRI_E_UNSUPPORTED, name, -1,
+                                     "tensor %s: gemma4 mixture-of-experts layers (26B-A4B) are not supported",
+                                     name);
+        }
         return kiri_error_at(info, KIRI_E_UNSUPPORTED, name, -1,
                              "tensor %s is not used by kiri's %s graph (a variant kiri does not run)", name,
                              m->arch_name);
@@ -523,17 +650,85 @@ static int check_all_used(const struct kiri_model *m, struct kiri_status_info *i
     return KIRI_OK;
 }
 
+/* The next descriptor: n ones (F32) from the model's own vector, for an RMS norm without a
+ * weight (the norm op always multiplies by one). */
+static int take_ones(struct kiri_model *m, int64_t n, struct kiri_tensor **out, struct kiri_status_info *info)
+{
+    if (m->n_tensors >= m->hp.n_layer * TENSORS_PER_LAYER + TENSORS_GLOBAL)
+        return kiri_error_set(info, KIRI_E_MODEL_INVALID, "too many weights (at a norm)");
+    if (!m->ones) {
+        if (!(m->ones = kiri_mem_array(KIRI_MAX_HEAD_DIM, sizeof *m->ones)))
+            return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
+        for (int i = 0; i < KIRI_MAX_HEAD_DIM; i++)
+            m->ones[i] = 1.0f;
+    }
+    struct kiri_tensor *t = &m->tensors[m->n_tensors++];
+    memset(t, 0, sizeof *t);
+    t->type = KIRI_TYPE_F32;
+    t->ne[0] = n;
+    t->ne[1] = t->ne[2] = t->ne[3] = 1;
+    t->nb[0] = 4;
+    t->nb[1] = t->nb[2] = t->nb[3] = 4 * (size_t)n;
+    t->data = m->ones;
+    t->name = "ones";
+    *out = t;
+    return KIRI_OK;
+}
+
+/* gemma4's per-layer embedding block of layer l and its output scale. */
+static int take_per_layer(struct kiri_model *m, int l, struct kiri_layer *L, struct kiri_status_info *info)
+{
+    const int64_t E = m->hp.n_embd, P = m->hp.n_embd_per_layer;
+    char n[KIRI_GGUF_MAX_NAME + 32];
+    int rc;
+    if (P > 0) {
+        snprintf(n, sizeof n, "blk.%d.inp_gate.weight", l);
+        if ((rc = take_weight(m, n, E, P, WEIGHT_MATRIX, 1, &L->pl_gate, info)) < 0)
+            return rc;
+        snprintf(n, sizeof n, "blk.%d.proj.weight", l);
+        if ((rc = take_weight(m, n, P, E, WEIGHT_MATRIX, 1, &L->pl_proj, info)) < 0)
+            return rc;
+        snprintf(n, sizeof n, "blk.%d.post_norm.weight", l);
+        if ((rc = take_weight(m, n, E, 1, WEIGHT_VECTOR, 1, &L->pl_post_norm, info)) < 0)
+            return rc;
+    }
+    snprintf(n, sizeof n, "blk.%d.layer_output_scale.weight", l);
+    const struct kiri_gguf_tensor *gt = find_used(m, n);
+    L->out_scale = 1.0f;
+    if (!gt)
+        return KIRI_OK;
+    if (gt->type != KIRI_TYPE_F32 || gt->n_dims != 1 || gt->ne[0] != 1)
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, n, -1, "tensor %s must be one F32 value", n);
+    memcpy(&L->out_scale, gt->data, sizeof L->out_scale);
+    if (!isfinite(L->out_scale))
+        return kiri_error_at(info, KIRI_E_MODEL_INVALID, n, -1, "tensor %s is not finite", n);
+    return KIRI_OK;
+}
+
 static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct kiri_status_info *info)
 {
     const struct kiri_hparams *hp = &m->hp;
-    const int64_t E = hp->n_embd, V = hp->n_vocab, Q = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
     m->tensors = kiri_mem_calloc((size_t)hp->n_layer * TENSORS_PER_LAYER + TENSORS_GLOBAL, sizeof *m->tensors);
     m->layers = kiri_mem_calloc((size_t)hp->n_layer, sizeof *m->layers);
     m->layer_t0 = kiri_mem_array((size_t)hp->n_layer + 1, sizeof *m->layer_t0);
     m->tensor_used = kiri_mem_calloc((size_t)kiri_gguf_n_tensors(m->gguf) + 1, 1);
     if (!m->tensors || !m->layers || !m->layer_t0 || !m->tensor_used)
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory for the tensor table");
+    for (int l = 0; l < hp->n_layer; l++) {
+        struct kiri_layer *L = &m->layers[l];
+        L->n_head = hp->n_head;
+        L->n_head_kv = hp->n_head_kv;
+        L->head_dim = hp->head_dim;
+        L->n_ff = hp->n_ff;
+        L->n_rot = hp->n_rot;
+        L->kv_source = l;
+        L->rope_factors = 1;
+        L->out_scale = 1.0f;
+    }
     int rc;
+    if (ai->shapes && (rc = ai->shapes(m, info)) < 0)
+        return rc;
     if ((rc = take_weight(m, "token_embd.weight", E, V, WEIGHT_EMBEDDING, 1, &m->tok_embd, info)) < 0 ||
         (rc = take_weight(m, "output_norm.weight", E, 1, WEIGHT_VECTOR, 1, &m->output_norm, info)) < 0 ||
         (rc = take_proj(m, "output", E, 1, &V, 0, &m->output, &m->output_b, &m->output_scale, info)) < 0)
@@ -544,9 +739,26 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
             (rc = take_weight(m, "rope_factors_short.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0, &m->rope_short,
                               info)) < 0)
             return rc;
-    } else if (ai->rope_freqs && (rc = take_weight(m, "rope_freqs.weight", hp->n_rot / 2, 1, WEIGHT_VECTOR, 0,
-                                                   &m->rope_freqs, info)) < 0) {
-        return rc;
+    } else if (ai->rope_freqs) {
+        /* gemma4: one factor per pair of the global head (its proportional RoPE), required when
+         * a layer is global, as llama.cpp loads it. */
+        const int gemma4 = hp->arch == KIRI_ARCH_GEMMA4;
+        int global = 0;
+        for (int l = 0; gemma4 && l < hp->n_layer; l++)
+            global |= !m->layers[l].swa;
+        if ((rc = take_weight(m, "rope_freqs.weight", (gemma4 ? hp->head_dim : hp->n_rot) / 2, 1, WEIGHT_VECTOR,
+                              gemma4 && global, &m->rope_freqs, info)) < 0)
+            return rc;
+    }
+    if (hp->n_embd_per_layer > 0) {
+        const int64_t PL = (int64_t)hp->n_embd_per_layer * hp->n_layer;
+        if ((rc = take_weight(m, "per_layer_token_embd.weight", PL, V, WEIGHT_EMBEDDING, 1, &m->pl_tok_embd,
+                              info)) < 0 ||
+            (rc = take_weight(m, "per_layer_model_proj.weight", E, PL, WEIGHT_MATRIX, 1, &m->pl_model_proj,
+                              info)) < 0 ||
+            (rc = take_weight(m, "per_layer_proj_norm.weight", hp->n_embd_per_layer, 1, WEIGHT_VECTOR, 1,
+                              &m->pl_proj_norm, info)) < 0)
+            return rc;
     }
     if (!m->output) {
         /* Tied embeddings; a bias on the logits still applies (llama.cpp's qwen2 reads one). */
@@ -566,12 +778,17 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         if ((rc = take_qkv(m, l, L, info)) < 0)
             return rc;
         snprintf(n, sizeof n, "blk.%d.attn_output", l);
-        if ((rc = take_proj(m, n, Q, 1, &E, 1, &L->wo, &L->bo, &L->wo_scale, info)) < 0)
+        if ((rc = take_proj(m, n, (int64_t)L->n_head * L->head_dim, 1, &E, 1, &L->wo, &L->bo, &L->wo_scale,
+                            info)) < 0)
             return rc;
         if (ai->has_qk_norm) {
-            W(q_norm, "attn_q_norm.weight", hp->head_dim, 1, WEIGHT_VECTOR, 1)
-            W(k_norm, "attn_k_norm.weight", hp->head_dim, 1, WEIGHT_VECTOR, 1)
+            W(q_norm, "attn_q_norm.weight", L->head_dim, 1, WEIGHT_VECTOR, 1)
+            if (L->kv_source == l) {
+                W(k_norm, "attn_k_norm.weight", L->head_dim, 1, WEIGHT_VECTOR, 1)
+            }
         }
+        if (hp->arch == KIRI_ARCH_GEMMA4 && L->kv_source == l && (rc = take_ones(m, L->head_dim, &L->v_norm, info)) < 0)
+            return rc;
         W(ffn_norm, "ffn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
         if ((rc = take_ffn(m, ai, l, L, info)) < 0)
             return rc;
@@ -579,6 +796,8 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
             W(attn_post_norm, "post_attention_norm.weight", E, 1, WEIGHT_VECTOR, 1)
             W(ffn_post_norm, "post_ffw_norm.weight", E, 1, WEIGHT_VECTOR, 1)
         }
+        if (hp->arch == KIRI_ARCH_GEMMA4 && (rc = take_per_layer(m, l, L, info)) < 0)
+            return rc;
 #undef W
         L->rope = 1;
         L->rope_freq_base = hp->rope_freq_base;
@@ -607,23 +826,26 @@ static int get_multiplier(const struct kiri_gguf *g, const char *arch, const cha
 }
 
 /* gemma3's sliding_window_pattern: a number n (every n-th layer is global, the others slide; 0:
- * every layer slides) or one flag per layer (bool or integer, nonzero: slides). */
-static int gemma3_swa_layers(struct kiri_model *m, struct kiri_status_info *info)
+ * every layer slides) or one flag per layer (bool or integer, nonzero: slides). gemma4's is
+ * always the array (array_only). */
+static int gemma3_swa_layers(struct kiri_model *m, int array_only, struct kiri_status_info *info)
 {
     const struct kiri_gguf *g = m->gguf;
     struct kiri_hparams *hp = &m->hp;
-    const int64_t k = kiri_gguf_find_key(g, "gemma3.attention.sliding_window_pattern");
+    const char *a = m->arch_name;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    const int64_t k = kiri_gguf_find_key(g, key);
+    if (array_only && (k < 0 || kiri_gguf_kv_type(g, k) != KIRI_GGUF_ARRAY))
+        return k < 0 ? kiri_error_at(info, KIRI_E_MODEL_INVALID, key, -1, "required key %s is missing", key)
+                     : bad_hparam(info, g, a, "attention.sliding_window_pattern", "must be one bool per layer");
     if (k >= 0 && kiri_gguf_kv_type(g, k) == KIRI_GGUF_ARRAY) {
         int et = 0;
-        uint64_t n = 0;
         const void *data = NULL;
-        int rc = kiri_gguf_get_arr(g, "gemma3.attention.sliding_window_pattern", 1, &et, &n, &data, info);
+        int rc = layer_array(g, a, "attention.sliding_window_pattern", hp->n_layer, 1, &et, &data, info);
         if (rc < 0)
             return rc;
-        const size_t es = et == KIRI_GGUF_BOOL ? 1 : et == KIRI_GGUF_UINT32 || et == KIRI_GGUF_INT32 ? 4 : 0;
-        if (!es || n != (uint64_t)hp->n_layer)
-            return bad_hparam(info, g, "gemma3", "attention.sliding_window_pattern",
-                              "must be a number or one bool/int32/uint32 per layer");
+        const size_t es = et == KIRI_GGUF_BOOL ? 1 : 4;
         for (int l = 0; l < hp->n_layer; l++) {
             uint32_t v = 0;
             memcpy(&v, (const char *)data + (size_t)l * es, es);
@@ -659,7 +881,7 @@ static int gemma3_hparams(struct kiri_model *m, struct kiri_status_info *info)
     if (window > (1u << 24))
         return bad_hparam(info, g, "gemma3", "attention.sliding_window", "must be 0..2^24");
     if (window > 0) {
-        if ((rc = gemma3_swa_layers(m, info)) < 0)
+        if ((rc = gemma3_swa_layers(m, 0, info)) < 0)
             return rc;
         float base_swa = 10000.0f;
         if ((rc = get_f32_key(g, "gemma3", "rope.freq_base_swa", 0, &base_swa, info)) < 0)
@@ -683,6 +905,116 @@ static int gemma3_hparams(struct kiri_model *m, struct kiri_status_info *info)
     hp->embd_scale = sqrtf((float)hp->n_embd);
     if (hp->n_layer == 62)
         hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+    hp->ffn_gelu = 1;
+    return KIRI_OK;
+}
+
+/* Gemma 4, before its weights: which layers slide (an array, required), each layer's head size
+ * (key_length on global layers, key_length_swa on sliding ones, both required equal to their
+ * value lengths), rotated dimensions (rope.dimension_count and _swa), KV heads, query heads and
+ * feed-forward width (numbers or per-layer arrays), the layers that share an earlier layer's KV,
+ * and the per-layer embedding width. */
+static int gemma4_shapes(struct kiri_model *m, struct kiri_status_info *info)
+{
+    const struct kiri_gguf *g = m->gguf;
+    struct kiri_hparams *hp = &m->hp;
+    const char *a = "gemma4";
+    const int n_layer = hp->n_layer;
+    uint32_t window = 0, kswa = 0, vswa = 0, rot_swa = 0, shared = 0, per_layer = 0;
+    int rc;
+    if ((rc = gemma3_swa_layers(m, 1, info)) < 0 ||
+        (rc = get_u32_key(g, a, "attention.sliding_window", 1, &window, info)) < 0 ||
+        (rc = get_u32_key(g, a, "attention.key_length_swa", 1, &kswa, info)) < 0 ||
+        (rc = get_u32_key(g, a, "attention.value_length_swa", 1, &vswa, info)) < 0 ||
+        (rc = get_u32_key(g, a, "embedding_length_per_layer_input", 1, &per_layer, info)) < 0)
+        return rc;
+    if (window == 0 || window > (1u << 24))
+        return bad_hparam(info, g, a, "attention.sliding_window", "must be 1..2^24");
+    if (kswa == 0 || kswa > KIRI_MAX_HEAD_DIM || kswa % 2)
+        return bad_hparam(info, g, a, "attention.key_length_swa", "must be even and 2..1024");
+    if (vswa != kswa)
+        return bad_hparam(info, g, a, "attention.value_length_swa", "differs from key_length_swa (unsupported)");
+    rot_swa = (uint32_t)hp->n_rot;
+    if ((rc = get_u32_key(g, a, "rope.dimension_count_swa", 0, &rot_swa, info)) < 0)
+        return rc;
+    if (rot_swa == 0 || rot_swa > kswa || rot_swa % 2)
+        return bad_hparam(info, g, a, "rope.dimension_count_swa", "must be even and at most key_length_swa");
+    if ((rc = get_u32_key(g, a, "attention.shared_kv_layers", 0, &shared, info)) < 0)
+        return rc;
+    if (shared > 0 && shared + 2 > (uint32_t)n_layer)
+        return bad_hparam(info, g, a, "attention.shared_kv_layers", "must leave at least two layers with their own KV");
+    if (per_layer > 4096)
+        return bad_hparam(info, g, a, "embedding_length_per_layer_input", "must be 0..4096");
+    uint32_t heads[KIRI_MAX_LAYERS], kv_heads[KIRI_MAX_LAYERS], ff[KIRI_MAX_LAYERS];
+    if ((rc = get_layer_u32(g, a, "attention.head_count", 1, n_layer, heads, info)) < 0 ||
+        (rc = get_layer_u32(g, a, "feed_forward_length", 1, n_layer, ff, info)) < 0)
+        return rc;
+    memcpy(kv_heads, heads, sizeof heads);
+    if ((rc = get_layer_u32(g, a, "attention.head_count_kv", 0, n_layer, kv_heads, info)) < 0)
+        return rc;
+    hp->head_dim_swa = (int32_t)kswa;
+    hp->n_rot_swa = (int32_t)rot_swa;
+    hp->n_embd_per_layer = (int32_t)per_layer;
+    hp->n_layer_kv = n_layer - (int32_t)shared;
+    hp->swa_window = (int32_t)window;
+    for (int l = 0; l < n_layer; l++) {
+        struct kiri_layer *L = &m->layers[l];
+        if (heads[l] == 0 || heads[l] > 4096)
+            return bad_hparam(info, g, a, "attention.head_count", "must be 1..4096 on every layer");
+        if (kv_heads[l] == 0 || heads[l] % kv_heads[l])
+            return bad_hparam(info, g, a, "attention.head_count_kv", "must divide attention.head_count on every layer");
+        if (ff[l] == 0 || ff[l] > (1u << 22))
+            return bad_hparam(info, g, a, "feed_forward_length", "must be 1..2^22 on every layer");
+        L->n_head = (int32_t)heads[l];
+        L->n_head_kv = (int32_t)kv_heads[l];
+        L->n_ff = (int32_t)ff[l];
+        L->head_dim = L->swa ? (int32_t)kswa : hp->head_dim;
+        L->n_rot = L->swa ? (int32_t)rot_swa : hp->n_rot;
+        L->rope_factors = !L->swa;
+        /* llama.cpp's mapping: a shared sliding layer reads layer n_kv - 2, a shared global one
+         * layer n_kv - 1; that layer must be of the same kind (its keys are its kind's shape). */
+        if (l >= hp->n_layer_kv) {
+            const int src = hp->n_layer_kv - (L->swa ? 2 : 1);
+            if (m->layers[src].swa != L->swa)
+                return bad_hparam(info, g, a, "attention.shared_kv_layers",
+                                  "maps a layer to the KV of a layer of the other kind (sliding or global)");
+            L->kv_source = src;
+        }
+    }
+    for (int l = hp->n_layer_kv; l < n_layer; l++) {
+        const struct kiri_layer *S = &m->layers[m->layers[l].kv_source];
+        if (S->n_head_kv != m->layers[l].n_head_kv)
+            return bad_hparam(info, g, a, "attention.head_count_kv", "differs between a shared layer and its source");
+    }
+    return KIRI_OK;
+}
+
+/* Gemma 4, after its weights: gemma3's RoPE bases (freq_base_swa, default 10000, on the sliding
+ * layers), embeddings times sqrt(n_embd), GeGLU; attention scale 1 (its queries and keys are
+ * RMS-normed, llama.cpp ignores attention.scale). The logits are soft-capped at 30 unless the file
+ * says otherwise (0: not capped), as llama.cpp reads the key for gemma4 (gemma3's default is 0). */
+static int gemma4_hparams(struct kiri_model *m, struct kiri_status_info *info)
+{
+    const struct kiri_gguf *g = m->gguf;
+    struct kiri_hparams *hp = &m->hp;
+    float base_swa = 10000.0f, cap = 30.0f;
+    int rc;
+    if ((rc = get_f32_key(g, "gemma4", "rope.freq_base_swa", 0, &base_swa, info)) < 0 ||
+        (rc = get_f32_key(g, "gemma4", "final_logit_softcapping", 0, &cap, info)) < 0)
+        return rc;
+    if (!(base_swa > 0.0f) || !isfinite(base_swa))
+        return bad_hparam(info, g, "gemma4", "rope.freq_base_swa", "must be positive");
+    if (cap < 0.0f || !isfinite(cap))
+        return bad_hparam(info, g, "gemma4", "final_logit_softcapping", "must not be negative");
+    hp->rope_freq_base_swa = base_swa;
+    for (int l = 0; l < hp->n_layer; l++)
+        if (m->layers[l].swa) {
+            m->layers[l].rope_freq_base = base_swa;
+            m->layers[l].rope_freq_scale = 1.0f;
+        }
+    hp->final_softcap = cap;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->attn_scale = 1.0f;
     hp->ffn_gelu = 1;
     return KIRI_OK;
 }
@@ -773,6 +1105,17 @@ static int split_layers(struct kiri_model *m, const struct kiri_model_params *p,
     const int n_layer = m->hp.n_layer;
     if (strcmp(m->iface->name, "cpu") == 0 || p->gpu_layers < 0 || p->gpu_layers >= n_layer)
         return KIRI_OK;
+    /* gemma4: the per-layer inputs are made beside the embedding, and a shared layer attends its
+     * source's cache; a split would have to carry both across (not done). */
+    if (p->gpu_layers > 0 && m->hp.n_embd_per_layer > 0)
+        return kiri_error_set(info, KIRI_E_UNSUPPORTED,
+                              "gpu layers %d: a model with per-layer embeddings runs on one backend (gpu layers 0 "
+                              "or all %d)", p->gpu_layers, n_layer);
+    for (int l = p->gpu_layers; l < n_layer && p->gpu_layers > 0; l++)
+        if (m->layers[l].kv_source < p->gpu_layers)
+            return kiri_error_set(info, KIRI_E_UNSUPPORTED,
+                                  "gpu layers %d would run layer %d apart from layer %d, whose KV it attends",
+                                  p->gpu_layers, l, m->layers[l].kv_source);
     const struct kiri_backend_iface *gi = m->iface;
     struct kiri_backend *gb = m->be;
     char cpu_report[256];
@@ -907,7 +1250,8 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         const int64_t k = kiri_gguf_find_key(g, "general.architecture");
         rc = kiri_error_at(info, KIRI_E_UNSUPPORTED, "general.architecture",
                            (int64_t)kiri_gguf_kv_offset(g, k),
-                           "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3, gemma3, smollm3, granite, phi3)",
+                           "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3, gemma3, gemma4, smollm3, "
+                           "granite, phi3)",
                            (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }
@@ -920,6 +1264,9 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         goto fail;
     if (ai->family && (rc = ai->family(m, info)) < 0)
         goto fail;
+    if (m->n_tower_tensors)
+        fprintf(stderr, "kiri: %s: running the text model; the file's %d vision/audio tensors (v.*, a.*, mm.*) are "
+                "not used\n", ai->name, m->n_tower_tensors);
     kiri_mem_free(m->tensor_used);
     m->tensor_used = NULL;
     if ((rc = start_backend(m, p, info)) < 0)
@@ -955,6 +1302,7 @@ void kiri_model_free(struct kiri_model *m)
     kiri_mem_free(m->tensor_used);
     kiri_mem_free(m->layers);
     kiri_mem_free(m->layer_t0);
+    kiri_mem_free(m->ones);
     kiri_gguf_close(m->gguf);
     kiri_mem_free(m);
 }
@@ -978,23 +1326,34 @@ struct kiri_tensor *kiri_model_rope_factors(struct kiri_model *m, int32_t n_ctx,
     return offload ? &m->rope_off[i] : factors[i];
 }
 
-/* Bytes of one token's keys and values in one layer. */
-static size_t kv_layer_token_bytes(const struct kiri_model *m, int kv_type)
+/* Bytes of one token's keys and values in layer l: 0 for a layer that attends another's. */
+static size_t kv_layer_token_bytes(const struct kiri_model *m, int l, int kv_type)
 {
-    const int64_t kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
-    const int64_t bs = kiri_type_block_size(kv_type);
-    return bs ? 2 * (size_t)(kv_dim / bs) * kiri_type_size(kv_type) : 0;
+    const struct kiri_layer *L = &m->layers[l];
+    if (L->kv_source != l)
+        return 0;
+    return 2 * kiri_row_bytes(kv_type, (int64_t)L->n_head_kv * L->head_dim);
+}
+
+static int windowed_layer(const struct kiri_model *m, int l)
+{
+    return m->hp.swa_window > 0 && m->layers[l].swa;
 }
 
 size_t kiri_model_kv_bytes_per_token(const struct kiri_model *m, int kv_type)
 {
-    return (size_t)(m->hp.n_layer - kiri_model_n_swa_layers(m)) * kv_layer_token_bytes(m, kv_type);
+    size_t n = 0;
+    for (int l = 0; l < m->hp.n_layer; l++)
+        n += windowed_layer(m, l) ? 0 : kv_layer_token_bytes(m, l, kv_type);
+    return n;
 }
 
 size_t kiri_model_kv_bytes_window(const struct kiri_model *m, int kv_type)
 {
-    const int n_swa = kiri_model_n_swa_layers(m);
-    return n_swa ? (size_t)n_swa * kv_layer_token_bytes(m, kv_type) * (size_t)m->hp.swa_window : 0;
+    size_t n = 0;
+    for (int l = 0; l < m->hp.n_layer; l++)
+        n += windowed_layer(m, l) ? kv_layer_token_bytes(m, l, kv_type) : 0;
+    return n * (size_t)(m->hp.swa_window > 0 ? m->hp.swa_window : 0);
 }
 
 int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
@@ -1007,13 +1366,20 @@ int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int blo
                                 int32_t n_swa_blocks, struct kiri_kvcache **out)
 {
     uint8_t layers[KIRI_MAX_LAYERS];
+    int64_t kv_dim[KIRI_MAX_LAYERS];
+    int32_t source[KIRI_MAX_LAYERS];
     const int n_swa = n_swa_blocks > 0 ? kiri_model_n_swa_layers(m) : 0;
-    for (int l = 0; n_swa && l < m->hp.n_layer && l < KIRI_MAX_LAYERS; l++)
-        layers[l] = m->layers[l].swa != 0;
+    for (int l = 0; l < m->hp.n_layer && l < KIRI_MAX_LAYERS; l++) {
+        const struct kiri_layer *L = &m->layers[l];
+        layers[l] = n_swa && L->swa;
+        kv_dim[l] = (int64_t)L->n_head_kv * L->head_dim;
+        source[l] = L->kv_source;
+    }
     const struct kiri_kvcache_window w = {layers, m->hp.swa_window, n_swa_blocks};
-    return kiri_kvcache_init_windowed(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
-                                      (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks,
-                                      n_swa ? &w : NULL, out);
+    const struct kiri_kvcache_layout lay = {kv_dim, source};
+    return kiri_kvcache_init_layers(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
+                                    (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks,
+                                    n_swa ? &w : NULL, &lay, out);
 }
 
 void kiri_model_describe_placement(const struct kiri_model *m, char *buf, size_t cap)

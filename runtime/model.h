@@ -36,7 +36,8 @@ enum kiri_arch {
     KIRI_ARCH_GEMMA3,
     KIRI_ARCH_SMOLLM3,
     KIRI_ARCH_GRANITE,
-    KIRI_ARCH_PHI3
+    KIRI_ARCH_PHI3,
+    KIRI_ARCH_GEMMA4
 };
 
 #define KIRI_MAX_LAYERS 512
@@ -53,6 +54,8 @@ struct kiri_hparams {
     int32_t head_dim;         /* key_length: n_embd / n_head unless the file says otherwise */
     int32_t n_ff;
     int32_t n_rot;            /* rotated dimensions per head */
+    /* These four are the file's scalars, or the largest of its per-layer arrays (gemma4); each
+     * layer's own are in struct kiri_layer. */
     int rope_mode;            /* enum kiri_rope_mode */
     float rope_freq_base;
     float rope_freq_scale;
@@ -74,6 +77,11 @@ struct kiri_hparams {
     int32_t swa_pattern;      /* gemma3, for descriptions: one layer in every swa_pattern is global; 0:
                                  every layer slides, or the file lists them */
     int ffn_gelu;             /* 1: the feed-forward gate is GELU (GeGLU, gemma3); 0: SiLU (SwiGLU) */
+    int32_t n_embd_per_layer; /* gemma4's per-layer embedding width; 0: none */
+    int32_t n_layer_kv;       /* layers [0, n_layer_kv) keep keys and values; the others attend an
+                                 earlier layer's (gemma4's shared_kv_layers); n_layer otherwise */
+    int32_t head_dim_swa;     /* gemma4's key_length_swa and rope.dimension_count_swa (else */
+    int32_t n_rot_swa;        /* head_dim and n_rot) */
 };
 
 struct kiri_layer {
@@ -99,6 +107,21 @@ struct kiri_layer {
     int rope;                        /* 1: RoPE on q and k; 0 on smollm3's every fourth layer */
     float rope_freq_base;            /* this layer's RoPE base and linear position scale (gemma3's */
     float rope_freq_scale;           /* sliding-window layers have their own) */
+    int32_t n_head, n_head_kv;       /* this layer's shapes: the hyperparameters', or gemma4's */
+    int32_t head_dim, n_ff, n_rot;   /* per-layer arrays and sliding-window head size */
+    int32_t kv_source;               /* the layer whose keys and values this one attends: itself,
+                                        or (gemma4's shared layers) an earlier one; such a layer
+                                        has no wk, wv, k_norm and stores nothing */
+    int rope_factors;                /* 1: RoPE takes the model's frequency factors (every layer,
+                                        but only gemma4's global ones) */
+    struct kiri_tensor *v_norm;      /* optional (head_dim) F32: gemma4 RMS-norms the values
+                                        without a weight; this is a vector of ones */
+    /* gemma4's per-layer embedding block after the feed-forward: x += post_norm(proj(
+     * gelu(inp_gate x) * this layer's per-layer input)); then x *= out_scale. */
+    struct kiri_tensor *pl_gate;     /* (n_embd, n_embd_per_layer) */
+    struct kiri_tensor *pl_proj;     /* (n_embd_per_layer, n_embd) */
+    struct kiri_tensor *pl_post_norm;/* (n_embd) F32 */
+    float out_scale;                 /* layer_output_scale, 1 when absent */
 };
 
 struct kiri_model {
@@ -121,6 +144,13 @@ struct kiri_model {
      * two sets (phi3, or a file whose rope scaling type is longrope), never both kinds. */
     struct kiri_tensor *rope_freqs;
     struct kiri_tensor *rope_long, *rope_short;
+    /* gemma4's per-layer embeddings (all NULL without): token rows (n_embd_per_layer * n_layer,
+     * n_vocab) gathered per token from the mapping, the projection of the token embedding
+     * (n_embd, n_embd_per_layer * n_layer) and its norm (n_embd_per_layer) F32. */
+    struct kiri_tensor *pl_tok_embd, *pl_model_proj, *pl_proj_norm;
+    float *ones;                         /* owned: the data of the layers' v_norm, or NULL */
+    int n_tower_tensors;                 /* gemma4: vision/audio tensors (v.*, a.*, mm.*) of the
+                                            file, left unused: kiri runs the text model */
     struct kiri_layer *layers;           /* owned, n_layer */
     size_t weight_bytes;
 

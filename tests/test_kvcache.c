@@ -1,7 +1,8 @@
 /* The paged KV cache: block accounting, slots through block tables, exhaustion without partial
  * reservations, reuse of freed blocks, and allocation failures; a windowed pool for sliding-window
  * layers (its size, blocks released as the window slides, prefix sharing cut back to what every
- * layer still has cached). */
+ * layer still has cached); layers of different row sizes and layers that read another layer's
+ * keys and values (gemma4). */
 #include <string.h>
 
 #include "backend.h"
@@ -268,6 +269,77 @@ static void test_window_none(void)
                                             30, &bad, &c), KIRI_E_INVALID_ARG);
 }
 
+/* gemma4's layout: 5 layers, 0 and 3 windowed with rows of 32, 1 and 2 global with rows of 64;
+ * layer 4 (windowed) reads layer 3's and stores nothing. */
+static void test_layout(void)
+{
+    const uint8_t wl[5] = {1, 0, 0, 1, 1};
+    const int64_t dims[5] = {32, 64, 64, 32, 32};
+    const int32_t src[5] = {0, 1, 2, 3, 3};
+    const struct kiri_kvcache_window w = {wl, WIN, 8};
+    const struct kiri_kvcache_layout lay = {dims, src};
+    struct kiri_kvcache *c = NULL;
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_F16, BS, 30,
+                                          &w, &lay, &c), 0);
+    if (!c)
+        return;
+    /* Two global layers of 64 over 120 slots, two windowed ones of 32 over 32 slots. */
+    CHECK_EQ_INT(kiri_kvcache_bytes(c), 2 * 2 * 64 * 2 * 120 + 2 * 2 * 32 * 2 * 32);
+    CHECK_EQ_INT(kiri_kvcache_k(c, 1)->ne[0], 64);
+    CHECK_EQ_INT(kiri_kvcache_k(c, 0)->ne[0], 32);
+    CHECK_EQ_INT(kiri_kvcache_k(c, 0)->nb[1], 64);
+    CHECK_EQ_INT(kiri_kvcache_k(c, 3)->ne[1], 32);
+    CHECK(kiri_kvcache_k(c, 4) == kiri_kvcache_k(c, 3));
+    CHECK(kiri_kvcache_v(c, 4) == kiri_kvcache_v(c, 3));
+    CHECK_EQ_INT(kiri_kvcache_layer_source(c, 4), 3);
+    CHECK_EQ_INT(kiri_kvcache_layer_source(c, 2), 2);
+    CHECK(kiri_kvcache_layer_windowed(c, 4));
+    /* Every layer's memory lies apart from the others'. */
+    const char *k0 = kiri_kvcache_k(c, 0)->data, *v3 = kiri_kvcache_v(c, 3)->data;
+    CHECK(k0 && v3 && v3 >= k0 + 2 * 32 * 2 * 32);
+    struct kiri_kv_seq a = {0};
+    for (int32_t n = 4; n <= 40; n += 4)
+        CHECK_EQ_INT(advance(c, &a, n), 0);
+    kiri_kvcache_seq_free(c, &a);
+    /* Moving it keeps the layout (a layer with its source). */
+    CHECK_EQ_INT(kiri_kvcache_place(c, 0, NULL, NULL, &kiri_cpu_backend_iface, be), 0);
+    CHECK(kiri_kvcache_k(c, 4) == kiri_kvcache_k(c, 3));
+    kiri_kvcache_free(c);
+
+    /* A source that lies later, reads another layer itself, or is in the other pool is refused;
+     * any earlier layer of the same pool and row will do. */
+    static const int32_t sources[4][5] = {{0, 1, 2, 4, 4}, {0, 1, 2, 3, 2}, {0, 0, 2, 3, 1}, {0, 1, 2, 3, 0}};
+    const int32_t chained[5] = {0, 1, 1, 3, 3};
+    for (int i = 0; i < 4; i++) {
+        const struct kiri_kvcache_layout b = {dims, sources[i]};
+        c = NULL;
+        int rc = kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_F16, BS, 30,
+                                          &w, &b, &c);
+        CHECK_EQ_INT(rc, i == 3 ? 0 : KIRI_E_INVALID_ARG);
+        kiri_kvcache_free(c);
+    }
+    const struct kiri_kvcache_layout ch = {dims, chained};   /* 2 reads 1, both global: fine */
+    c = NULL;
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_F16, BS, 30,
+                                          &w, &ch, &c), 0);
+    if (c)
+        CHECK_EQ_INT(kiri_kvcache_bytes(c), 1 * 2 * 64 * 2 * 120 + 2 * 2 * 32 * 2 * 32);
+    kiri_kvcache_free(c);
+    const int64_t odd[5] = {32, 64, 64, 32, 48};
+    const struct kiri_kvcache_layout od = {odd, src};
+    c = NULL;
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_F16, BS, 30,
+                                          &w, &od, &c), KIRI_E_INVALID_ARG);
+    const int64_t q8bad[5] = {32, 64, 64, 32, 16};
+    const int32_t own[5] = {0, 1, 2, 3, 4};
+    const struct kiri_kvcache_layout q8 = {q8bad, own};
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_Q8_0, BS, 30,
+                                          &w, &q8, &c), KIRI_E_INVALID_ARG);
+    /* Split between layers 3 and 4: layer 4 would be apart from its source. */
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 4, &kiri_cpu_backend_iface, be, 5, 0,
+                                          KIRI_TYPE_F16, BS, 30, &w, &lay, &c), KIRI_E_INVALID_ARG);
+}
+
 static void test_allocation_failures(void)
 {
     int ok = 0;
@@ -307,4 +379,4 @@ static void test_teardown(void)
 }
 
 TEST_MAIN(test_setup, test_blocks_and_slots, test_bad_shapes, test_window_pool, test_window_pool_full,
-          test_window_prefix, test_window_none, test_allocation_failures, test_teardown)
+          test_window_prefix, test_window_none, test_layout, test_allocation_failures, test_teardown)
