@@ -306,8 +306,9 @@ def mark(ratio, target, higher_better):
 def label(name):
     if name in REAL:
         return REAL[name]
-    shape, _, qtype = name.partition("-")
-    return {"tinyllama": "TinyLlama-shape", "smollm": "SmolLM-shape"}.get(shape, shape) + " " + qtype
+    shape, _, qtype = name.rpartition("-")
+    return {"tinyllama": "TinyLlama-shape", "smollm": "SmolLM-shape", "gemma3-1b": "Gemma 3 1B-shape",
+            "phi4mini": "Phi-4-mini-shape"}.get(shape, shape) + " " + qtype
 
 
 def fmt_tps(x):
@@ -412,6 +413,8 @@ def main():
 
     pool = ALL_MODELS if a.all or a.only else MODELS
     names = [m for m in pool if not a.only or any(o in m for o in a.only)]
+    # other models named in full, found in --models (the family shapes of make_models.py)
+    names += [o for o in (a.only or []) if o not in names and find_model(a, o)]
     make_missing(a, names)
 
     t_start = time.time()
