@@ -488,7 +488,20 @@ AVX2 SPECIALIZE static inline void q4_0_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-GEMM_DRIVER_SMALL(gemm_q4_0_avx2, q4_0_tok4, q4_0_rows, q4_0_rows_m)
+GEMM_DRIVER_SMALL(gemm_q4_0_small, q4_0_tok4, q4_0_rows, q4_0_rows_m)
+
+/* Whole token octets go to gemm_octet_avx2.c, the rest (and small batches) to the quads above. */
+#define GEMM_OCTETS(name, octets, small)                                                         \
+    AVX2 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as,         \
+                          float *dst, size_t ds, int64_t nr, int64_t nt)                        \
+    {                                                                                            \
+        const int64_t t = nt >= 8 ? octets(k, w, ws, a, as, dst, ds, nr, nt) : 0;                \
+        if (t < nt)                                                                              \
+            small(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,  \
+                  nt - t);                                                                       \
+    }
+
+GEMM_OCTETS(gemm_q4_0_avx2, kiri_cpu_gemm_octets_q4_0_avx2, gemm_q4_0_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q8_0 weights, Q8_0 activations: int8 x int8 through maddubs with |w| and a carrying w's sign;

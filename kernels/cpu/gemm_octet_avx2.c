@@ -1,0 +1,244 @@
+/* AVX2 prefill tiles on token octets: the products of many tokens (prompt chunks) for Q4_0 and
+ * Q4_K weights, read in place from the mapping.
+ *
+ * The quad kernels of gemm_avx2.c give each vector lane a weight row or a token and reduce a
+ * block's 32 products to one lane with horizontal adds; on AVX2 machines without fast horizontal
+ * adds (AMD Zen: vphaddw costs about four vpmaddubsw) those adds are most of the time. Here the
+ * lanes are tokens from the start, so nothing is reduced across lanes:
+ * - a pass packs the activations of eight tokens ("an octet") per 32-value block: vector g holds
+ *   the values 4g .. 4g + 3 of each token, token t in bytes 4t .. 4t + 3 (an 8 x 8 transpose of
+ *   32-bit words), with the tokens' scales and sums beside them;
+ * - each weight row's four quants 4g .. 4g + 3 are broadcast to every lane, and one vpmaddubsw
+ *   against vector g leaves, in each token's two int16 lanes, two sums of two products. The
+ *   eight groups of a block add up in those int16 lanes (4-bit quants: at most
+ *   8 * 2 * 15 * 127 = 30480), one vpmaddwd widens them to one int32 per token, and the float
+ *   work of the block (conversion, scales) is one instruction per octet.
+ * One row against up to four octets (32 tokens) at a time; the packed octets of a pass
+ * (OCT_BLOCKS blocks) stay in L1 while the tile's rows go by, and the float sums of the rows
+ * wait in a stack array between passes.
+ *
+ * What must stay true: the contract of kiri_gemm_fn (the integer sums of every block or
+ * sub-block are exact; the float sums run over the blocks in order, as vec_dot's do); activations
+ * never hold -128 (the activation quantizers give -127..127).
+ *
+ * Compiled without -mavx2: each function carries a target attribute, and the entry points may only
+ * be called after the CPU and the OS reported KIRI_CPU_AVX2.
+ */
+#include "cpu_kernels.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define UNROLL _Pragma("GCC unroll 8")
+/* Inlined per octet count so the accumulators stay in registers. */
+#define SPECIALIZE __attribute__((always_inline))
+/* Keeps a running sum in its register as written: GCC otherwise regroups the additions of the
+ * products into a tree whose partial sums no longer fit in the 16 registers. */
+#define KEEP(v) __asm__("" : "+x"(v))
+
+/* Octets per pass (32 tokens), weight rows per pass, and 32-value blocks per pass: the packed
+ * octets of a pass take OCT_MAX * OCT_BLOCKS * 320 bytes (20 KiB) and the float sums
+ * OCT_ROWS * OCT_MAX * 32 bytes (8 KiB) of stack. */
+#define OCT_MAX 4
+#define OCT_ROWS 64
+#define OCT_BLOCKS 16
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* One 32-value block of eight Q8_0 or Q8_K tokens. */
+struct octet {
+    __m256i g[8]; /* g[j]: values 4j .. 4j + 3 of token t in bytes 4t .. 4t + 3 */
+    __m256 d;     /* the tokens' scales (Q8_0); unused for Q8_K */
+    __m256i c;    /* Q8_0: -8 sum(a) per token in its two int16 lanes (two halves of the sum) */
+};
+
+/* The 8 x 8 transpose of 32-bit words: v[t] (token t's word j in lane j) into v[j] (token t's word
+ * j in lane t). */
+AVX2 static inline void transpose8(__m256i v[8])
+{
+    __m256i t[8], u[8];
+    UNROLL
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    UNROLL
+    for (int i = 0; i < 2; i++) { /* tokens 4i .. 4i + 3: words 0 1 2 3 (lanes 0-3), 4 5 6 7 (4-7) */
+        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+        v[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+    }
+}
+
+/* Packs the 32 values at qs[t] (eight tokens) into o->g; returns, per token, the int16 pair sums
+ * of maddubs(mul, values) added over the block (mul 8: 8 sum(a) in halves; mul 1: sum(a)). */
+AVX2 static inline __m256i pack_values(const int8_t *const qs[8], struct octet *o, __m256i mul)
+{
+    __m256i v[8];
+    UNROLL
+    for (int t = 0; t < 8; t++)
+        v[t] = _mm256_loadu_si256((const __m256i *)qs[t]);
+    transpose8(v);
+    __m256i s = _mm256_setzero_si256();
+    UNROLL
+    for (int j = 0; j < 8; j++) {
+        o->g[j] = v[j];
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(mul, v[j]));
+    }
+    return s;
+}
+
+/* Block j of eight Q8_0 tokens y[0..7]. */
+AVX2 static inline void pack_q8_0(const struct kiri_block_q8_0 *const y[8], int64_t j, struct octet *o)
+{
+    const int8_t *qs[8];
+    kiri_f16 d[8];
+    UNROLL
+    for (int t = 0; t < 8; t++) {
+        qs[t] = y[t][j].qs;
+        d[t] = y[t][j].d;
+    }
+    /* 8 * 2 * 127 per pair, eight of them: 16256, within int16. */
+    o->c = _mm256_sub_epi16(_mm256_setzero_si256(), pack_values(qs, o, _mm256_set1_epi8(8)));
+    __m128i dh;
+    memcpy(&dh, d, sizeof dh);
+    o->d = _mm256_cvtph_ps(dh);
+}
+
+/* The eight tokens t0 .. t0 + 7 of a tile of nt, repeating the last past the end. */
+static inline void octet_rows(const char *a, size_t as, int64_t t0, int64_t nt, const char *y[8])
+{
+    for (int i = 0; i < 8; i++)
+        y[i] = a + (size_t)min64(t0 + i, nt - 1) * as;
+}
+
+/* Writes the float sums of rows r0 .. r0 + rn - 1 against tokens t0 .. t0 + 8 n_oct - 1 (those
+ * below nt) from acc[row][octet]. */
+AVX2 static inline void store_octets(const __m256 (*acc)[OCT_MAX], int64_t rn, int n_oct, float *dst, size_t ds,
+                                     int64_t r0, int64_t t0, int64_t nt)
+{
+    for (int64_t r = 0; r < rn; r++)
+        for (int g = 0; g < n_oct; g++) {
+            float v[8];
+            _mm256_storeu_ps(v, acc[r][g]);
+            for (int i = 0; i < 8 && t0 + 8 * g + i < nt; i++)
+                dst[(size_t)(t0 + 8 * g + i) * ds + (size_t)(r0 + r)] = v[i];
+        }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Q4_0: sum (q - 8) a = sum q a - 8 sum a per block; q enters maddubs unsigned, and each token's
+ * int16 lanes start at their share of -8 sum a. Whatever the order of the additions, a partial
+ * sum is sum (q - 8) a over the products added so far minus 8 sum a over the others, at most
+ * 16 * 8 * 127 = 16256 in magnitude: no int16 lane overflows.
+ * ------------------------------------------------------------------------------------------- */
+
+/* One Q4_0 row's blocks x[0 .. bn - 1] against n_oct packed octets (o[g * OCT_BLOCKS + b]). */
+AVX2 SPECIALIZE static inline void q4_0_row_octets(const struct kiri_block_q4_0 *x, int64_t bn,
+                                                   const struct octet *o, int n_oct, __m256 acc[OCT_MAX])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < bn; b++) {
+        __m256i s[OCT_MAX];
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++)
+            s[g] = o[g * OCT_BLOCKS + b].c;
+        UNROLL
+        for (int h = 0; h < 4; h++) { /* bytes 4h .. 4h + 3: values 4h .. (low), 16 + 4h .. (high) */
+            uint32_t q;
+            memcpy(&q, x[b].qs + 4 * h, sizeof q);
+            const __m256i bw = _mm256_set1_epi32((int)q);
+            const __m256i lo = _mm256_and_si256(bw, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bw, 4), m4);
+            _Pragma("GCC unroll 4")
+            for (int g = 0; g < n_oct; g++) {
+                const struct octet *ob = &o[g * OCT_BLOCKS + b];
+                s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(lo, ob->g[h]));
+                s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(hi, ob->g[h + 4]));
+                KEEP(s[g]);
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)x[b].d));
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++) {
+            const struct octet *ob = &o[g * OCT_BLOCKS + b];
+            const __m256i si = _mm256_madd_epi16(s[g], ones);
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, ob->d), acc[g]);
+        }
+    }
+}
+
+/* Rows [0, nr) against the n_oct octets from token t0 (the last one may be partial). */
+AVX2 SPECIALIZE static inline void q4_0_octets(int64_t k, const void *w, size_t ws, const char *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0,
+                                               int n_oct)
+{
+    const int64_t nb = k / KIRI_QK8_0;
+    struct octet o[OCT_MAX * OCT_BLOCKS];
+    __m256 acc_rows[OCT_ROWS][OCT_MAX];
+    for (int64_t r0 = 0; r0 < nr; r0 += OCT_ROWS) {
+        const int64_t rn = min64(nr - r0, OCT_ROWS);
+        for (int64_t b0 = 0; b0 < nb; b0 += OCT_BLOCKS) {
+            const int64_t bn = min64(nb - b0, OCT_BLOCKS);
+            for (int g = 0; g < n_oct; g++) {
+                const char *yc[8];
+                octet_rows(a, as, t0 + 8 * g, nt, yc);
+                const struct kiri_block_q8_0 *y[8];
+                for (int i = 0; i < 8; i++)
+                    y[i] = (const struct kiri_block_q8_0 *)yc[i];
+                for (int64_t b = 0; b < bn; b++)
+                    pack_q8_0(y, b0 + b, &o[g * OCT_BLOCKS + b]);
+            }
+            for (int64_t r = 0; r < rn; r++) {
+                const struct kiri_block_q4_0 *x = (const struct kiri_block_q4_0 *)((const char *)w +
+                                                                                  (size_t)(r0 + r) * ws) + b0;
+                __m256 acc[OCT_MAX];
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < n_oct; g++)
+                    acc[g] = b0 ? acc_rows[r][g] : _mm256_setzero_ps();
+                q4_0_row_octets(x, bn, o, n_oct, acc);
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < n_oct; g++)
+                    acc_rows[r][g] = acc[g];
+            }
+        }
+        store_octets((const __m256 (*)[OCT_MAX])acc_rows, rn, n_oct, dst, ds, r0, t0, nt);
+    }
+}
+
+/* Calls body(n_oct) with a constant n_oct for each pass over the tokens: passes of OCT_MAX octets,
+ * then one of the remaining whole octets; returns the tokens covered (a multiple of 8). */
+#define OCTET_PASSES(nt, t, body)                                                                \
+    do {                                                                                         \
+        for (; (nt) - (t) >= 8 * OCT_MAX; (t) += 8 * OCT_MAX)                                    \
+            body(OCT_MAX);                                                                       \
+        const int64_t rest_ = ((nt) - (t)) / 8;                                                  \
+        if (rest_ == 3)                                                                          \
+            body(3);                                                                             \
+        else if (rest_ == 2)                                                                     \
+            body(2);                                                                             \
+        else if (rest_ == 1)                                                                     \
+            body(1);                                                                             \
+        (t) += 8 * rest_;                                                                        \
+    } while (0)
+
+AVX2 int64_t kiri_cpu_gemm_octets_q4_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                            float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    int64_t t = 0;
+#define Q4_0_PASS(n) q4_0_octets(k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
+    OCTET_PASSES(nt, t, Q4_0_PASS);
+#undef Q4_0_PASS
+    return t;
+}
+
+#endif
