@@ -1171,7 +1171,8 @@ AVX2 SPECIALIZE static inline void q4_K_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-GEMM_DRIVER_SMALL(gemm_q4_K_avx2, q4_K_tok4, q4_K_rows, q4_K_rows_m)
+GEMM_DRIVER_SMALL(gemm_q4_K_small, q4_K_tok4, q4_K_rows, q4_K_rows_m)
+GEMM_OCTETS(gemm_q4_K_avx2, kiri_cpu_gemm_octets_q4_K_avx2, gemm_q4_K_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q5_K weights, Q8_K activations: Q4_K with a fifth bit per quant (x = d sc q - dmin m per

@@ -215,6 +215,147 @@ AVX2 SPECIALIZE static inline void q4_0_octets(int64_t k, const void *w, size_t 
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Q4_K: x = d sc_j q - dmin m_j over sub-block j (32 values), so per super-block
+ * sum x a = d_a (d sum_j sc_j sum(q a) - dmin sum_j m_j sum(a over j)). A sub-block's products
+ * add up in int16 lanes as Q4_0's do (at most 30480), one vpmaddwd with sc_j widens them; the
+ * mins take one vpmaddwd per two sub-blocks against the tokens' sums packed in int16 pairs.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The token side of one super-block of an octet, beside its eight sub-blocks' struct octet. */
+struct octet_k {
+    __m256 d;        /* the tokens' scales */
+    __m256i sums[4]; /* sums[p]: per token, [sum over sub-block 2p | sum over 2p + 1] as int16 */
+};
+
+/* Super-block j of eight Q8_K tokens y[0..7]: sub-blocks into o[0..7], the rest into ok. */
+AVX2 static inline void pack_q8_K(const struct kiri_block_q8_K *const y[8], int64_t j, struct octet *o,
+                                  struct octet_k *ok)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i sum[8];
+    for (int sb = 0; sb < 8; sb++) {
+        const int8_t *qs[8];
+        UNROLL
+        for (int t = 0; t < 8; t++)
+            qs[t] = y[t][j].qs + 32 * sb;
+        /* |sum| over 32 values is at most 4064: within int16 when packed below. */
+        sum[sb] = _mm256_madd_epi16(pack_values(qs, &o[sb], _mm256_set1_epi8(1)), ones);
+    }
+    for (int p = 0; p < 4; p++)
+        ok->sums[p] = _mm256_blend_epi16(sum[2 * p], _mm256_slli_epi32(sum[2 * p + 1], 16), 0xAA);
+    ok->d = _mm256_setr_ps(y[0][j].d, y[1][j].d, y[2][j].d, y[3][j].d, y[4][j].d, y[5][j].d, y[6][j].d,
+                           y[7][j].d);
+}
+
+/* The 6-bit scales and mins of a Q4_K block (quants.c, get_scale_min_k4). */
+static inline void scales_mins_k4(const uint8_t *q, int sc[8], int m[8])
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+        sc[j + 4] = (q[j + 8] & 0xF) | ((q[j] >> 6) << 4);
+        m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+    }
+}
+
+/* Super-blocks x[0 .. bn - 1] of one Q4_K row against n_oct packed octets: sub-block s of
+ * super-block b of octet g at o[g * OCT_BLOCKS + 8 b + s], its other values at
+ * ok[g * OCT_SUPER + b]. */
+#define OCT_SUPER (OCT_BLOCKS / 8)
+AVX2 SPECIALIZE static inline void q4_K_row_octets(const struct kiri_block_q4_K *x, int64_t bn,
+                                                   const struct octet *o, const struct octet_k *ok, int n_oct,
+                                                   __m256 acc[OCT_MAX])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < bn; b++) {
+        int sc[8], mn[8];
+        scales_mins_k4(x[b].scales, sc, mn);
+        __m256i isum[OCT_MAX], imin[OCT_MAX];
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++)
+            isum[g] = _mm256_setzero_si256();
+        UNROLL
+        for (int sb = 0; sb < 8; sb++) { /* bytes 32 (sb / 2) ..: low nibbles sub-block sb even, high odd */
+            const uint8_t *q = x[b].qs + 32 * (sb / 2);
+            __m256i s[OCT_MAX];
+            _Pragma("GCC unroll 4")
+            for (int g = 0; g < n_oct; g++)
+                s[g] = _mm256_setzero_si256();
+            UNROLL
+            for (int h = 0; h < 8; h++) {
+                uint32_t w4;
+                memcpy(&w4, q + 4 * h, sizeof w4);
+                const __m256i bw = _mm256_set1_epi32((int)w4);
+                const __m256i u = _mm256_and_si256(sb % 2 ? _mm256_srli_epi16(bw, 4) : bw, m4);
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < n_oct; g++) {
+                    s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(u, o[g * OCT_BLOCKS + 8 * b + sb].g[h]));
+                    KEEP(s[g]);
+                }
+            }
+            const __m256i scv = _mm256_set1_epi16((short)sc[sb]);
+            _Pragma("GCC unroll 4")
+            for (int g = 0; g < n_oct; g++)
+                isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(s[g], scv));
+        }
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++) {
+            const struct octet_k *k = &ok[g * OCT_SUPER + b];
+            imin[g] = _mm256_madd_epi16(k->sums[0], _mm256_set1_epi32(mn[0] | mn[1] << 16));
+            imin[g] = _mm256_add_epi32(imin[g], _mm256_madd_epi16(k->sums[1], _mm256_set1_epi32(mn[2] | mn[3] << 16)));
+            imin[g] = _mm256_add_epi32(imin[g], _mm256_madd_epi16(k->sums[2], _mm256_set1_epi32(mn[4] | mn[5] << 16)));
+            imin[g] = _mm256_add_epi32(imin[g], _mm256_madd_epi16(k->sums[3], _mm256_set1_epi32(mn[6] | mn[7] << 16)));
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)x[b].d));
+        const __m256 mw = _mm256_cvtph_ps(_mm_set1_epi16((short)x[b].dmin));
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++) {
+            const __m256 da = ok[g * OCT_SUPER + b].d;
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_mul_ps(dw, da), acc[g]);
+            acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin[g]), _mm256_mul_ps(mw, da), acc[g]);
+        }
+    }
+}
+
+AVX2 SPECIALIZE static inline void q4_K_octets(int64_t k, const void *w, size_t ws, const char *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0,
+                                               int n_oct)
+{
+    const int64_t nb = k / KIRI_QK_K;
+    struct octet o[OCT_MAX * OCT_BLOCKS];
+    struct octet_k ok[OCT_MAX * OCT_SUPER];
+    __m256 acc_rows[OCT_ROWS][OCT_MAX];
+    for (int64_t r0 = 0; r0 < nr; r0 += OCT_ROWS) {
+        const int64_t rn = min64(nr - r0, OCT_ROWS);
+        for (int64_t b0 = 0; b0 < nb; b0 += OCT_SUPER) {
+            const int64_t bn = min64(nb - b0, OCT_SUPER);
+            for (int g = 0; g < n_oct; g++) {
+                const char *yc[8];
+                octet_rows(a, as, t0 + 8 * g, nt, yc);
+                const struct kiri_block_q8_K *y[8];
+                for (int i = 0; i < 8; i++)
+                    y[i] = (const struct kiri_block_q8_K *)yc[i];
+                for (int64_t b = 0; b < bn; b++)
+                    pack_q8_K(y, b0 + b, &o[g * OCT_BLOCKS + 8 * b], &ok[g * OCT_SUPER + b]);
+            }
+            for (int64_t r = 0; r < rn; r++) {
+                const struct kiri_block_q4_K *x = (const struct kiri_block_q4_K *)((const char *)w +
+                                                                                  (size_t)(r0 + r) * ws) + b0;
+                __m256 acc[OCT_MAX];
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < n_oct; g++)
+                    acc[g] = b0 ? acc_rows[r][g] : _mm256_setzero_ps();
+                q4_K_row_octets(x, bn, o, ok, n_oct, acc);
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < n_oct; g++)
+                    acc_rows[r][g] = acc[g];
+            }
+        }
+        store_octets((const __m256 (*)[OCT_MAX])acc_rows, rn, n_oct, dst, ds, r0, t0, nt);
+    }
+}
+
 /* Calls body(n_oct) with a constant n_oct for each pass over the tokens: passes of OCT_MAX octets,
  * then one of the remaining whole octets; returns the tokens covered (a multiple of 8). */
 #define OCTET_PASSES(nt, t, body)                                                                \
@@ -238,6 +379,16 @@ AVX2 int64_t kiri_cpu_gemm_octets_q4_0_avx2(int64_t k, const void *w, size_t ws,
 #define Q4_0_PASS(n) q4_0_octets(k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
     OCTET_PASSES(nt, t, Q4_0_PASS);
 #undef Q4_0_PASS
+    return t;
+}
+
+AVX2 int64_t kiri_cpu_gemm_octets_q4_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                            float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    int64_t t = 0;
+#define Q4_K_PASS(n) q4_K_octets(k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
+    OCTET_PASSES(nt, t, Q4_K_PASS);
+#undef Q4_K_PASS
     return t;
 }
 
