@@ -1487,7 +1487,8 @@ AVX2 SPECIALIZE static inline void q6_K_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-GEMM_DRIVER_SMALL(gemm_q6_K_avx2, q6_K_tok4, q6_K_rows, q6_K_rows_m)
+GEMM_DRIVER_SMALL(gemm_q6_K_small, q6_K_tok4, q6_K_rows, q6_K_rows_m)
+GEMM_OCTETS(gemm_q6_K_avx2, kiri_cpu_gemm_octets_q6_K_avx2, gemm_q6_K_small)
 
 /* ---------------------------------------------------------------------------------------------
  * F32 and F16: plain FMA tiles of 4 rows x 2 tokens (8 accumulators), values widened on load;

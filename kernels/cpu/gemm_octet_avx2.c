@@ -51,8 +51,12 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* One 32-value block of eight Q8_0 or Q8_K tokens. */
 struct octet {
     __m256i g[8]; /* g[j]: values 4j .. 4j + 3 of token t in bytes 4t .. 4t + 3 */
-    __m256 d;     /* the tokens' scales (Q8_0); unused for Q8_K */
-    __m256i c;    /* Q8_0: -8 sum(a) per token in its two int16 lanes (two halves of the sum) */
+    __m256i c;    /* Q8_0: -8 sum(a) per token in its two int16 lanes (each half of the sum);
+                   * Q8_K: the same for -32 sum(a) over values 0 .. 15 (Q6_K's sub-block) */
+    union {
+        __m256 d;    /* Q8_0: the tokens' scales */
+        __m256i c1;  /* Q8_K: -32 sum(a) over values 16 .. 31 */
+    };
 };
 
 /* The 8 x 8 transpose of 32-bit words: v[t] (token t's word j in lane j) into v[j] (token t's word
@@ -79,22 +83,24 @@ AVX2 static inline void transpose8(__m256i v[8])
     }
 }
 
-/* Packs the 32 values at qs[t] (eight tokens) into o->g; returns, per token, the int16 pair sums
- * of maddubs(mul, values) added over the block (mul 8: 8 sum(a) in halves; mul 1: sum(a)). */
-AVX2 static inline __m256i pack_values(const int8_t *const qs[8], struct octet *o, __m256i mul)
+/* Packs the 32 values at qs[t] (eight tokens) into o->g; returns, per token in its two int16
+ * lanes, the sums of its values 0 .. 15 (*lo) and 16 .. 31 (*hi), at most 16 * 127 each. */
+AVX2 static inline void pack_values(const int8_t *const qs[8], struct octet *o, __m256i *lo, __m256i *hi)
 {
     __m256i v[8];
     UNROLL
     for (int t = 0; t < 8; t++)
         v[t] = _mm256_loadu_si256((const __m256i *)qs[t]);
     transpose8(v);
-    __m256i s = _mm256_setzero_si256();
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     UNROLL
     for (int j = 0; j < 8; j++) {
         o->g[j] = v[j];
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(mul, v[j]));
+        s[j / 4] = _mm256_add_epi16(s[j / 4], _mm256_maddubs_epi16(one, v[j]));
     }
-    return s;
+    *lo = s[0];
+    *hi = s[1];
 }
 
 /* Block j of eight Q8_0 tokens y[0..7]. */
@@ -107,8 +113,10 @@ AVX2 static inline void pack_q8_0(const struct kiri_block_q8_0 *const y[8], int6
         qs[t] = y[t][j].qs;
         d[t] = y[t][j].d;
     }
-    /* 8 * 2 * 127 per pair, eight of them: 16256, within int16. */
-    o->c = _mm256_sub_epi16(_mm256_setzero_si256(), pack_values(qs, o, _mm256_set1_epi8(8)));
+    __m256i lo, hi;
+    pack_values(qs, o, &lo, &hi);
+    /* 8 * 16 * 127 = 16256 in magnitude: within int16. */
+    o->c = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(_mm256_add_epi16(lo, hi), 3));
     __m128i dh;
     memcpy(&dh, d, sizeof dh);
     o->d = _mm256_cvtph_ps(dh);
@@ -239,8 +247,12 @@ AVX2 static inline void pack_q8_K(const struct kiri_block_q8_K *const y[8], int6
         UNROLL
         for (int t = 0; t < 8; t++)
             qs[t] = y[t][j].qs + 32 * sb;
-        /* |sum| over 32 values is at most 4064: within int16 when packed below. */
-        sum[sb] = _mm256_madd_epi16(pack_values(qs, &o[sb], _mm256_set1_epi8(1)), ones);
+        __m256i lo, hi;
+        pack_values(qs, &o[sb], &lo, &hi);
+        /* 32 * 16 * 127 = 32512 in magnitude; |sum| over 32 values at most 4064: within int16. */
+        o[sb].c = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(lo, 5));
+        o[sb].c1 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(hi, 5));
+        sum[sb] = _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);
     }
     for (int p = 0; p < 4; p++)
         ok->sums[p] = _mm256_blend_epi16(sum[2 * p], _mm256_slli_epi32(sum[2 * p + 1], 16), 0xAA);
@@ -318,9 +330,72 @@ AVX2 SPECIALIZE static inline void q4_K_row_octets(const struct kiri_block_q4_K 
     }
 }
 
-AVX2 SPECIALIZE static inline void q4_K_octets(int64_t k, const void *w, size_t ws, const char *a, size_t as,
-                                               float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0,
-                                               int n_oct)
+/* ---------------------------------------------------------------------------------------------
+ * Q6_K: x = d sc_j (u - 32) over sub-block j (16 values), u 0..63 from 4 bits of ql and 2 of qh.
+ * u enters maddubs unsigned and the int16 lanes start at their share of -32 sum a, as Q4_0's:
+ * a partial sum is sum (u - 32) a over the products added so far minus 32 sum a over the others,
+ * each lane holding 8 values of a sub-block: at most 8 * 32 * 127 = 32512 in magnitude. One
+ * vpmaddwd with sc_j (signed) widens a sub-block's sums.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Super-blocks x[0 .. bn - 1] of one Q6_K row against n_oct packed octets (as q4_K_row_octets). */
+AVX2 SPECIALIZE static inline void q6_K_row_octets(const struct kiri_block_q6_K *x, int64_t bn,
+                                                   const struct octet *o, const struct octet_k *ok, int n_oct,
+                                                   __m256 acc[OCT_MAX])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    for (int64_t b = 0; b < bn; b++) {
+        __m256i isum[OCT_MAX];
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++)
+            isum[g] = _mm256_setzero_si256();
+        UNROLL
+        for (int sb = 0; sb < 8; sb++) { /* values 32 sb ..: half n, quarter qq of unpack_q6_K */
+            const int n = sb / 4, qq = sb % 4;
+            const uint8_t *ql = x[b].ql + 64 * n + 32 * (qq & 1), *qh = x[b].qh + 32 * n;
+            __m256i s[OCT_MAX];
+            UNROLL
+            for (int h = 0; h < 8; h++) {
+                if (h % 4 == 0) {
+                    _Pragma("GCC unroll 4")
+                    for (int g = 0; g < n_oct; g++) {
+                        const struct octet *ob = &o[g * OCT_BLOCKS + 8 * b + sb];
+                        s[g] = h ? ob->c1 : ob->c;
+                    }
+                }
+                uint32_t wl, wh;
+                memcpy(&wl, ql + 4 * h, sizeof wl);
+                memcpy(&wh, qh + 4 * h, sizeof wh);
+                const __m256i bl = _mm256_set1_epi32((int)wl), bh = _mm256_set1_epi32((int)wh);
+                const __m256i lo = _mm256_and_si256(qq >= 2 ? _mm256_srli_epi16(bl, 4) : bl, m4);
+                const __m256i hb = qq == 0 ? _mm256_slli_epi16(bh, 4)
+                                 : qq == 1 ? _mm256_slli_epi16(bh, 2)
+                                 : qq == 2 ? bh
+                                           : _mm256_srli_epi16(bh, 2);
+                const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hb, m2));
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < n_oct; g++) {
+                    s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(u, o[g * OCT_BLOCKS + 8 * b + sb].g[h]));
+                    KEEP(s[g]);
+                }
+                if (h % 4 == 3) {
+                    const __m256i scv = _mm256_set1_epi16((short)x[b].scales[2 * sb + h / 4]);
+                    _Pragma("GCC unroll 4")
+                    for (int g = 0; g < n_oct; g++)
+                        isum[g] = _mm256_add_epi32(isum[g], _mm256_madd_epi16(s[g], scv));
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)x[b].d));
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++)
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_mul_ps(dw, ok[g * OCT_SUPER + b].d), acc[g]);
+    }
+}
+
+/* Rows [0, nr) of Q4_K (six == 0) or Q6_K (six == 1) against the n_oct octets from token t0. */
+AVX2 SPECIALIZE static inline void k_octets(int six, int64_t k, const void *w, size_t ws, const char *a, size_t as,
+                                            float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0, int n_oct)
 {
     const int64_t nb = k / KIRI_QK_K;
     struct octet o[OCT_MAX * OCT_BLOCKS];
@@ -340,13 +415,15 @@ AVX2 SPECIALIZE static inline void q4_K_octets(int64_t k, const void *w, size_t 
                     pack_q8_K(y, b0 + b, &o[g * OCT_BLOCKS + 8 * b], &ok[g * OCT_SUPER + b]);
             }
             for (int64_t r = 0; r < rn; r++) {
-                const struct kiri_block_q4_K *x = (const struct kiri_block_q4_K *)((const char *)w +
-                                                                                  (size_t)(r0 + r) * ws) + b0;
+                const char *x = (const char *)w + (size_t)(r0 + r) * ws;
                 __m256 acc[OCT_MAX];
                 _Pragma("GCC unroll 4")
                 for (int g = 0; g < n_oct; g++)
                     acc[g] = b0 ? acc_rows[r][g] : _mm256_setzero_ps();
-                q4_K_row_octets(x, bn, o, ok, n_oct, acc);
+                if (six)
+                    q6_K_row_octets((const struct kiri_block_q6_K *)x + b0, bn, o, ok, n_oct, acc);
+                else
+                    q4_K_row_octets((const struct kiri_block_q4_K *)x + b0, bn, o, ok, n_oct, acc);
                 _Pragma("GCC unroll 4")
                 for (int g = 0; g < n_oct; g++)
                     acc_rows[r][g] = acc[g];
@@ -386,9 +463,19 @@ AVX2 int64_t kiri_cpu_gemm_octets_q4_K_avx2(int64_t k, const void *w, size_t ws,
                                             float *dst, size_t ds, int64_t nr, int64_t nt)
 {
     int64_t t = 0;
-#define Q4_K_PASS(n) q4_K_octets(k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
+#define Q4_K_PASS(n) k_octets(0, k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
     OCTET_PASSES(nt, t, Q4_K_PASS);
 #undef Q4_K_PASS
+    return t;
+}
+
+AVX2 int64_t kiri_cpu_gemm_octets_q6_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                            float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    int64_t t = 0;
+#define Q6_K_PASS(n) k_octets(1, k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
+    OCTET_PASSES(nt, t, Q6_K_PASS);
+#undef Q6_K_PASS
     return t;
 }
 
