@@ -635,7 +635,8 @@ AVX2 SPECIALIZE static inline void q8_0_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-GEMM_DRIVER_SMALL(gemm_q8_0_avx2, q8_0_tok4, q8_0_rows, q8_0_rows_m)
+GEMM_DRIVER_SMALL(gemm_q8_0_small, q8_0_tok4, q8_0_rows, q8_0_rows_m)
+GEMM_OCTETS(gemm_q8_0_avx2, kiri_cpu_gemm_octets_q8_0_avx2, gemm_q8_0_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q4_1, Q5_0, Q5_1 weights (Q8_1, Q8_0 and Q8_1 activations): the Q4_0 scheme with other

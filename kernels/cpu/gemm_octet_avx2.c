@@ -185,10 +185,46 @@ AVX2 SPECIALIZE static inline void q4_0_row_octets(const struct kiri_block_q4_0 
     }
 }
 
-/* Rows [0, nr) against the n_oct octets from token t0 (the last one may be partial). */
-AVX2 SPECIALIZE static inline void q4_0_octets(int64_t k, const void *w, size_t ws, const char *a, size_t as,
-                                               float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0,
-                                               int n_oct)
+/* ---------------------------------------------------------------------------------------------
+ * Q8_0: int8 x int8 through maddubs with |w| and a carrying w's sign (a never holds -128, w may);
+ * a pair sum reaches 2 * 128 * 127, so each vpmaddubsw result widens to int32 at once.
+ * ------------------------------------------------------------------------------------------- */
+
+/* One Q8_0 row's blocks x[0 .. bn - 1] against n_oct packed octets (as q4_0_row_octets). */
+AVX2 SPECIALIZE static inline void q8_0_row_octets(const struct kiri_block_q8_0 *x, int64_t bn,
+                                                   const struct octet *o, int n_oct, __m256 acc[OCT_MAX])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < bn; b++) {
+        __m256i s[OCT_MAX];
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++)
+            s[g] = _mm256_setzero_si256();
+        UNROLL
+        for (int h = 0; h < 8; h++) {
+            int32_t q;
+            memcpy(&q, x[b].qs + 4 * h, sizeof q);
+            const __m256i bw = _mm256_set1_epi32(q);
+            const __m256i aw = _mm256_abs_epi8(bw);
+            _Pragma("GCC unroll 4")
+            for (int g = 0; g < n_oct; g++) {
+                const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(o[g * OCT_BLOCKS + b].g[h], bw));
+                s[g] = _mm256_add_epi32(s[g], _mm256_madd_epi16(p, ones));
+                KEEP(s[g]);
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)x[b].d));
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < n_oct; g++)
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[g]), _mm256_mul_ps(dw, o[g * OCT_BLOCKS + b].d), acc[g]);
+    }
+}
+
+/* Rows [0, nr) of Q4_0 (eight == 0) or Q8_0 (eight == 1) against the n_oct octets from token t0
+ * (the last one may be partial). */
+AVX2 SPECIALIZE static inline void q32_octets(int eight, int64_t k, const void *w, size_t ws, const char *a,
+                                              size_t as, float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0,
+                                              int n_oct)
 {
     const int64_t nb = k / KIRI_QK8_0;
     struct octet o[OCT_MAX * OCT_BLOCKS];
@@ -207,13 +243,15 @@ AVX2 SPECIALIZE static inline void q4_0_octets(int64_t k, const void *w, size_t 
                     pack_q8_0(y, b0 + b, &o[g * OCT_BLOCKS + b]);
             }
             for (int64_t r = 0; r < rn; r++) {
-                const struct kiri_block_q4_0 *x = (const struct kiri_block_q4_0 *)((const char *)w +
-                                                                                  (size_t)(r0 + r) * ws) + b0;
+                const char *x = (const char *)w + (size_t)(r0 + r) * ws;
                 __m256 acc[OCT_MAX];
                 _Pragma("GCC unroll 4")
                 for (int g = 0; g < n_oct; g++)
                     acc[g] = b0 ? acc_rows[r][g] : _mm256_setzero_ps();
-                q4_0_row_octets(x, bn, o, n_oct, acc);
+                if (eight)
+                    q8_0_row_octets((const struct kiri_block_q8_0 *)x + b0, bn, o, n_oct, acc);
+                else
+                    q4_0_row_octets((const struct kiri_block_q4_0 *)x + b0, bn, o, n_oct, acc);
                 _Pragma("GCC unroll 4")
                 for (int g = 0; g < n_oct; g++)
                     acc_rows[r][g] = acc[g];
@@ -453,9 +491,19 @@ AVX2 int64_t kiri_cpu_gemm_octets_q4_0_avx2(int64_t k, const void *w, size_t ws,
                                             float *dst, size_t ds, int64_t nr, int64_t nt)
 {
     int64_t t = 0;
-#define Q4_0_PASS(n) q4_0_octets(k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
+#define Q4_0_PASS(n) q32_octets(0, k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
     OCTET_PASSES(nt, t, Q4_0_PASS);
 #undef Q4_0_PASS
+    return t;
+}
+
+AVX2 int64_t kiri_cpu_gemm_octets_q8_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                            float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    int64_t t = 0;
+#define Q8_0_PASS(n) q32_octets(1, k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
+    OCTET_PASSES(nt, t, Q8_0_PASS);
+#undef Q8_0_PASS
     return t;
 }
 
