@@ -471,60 +471,30 @@ AVX2 SPECIALIZE static inline void k_octets(int six, int64_t k, const void *w, s
     }
 }
 
-/* Calls body(n_oct) with a constant n_oct for each pass over the tokens: passes of OCT_MAX octets,
- * then one of the remaining whole octets; returns the tokens covered (a multiple of 8). */
-#define OCTET_PASSES(nt, t, body)                                                                \
-    do {                                                                                         \
-        for (; (nt) - (t) >= 8 * OCT_MAX; (t) += 8 * OCT_MAX)                                    \
-            body(OCT_MAX);                                                                       \
-        const int64_t rest_ = ((nt) - (t)) / 8;                                                  \
-        if (rest_ == 3)                                                                          \
-            body(3);                                                                             \
-        else if (rest_ == 2)                                                                     \
-            body(2);                                                                             \
-        else if (rest_ == 1)                                                                     \
-            body(1);                                                                             \
-        (t) += 8 * rest_;                                                                        \
-    } while (0)
+/* An entry point (cpu_kernels.h): tile(kind, ...) with a constant n_oct for each pass over the
+ * tokens, passes of OCT_MAX octets, then one of the remaining whole octets; returns the tokens
+ * covered (a multiple of 8). */
+#define OCTET_ENTRY(name, tile, kind)                                                            \
+    AVX2 int64_t name(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst, \
+                      size_t ds, int64_t nr, int64_t nt)                                         \
+    {                                                                                            \
+        const char *ac = a;                                                                      \
+        int64_t t = 0;                                                                           \
+        for (; nt - t >= 8 * OCT_MAX; t += 8 * OCT_MAX)                                          \
+            tile(kind, k, w, ws, ac, as, dst, ds, nr, nt, t, OCT_MAX);                           \
+        const int64_t rest = (nt - t) / 8;                                                       \
+        if (rest == 3)                                                                           \
+            tile(kind, k, w, ws, ac, as, dst, ds, nr, nt, t, 3);                                 \
+        else if (rest == 2)                                                                      \
+            tile(kind, k, w, ws, ac, as, dst, ds, nr, nt, t, 2);                                 \
+        else if (rest == 1)                                                                      \
+            tile(kind, k, w, ws, ac, as, dst, ds, nr, nt, t, 1);                                 \
+        return t + 8 * rest;                                                                     \
+    }
 
-AVX2 int64_t kiri_cpu_gemm_octets_q4_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                            float *dst, size_t ds, int64_t nr, int64_t nt)
-{
-    int64_t t = 0;
-#define Q4_0_PASS(n) q32_octets(0, k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
-    OCTET_PASSES(nt, t, Q4_0_PASS);
-#undef Q4_0_PASS
-    return t;
-}
-
-AVX2 int64_t kiri_cpu_gemm_octets_q8_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                            float *dst, size_t ds, int64_t nr, int64_t nt)
-{
-    int64_t t = 0;
-#define Q8_0_PASS(n) q32_octets(1, k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
-    OCTET_PASSES(nt, t, Q8_0_PASS);
-#undef Q8_0_PASS
-    return t;
-}
-
-AVX2 int64_t kiri_cpu_gemm_octets_q4_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                            float *dst, size_t ds, int64_t nr, int64_t nt)
-{
-    int64_t t = 0;
-#define Q4_K_PASS(n) k_octets(0, k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
-    OCTET_PASSES(nt, t, Q4_K_PASS);
-#undef Q4_K_PASS
-    return t;
-}
-
-AVX2 int64_t kiri_cpu_gemm_octets_q6_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                            float *dst, size_t ds, int64_t nr, int64_t nt)
-{
-    int64_t t = 0;
-#define Q6_K_PASS(n) k_octets(1, k, w, ws, (const char *)a, as, dst, ds, nr, nt, t, (n))
-    OCTET_PASSES(nt, t, Q6_K_PASS);
-#undef Q6_K_PASS
-    return t;
-}
+OCTET_ENTRY(kiri_cpu_gemm_octets_q4_0_avx2, q32_octets, 0)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q8_0_avx2, q32_octets, 1)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q4_K_avx2, k_octets, 0)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q6_K_avx2, k_octets, 1)
 
 #endif
