@@ -45,6 +45,7 @@
 #define OCT_MAX 4
 #define OCT_ROWS 64
 #define OCT_BLOCKS 16
+#define OCT_SUPER (OCT_BLOCKS / 8) /* Q4_K and Q6_K super-blocks per pass */
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -220,47 +221,6 @@ AVX2 SPECIALIZE static inline void q8_0_row_octets(const struct kiri_block_q8_0 
     }
 }
 
-/* Rows [0, nr) of Q4_0 (eight == 0) or Q8_0 (eight == 1) against the n_oct octets from token t0
- * (the last one may be partial). */
-AVX2 SPECIALIZE static inline void q32_octets(int eight, int64_t k, const void *w, size_t ws, const char *a,
-                                              size_t as, float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0,
-                                              int n_oct)
-{
-    const int64_t nb = k / KIRI_QK8_0;
-    struct octet o[OCT_MAX * OCT_BLOCKS];
-    __m256 acc_rows[OCT_ROWS][OCT_MAX];
-    for (int64_t r0 = 0; r0 < nr; r0 += OCT_ROWS) {
-        const int64_t rn = min64(nr - r0, OCT_ROWS);
-        for (int64_t b0 = 0; b0 < nb; b0 += OCT_BLOCKS) {
-            const int64_t bn = min64(nb - b0, OCT_BLOCKS);
-            for (int g = 0; g < n_oct; g++) {
-                const char *yc[8];
-                octet_rows(a, as, t0 + 8 * g, nt, yc);
-                const struct kiri_block_q8_0 *y[8];
-                for (int i = 0; i < 8; i++)
-                    y[i] = (const struct kiri_block_q8_0 *)yc[i];
-                for (int64_t b = 0; b < bn; b++)
-                    pack_q8_0(y, b0 + b, &o[g * OCT_BLOCKS + b]);
-            }
-            for (int64_t r = 0; r < rn; r++) {
-                const char *x = (const char *)w + (size_t)(r0 + r) * ws;
-                __m256 acc[OCT_MAX];
-                _Pragma("GCC unroll 4")
-                for (int g = 0; g < n_oct; g++)
-                    acc[g] = b0 ? acc_rows[r][g] : _mm256_setzero_ps();
-                if (eight)
-                    q8_0_row_octets((const struct kiri_block_q8_0 *)x + b0, bn, o, n_oct, acc);
-                else
-                    q4_0_row_octets((const struct kiri_block_q4_0 *)x + b0, bn, o, n_oct, acc);
-                _Pragma("GCC unroll 4")
-                for (int g = 0; g < n_oct; g++)
-                    acc_rows[r][g] = acc[g];
-            }
-        }
-        store_octets((const __m256 (*)[OCT_MAX])acc_rows, rn, n_oct, dst, ds, r0, t0, nt);
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Q4_K: x = d sc_j q - dmin m_j over sub-block j (32 values), so per super-block
  * sum x a = d_a (d sum_j sc_j sum(q a) - dmin sum_j m_j sum(a over j)). A sub-block's products
@@ -312,7 +272,6 @@ static inline void scales_mins_k4(const uint8_t *q, int sc[8], int m[8])
 /* Super-blocks x[0 .. bn - 1] of one Q4_K row against n_oct packed octets: sub-block s of
  * super-block b of octet g at o[g * OCT_BLOCKS + 8 b + s], its other values at
  * ok[g * OCT_SUPER + b]. */
-#define OCT_SUPER (OCT_BLOCKS / 8)
 AVX2 SPECIALIZE static inline void q4_K_row_octets(const struct kiri_block_q4_K *x, int64_t bn,
                                                    const struct octet *o, const struct octet_k *ok, int n_oct,
                                                    __m256 acc[OCT_MAX])
@@ -431,26 +390,32 @@ AVX2 SPECIALIZE static inline void q6_K_row_octets(const struct kiri_block_q6_K 
     }
 }
 
-/* Rows [0, nr) of Q4_K (six == 0) or Q6_K (six == 1) against the n_oct octets from token t0. */
-AVX2 SPECIALIZE static inline void k_octets(int six, int64_t k, const void *w, size_t ws, const char *a, size_t as,
-                                            float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0, int n_oct)
+enum oct_type { OCT_Q4_0, OCT_Q8_0, OCT_Q4_K, OCT_Q6_K };
+
+/* Rows [0, nr) of weight type t against the n_oct octets from token t0 (the last one may be
+ * partial), in passes of OCT_BLOCKS 32-value blocks. */
+AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void *w, size_t ws, const char *a,
+                                          size_t as, float *dst, size_t ds, int64_t nr, int64_t nt, int64_t t0,
+                                          int n_oct)
 {
-    const int64_t nb = k / KIRI_QK_K;
+    const int kq = t == OCT_Q4_K || t == OCT_Q6_K;
+    const int64_t per_pass = kq ? OCT_SUPER : OCT_BLOCKS, nb = k / (kq ? KIRI_QK_K : KIRI_QK8_0);
     struct octet o[OCT_MAX * OCT_BLOCKS];
     struct octet_k ok[OCT_MAX * OCT_SUPER];
     __m256 acc_rows[OCT_ROWS][OCT_MAX];
     for (int64_t r0 = 0; r0 < nr; r0 += OCT_ROWS) {
         const int64_t rn = min64(nr - r0, OCT_ROWS);
-        for (int64_t b0 = 0; b0 < nb; b0 += OCT_SUPER) {
-            const int64_t bn = min64(nb - b0, OCT_SUPER);
+        for (int64_t b0 = 0; b0 < nb; b0 += per_pass) {
+            const int64_t bn = min64(nb - b0, per_pass);
             for (int g = 0; g < n_oct; g++) {
-                const char *yc[8];
-                octet_rows(a, as, t0 + 8 * g, nt, yc);
-                const struct kiri_block_q8_K *y[8];
-                for (int i = 0; i < 8; i++)
-                    y[i] = (const struct kiri_block_q8_K *)yc[i];
+                const char *y[8];
+                octet_rows(a, as, t0 + 8 * g, nt, y);
                 for (int64_t b = 0; b < bn; b++)
-                    pack_q8_K(y, b0 + b, &o[g * OCT_BLOCKS + 8 * b], &ok[g * OCT_SUPER + b]);
+                    if (kq)
+                        pack_q8_K((const struct kiri_block_q8_K *const *)y, b0 + b, &o[g * OCT_BLOCKS + 8 * b],
+                                  &ok[g * OCT_SUPER + b]);
+                    else
+                        pack_q8_0((const struct kiri_block_q8_0 *const *)y, b0 + b, &o[g * OCT_BLOCKS + b]);
             }
             for (int64_t r = 0; r < rn; r++) {
                 const char *x = (const char *)w + (size_t)(r0 + r) * ws;
@@ -458,10 +423,14 @@ AVX2 SPECIALIZE static inline void k_octets(int six, int64_t k, const void *w, s
                 _Pragma("GCC unroll 4")
                 for (int g = 0; g < n_oct; g++)
                     acc[g] = b0 ? acc_rows[r][g] : _mm256_setzero_ps();
-                if (six)
-                    q6_K_row_octets((const struct kiri_block_q6_K *)x + b0, bn, o, ok, n_oct, acc);
-                else
+                if (t == OCT_Q4_0)
+                    q4_0_row_octets((const struct kiri_block_q4_0 *)x + b0, bn, o, n_oct, acc);
+                else if (t == OCT_Q8_0)
+                    q8_0_row_octets((const struct kiri_block_q8_0 *)x + b0, bn, o, n_oct, acc);
+                else if (t == OCT_Q4_K)
                     q4_K_row_octets((const struct kiri_block_q4_K *)x + b0, bn, o, ok, n_oct, acc);
+                else
+                    q6_K_row_octets((const struct kiri_block_q6_K *)x + b0, bn, o, ok, n_oct, acc);
                 _Pragma("GCC unroll 4")
                 for (int g = 0; g < n_oct; g++)
                     acc_rows[r][g] = acc[g];
@@ -492,9 +461,9 @@ AVX2 SPECIALIZE static inline void k_octets(int six, int64_t k, const void *w, s
         return t + 8 * rest;                                                                     \
     }
 
-OCTET_ENTRY(kiri_cpu_gemm_octets_q4_0_avx2, q32_octets, 0)
-OCTET_ENTRY(kiri_cpu_gemm_octets_q8_0_avx2, q32_octets, 1)
-OCTET_ENTRY(kiri_cpu_gemm_octets_q4_K_avx2, k_octets, 0)
-OCTET_ENTRY(kiri_cpu_gemm_octets_q6_K_avx2, k_octets, 1)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q4_0_avx2, octets, OCT_Q4_0)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q8_0_avx2, octets, OCT_Q8_0)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q4_K_avx2, octets, OCT_Q4_K)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q6_K_avx2, octets, OCT_Q6_K)
 
 #endif
