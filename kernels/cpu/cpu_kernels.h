@@ -127,6 +127,17 @@ void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k);
  * Q6_K). Call after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports
  * KIRI_CPU_AVX512 and KIRI_CPU_AVX512_VNNI. */
 void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k);
+/* Prefill tiles on token octets (gemm_octet_avx2.c), for the gemm entries of gemm_avx2.c: the
+ * kiri_gemm_fn contract for the first 8 * (nt / 8) tokens only, which is the count returned.
+ * Same preconditions as kiri_cpu_kernels_init_avx2. */
+int64_t kiri_cpu_gemm_octets_q4_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt);
+int64_t kiri_cpu_gemm_octets_q8_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt);
+int64_t kiri_cpu_gemm_octets_q4_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt);
+int64_t kiri_cpu_gemm_octets_q6_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt);
 #endif
 
 /* ---- element-wise and row operations (portable C) ---- */

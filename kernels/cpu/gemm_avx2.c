@@ -488,7 +488,20 @@ AVX2 SPECIALIZE static inline void q4_0_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-GEMM_DRIVER_SMALL(gemm_q4_0_avx2, q4_0_tok4, q4_0_rows, q4_0_rows_m)
+GEMM_DRIVER_SMALL(gemm_q4_0_small, q4_0_tok4, q4_0_rows, q4_0_rows_m)
+
+/* Whole token octets go to gemm_octet_avx2.c, the rest (and small batches) to the quads above. */
+#define GEMM_OCTETS(name, octets, small)                                                         \
+    AVX2 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as,         \
+                          float *dst, size_t ds, int64_t nr, int64_t nt)                        \
+    {                                                                                            \
+        const int64_t t = nt >= 8 ? octets(k, w, ws, a, as, dst, ds, nr, nt) : 0;                \
+        if (t < nt)                                                                              \
+            small(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,  \
+                  nt - t);                                                                       \
+    }
+
+GEMM_OCTETS(gemm_q4_0_avx2, kiri_cpu_gemm_octets_q4_0_avx2, gemm_q4_0_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q8_0 weights, Q8_0 activations: int8 x int8 through maddubs with |w| and a carrying w's sign;
@@ -622,7 +635,8 @@ AVX2 SPECIALIZE static inline void q8_0_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-GEMM_DRIVER_SMALL(gemm_q8_0_avx2, q8_0_tok4, q8_0_rows, q8_0_rows_m)
+GEMM_DRIVER_SMALL(gemm_q8_0_small, q8_0_tok4, q8_0_rows, q8_0_rows_m)
+GEMM_OCTETS(gemm_q8_0_avx2, kiri_cpu_gemm_octets_q8_0_avx2, gemm_q8_0_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q4_1, Q5_0, Q5_1 weights (Q8_1, Q8_0 and Q8_1 activations): the Q4_0 scheme with other
@@ -1158,7 +1172,8 @@ AVX2 SPECIALIZE static inline void q4_K_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-GEMM_DRIVER_SMALL(gemm_q4_K_avx2, q4_K_tok4, q4_K_rows, q4_K_rows_m)
+GEMM_DRIVER_SMALL(gemm_q4_K_small, q4_K_tok4, q4_K_rows, q4_K_rows_m)
+GEMM_OCTETS(gemm_q4_K_avx2, kiri_cpu_gemm_octets_q4_K_avx2, gemm_q4_K_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q5_K weights, Q8_K activations: Q4_K with a fifth bit per quant (x = d sc q - dmin m per
@@ -1473,7 +1488,8 @@ AVX2 SPECIALIZE static inline void q6_K_rows_m(int64_t k, const void *w, size_t 
     }
 }
 
-GEMM_DRIVER_SMALL(gemm_q6_K_avx2, q6_K_tok4, q6_K_rows, q6_K_rows_m)
+GEMM_DRIVER_SMALL(gemm_q6_K_small, q6_K_tok4, q6_K_rows, q6_K_rows_m)
+GEMM_OCTETS(gemm_q6_K_avx2, kiri_cpu_gemm_octets_q6_K_avx2, gemm_q6_K_small)
 
 /* ---------------------------------------------------------------------------------------------
  * F32 and F16: plain FMA tiles of 4 rows x 2 tokens (8 accumulators), values widened on load;
