@@ -679,15 +679,25 @@ def test_gemma4_server_prefix_reuse_and_preemption(start_server, gemma4_files):
     assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48, warm["usage"]
     held_to_llama_cpp(b, warm)
 
-    p0 = srv.metrics()["kiri_preemptions_total"]
-    # Different openings (no shared blocks), 6 blocks each at the end: 18 in a pool of 10.
-    prompts = [s + G4_STORY * 2 for s in ("Lily saw a bird. ", "The sun was hot. ", "Her dog barked. ")]
-    out = [None] * 3
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, complete(prompts[i]))) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert srv.metrics()["kiri_preemptions_total"] > p0, "the pool held all three: no preemption to check"
-    for p, res in zip(prompts, out):
-        held_to_llama_cpp(p, res)
+    # Different openings (no shared blocks), 6 blocks each at the end: 18 in a pool of 10. The three
+    # must overlap in time to preempt; a thread that starts late on a loaded machine can miss the
+    # others, so the round is sent again (at most three times) until the server counts a preemption.
+    openings = [("Lily saw a bird. ", "The sun was hot. ", "Her dog barked. "),
+                ("A cat sat down. ", "The rain fell. ", "Tom had a kite. "),
+                ("The boat was red. ", "Sam ate a pie. ", "A frog jumped. ")]
+    preempted = False
+    for opening in openings:
+        p0 = srv.metrics()["kiri_preemptions_total"]
+        prompts = [s + G4_STORY * 2 for s in opening]
+        out = [None] * 3
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, complete(prompts[i]))) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for p, res in zip(prompts, out):
+            held_to_llama_cpp(p, res)
+        if srv.metrics()["kiri_preemptions_total"] > p0:
+            preempted = True
+            break
+    assert preempted, "the pool held all three in every round: no preemption to check"
