@@ -1,15 +1,21 @@
 /* kiri_quantize (kiri.h): rewrites a GGUF model with its weight matrices in another type, one
  * tensor at a time (memory stays at one tensor's worth), through the GGUF writer so the output
- * appears only when complete. */
+ * appears only when complete. The rows of a tensor are converted on every CPU: the K-quant
+ * searches are slow enough that one thread made a 4B model a matter of most of an hour. */
 #include <stdio.h>
 #include <string.h>
 
+#include "../base/platform.h"
 #include "../kernels/cpu/cpu_kernels.h"
 #include "backend.h"
 #include "error.h"
 #include "gguf.h"
 #include "kiri.h"
 #include "mem.h"
+#include "threadpool.h"
+
+/* Most threads quantize uses: past this the file's reading and writing dominate. */
+#define QUANTIZE_MAX_THREADS 64
 
 /* A target: the main type, a file_type value for general.file_type (the numbering GGUF tools
  * share), and for mixes the type of the sensitive tensors. */
@@ -81,6 +87,28 @@ static int readable(int type)
     }
 }
 
+/* One tensor's conversion, split by rows over the pool's workers: every output row has the same
+ * size, so each worker writes its own rows in place. */
+struct convert_job {
+    const struct kiri_gguf_tensor *t;
+    int type;
+    int64_t row, rows;
+    size_t in_row, out_row;
+    float *f32;   /* one row of floats per worker */
+    void *out;
+};
+
+static void convert_rows(void *arg, int ith, int nth)
+{
+    const struct convert_job *j = arg;
+    const int64_t r0 = j->rows * ith / nth, r1 = j->rows * (ith + 1) / nth;
+    float *f32 = j->f32 + (size_t)ith * (size_t)j->row;
+    for (int64_t r = r0; r < r1; r++) {
+        kiri_cpu_dequantize_row(j->t->type, (const char *)j->t->data + (size_t)r * j->in_row, f32, j->row);
+        kiri_cpu_quantize_row(j->type, f32, (char *)j->out + (size_t)r * j->out_row, j->row);
+    }
+}
+
 int kiri_quantize(const char *in_path, const char *out_path, const char *type_name,
                   void (*progress)(void *user, int64_t done, int64_t total), void *user,
                   struct kiri_status_info *info)
@@ -99,6 +127,7 @@ int kiri_quantize(const char *in_path, const char *out_path, const char *type_na
 
     struct kiri_gguf *g = NULL;
     struct kiri_gguf_writer *w = NULL;
+    struct kiri_threadpool *pool = NULL;
     float *f32 = NULL;
     void *q = NULL;
     int rc = kiri_gguf_open(in_path, &g, info);
@@ -124,7 +153,7 @@ int kiri_quantize(const char *in_path, const char *out_path, const char *type_na
     if (rc == 0)
         rc = kiri_gguf_writer_set_u32(w, "general.file_type", tg->file_type);
     const int64_t n = kiri_gguf_n_tensors(g);
-    int64_t max_elems = 0;
+    int64_t max_elems = 0, max_row = 0;
     for (int64_t i = 0; i < n && rc == 0; i++) {
         const struct kiri_gguf_tensor *t = kiri_gguf_tensor(g, i);
         const int type = choose_type(tg, t, (int)n_layer);
@@ -136,16 +165,22 @@ int kiri_quantize(const char *in_path, const char *out_path, const char *type_na
         const int64_t elems = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
         if (elems > max_elems)
             max_elems = elems;
+        if (t->ne[0] > max_row)
+            max_row = t->ne[0];
         rc = kiri_gguf_writer_add_tensor(w, t->name, type, t->n_dims, t->ne);
     }
     if (rc < 0 && info && info->code == KIRI_OK)
         kiri_error_set(info, rc, "cannot describe the output file");
+    int n_threads = kiri_platform_n_cpus();
+    n_threads = n_threads < 1 ? 1 : n_threads > QUANTIZE_MAX_THREADS ? QUANTIZE_MAX_THREADS : n_threads;
     if (rc == 0) {
-        f32 = kiri_mem_array((size_t)max_elems, sizeof *f32);
+        f32 = kiri_mem_array((size_t)n_threads * (size_t)max_row, sizeof *f32);
         q = kiri_mem_array((size_t)max_elems, sizeof(float));
         if (!f32 || !q)
             rc = kiri_error_set(info, KIRI_E_NOMEM, "out of memory for a tensor of %lld values", (long long)max_elems);
     }
+    if (rc == 0 && kiri_threadpool_init(n_threads, &pool) < 0)
+        rc = kiri_error_set(info, KIRI_E_NOMEM, "cannot start %d threads", n_threads);
     if (rc == 0)
         rc = kiri_gguf_writer_begin(w, out_path, info);
     for (int64_t i = 0; i < n && rc == 0; i++) {
@@ -154,14 +189,12 @@ int kiri_quantize(const char *in_path, const char *out_path, const char *type_na
         if (type == t->type) {
             rc = kiri_gguf_writer_write_tensor(w, t->data, t->size, info);
         } else {
-            const int64_t row = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
-            const size_t in_row = (size_t)(row / kiri_type_block_size(t->type)) * kiri_type_size(t->type);
-            size_t out_bytes = 0;
-            for (int64_t r = 0; r < rows; r++) {
-                kiri_cpu_dequantize_row(t->type, (const char *)t->data + (size_t)r * in_row, f32, row);
-                out_bytes += kiri_cpu_quantize_row(type, f32, (char *)q + out_bytes, row);
-            }
-            rc = kiri_gguf_writer_write_tensor(w, q, out_bytes, info);
+            struct convert_job job = {.t = t, .type = type, .row = t->ne[0],
+                                      .rows = t->ne[1] * t->ne[2] * t->ne[3], .f32 = f32, .out = q};
+            job.in_row = kiri_row_bytes(t->type, job.row);
+            job.out_row = kiri_row_bytes(type, job.row);
+            kiri_threadpool_run(pool, convert_rows, &job);
+            rc = kiri_gguf_writer_write_tensor(w, q, (size_t)job.rows * job.out_row, info);
         }
         if (progress)
             progress(user, i + 1, n);
@@ -169,6 +202,7 @@ int kiri_quantize(const char *in_path, const char *out_path, const char *type_na
     if (rc == 0)
         rc = kiri_gguf_writer_finish(w, info);
     kiri_gguf_writer_free(w);
+    kiri_threadpool_free(pool);
     kiri_mem_free(f32);
     kiri_mem_free(q);
     kiri_gguf_close(g);
