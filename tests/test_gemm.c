@@ -206,6 +206,14 @@ static void test_extreme_pattern(void)
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_1, x, &b5, 32) == sizeof b5);
     CHECK_EQ_INT((b5.qs[0] & 0xF) | (b5.qh[0] & 1) << 4, 0);
     CHECK_EQ_INT((b5.qs[1] & 0xF) | (b5.qh[0] >> 1 & 1) << 4, 31);
+    float xk[KIRI_QK_K]; /* Q5_K too (its octet kernel's int16 bound is reached at 0 against 127) */
+    struct kiri_block_q5_K bk;
+    fill(xk, KIRI_QK_K, PATTERN_EXTREME, 1);
+    CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_K, xk, &bk, KIRI_QK_K) == sizeof bk);
+    CHECK_EQ_INT((bk.qs[0] & 0xF) | (bk.qh[0] & 1) << 4, 0);
+    CHECK_EQ_INT((bk.qs[1] & 0xF) | (bk.qh[1] & 1) << 4, 31);
+    CHECK_EQ_INT((bk.qs[16] >> 4) | (bk.qh[16] >> 1 & 1) << 4, 0); /* value 48: sub-block 1 */
+    CHECK_EQ_INT((bk.qs[17] >> 4) | (bk.qh[17] >> 1 & 1) << 4, 31);
     fill(x, 32, PATTERN_EXTREME, 0);
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q8_0, x, &a, 32) == sizeof a);
     CHECK_EQ_INT(a.qs[7], 127);
@@ -359,8 +367,9 @@ static void test_small_batches(void)
     }
     const uint32_t need = KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI;
     if ((f & need) == need) {
-        struct kiri_cpu_kernels fast;
+        struct kiri_cpu_kernels fast; /* the backend's AVX-512 table: AVX2 entries for the other types */
         kiri_cpu_kernels_init_ref(&fast);
+        kiri_cpu_kernels_init_gemm_avx2(&fast);
         kiri_cpu_kernels_init_gemm_avx512(&fast);
         const int n = check_small("test_small_batches avx512", &fast, &ref);
         fprintf(stderr, "test_small_batches: avx512: %d tiles checked\n", n);
