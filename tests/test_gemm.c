@@ -206,6 +206,9 @@ static void test_extreme_pattern(void)
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_1, x, &b5, 32) == sizeof b5);
     CHECK_EQ_INT((b5.qs[0] & 0xF) | (b5.qh[0] & 1) << 4, 0);
     CHECK_EQ_INT((b5.qs[1] & 0xF) | (b5.qh[0] >> 1 & 1) << 4, 31);
+    struct kiri_block_q5_0 b50; /* Q5_0's quant 0 (its octet kernel's int16 bound against 127) */
+    CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_0, x, &b50, 32) == sizeof b50);
+    CHECK_EQ_INT((b50.qs[0] & 0xF) | (b50.qh[0] & 1) << 4, 0);
     float xk[KIRI_QK_K]; /* Q5_K too (its octet kernel's int16 bound is reached at 0 against 127) */
     struct kiri_block_q5_K bk;
     fill(xk, KIRI_QK_K, PATTERN_EXTREME, 1);

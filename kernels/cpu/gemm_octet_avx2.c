@@ -1,5 +1,5 @@
-/* AVX2 prefill tiles on token octets: the products of many tokens (prompt chunks) for Q4_0, Q8_0,
- * Q4_K, Q5_K and Q6_K weights, read in place from the mapping.
+/* AVX2 prefill tiles on token octets: the products of many tokens (prompt chunks) for Q4_0, Q4_1,
+ * Q5_0, Q8_0, Q4_K, Q5_K and Q6_K weights, read in place from the mapping.
  *
  * The quad kernels of gemm_avx2.c give each vector lane a weight row or a token and reduce a
  * block's 32 products to one lane with horizontal adds; on AVX2 machines without fast horizontal
@@ -49,12 +49,17 @@
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* One 32-value block of eight Q8_0 or Q8_K tokens. */
+enum oct_type { OCT_Q4_0, OCT_Q4_1, OCT_Q5_0, OCT_Q8_0, OCT_Q4_K, OCT_Q5_K, OCT_Q6_K };
+
+/* One 32-value block of eight Q8_0, Q8_1 or Q8_K tokens. */
 struct octet {
     __m256i g[8]; /* g[j]: values 4j .. 4j + 3 of token t in bytes 4t .. 4t + 3 */
-    __m256i c;    /* Q8_0: -8 sum(a) per token in its two int16 lanes (each half of the sum);
-                   * Q8_K: the same for -32 sum(a) over values 0 .. 15 (Q6_K's sub-block), or
-                   * for -16 sum(a) over all 32 (Q5_K) */
+    union {
+        __m256i c; /* Q8_0: -8 sum(a) (Q4_0) or -16 sum(a) (Q5_0) per token in its two int16
+                    * lanes (each half of the sum); Q8_K: the same for -32 sum(a) over values
+                    * 0 .. 15 (Q6_K's sub-block), or for -16 sum(a) over all 32 (Q5_K) */
+        __m256 s;  /* Q8_1: the tokens' s (d sum(a)) */
+    };
     union {
         __m256 d;    /* Q8_0: the tokens' scales */
         __m256i c1;  /* Q8_K: -32 sum(a) over values 16 .. 31 */
@@ -105,23 +110,35 @@ AVX2 static inline void pack_values(const int8_t *const qs[8], struct octet *o, 
     *hi = s[1];
 }
 
-/* Block j of eight Q8_0 tokens y[0..7]. */
-AVX2 static inline void pack_q8_0(const struct kiri_block_q8_0 *const y[8], int64_t j, struct octet *o)
+/* Block j of eight Q8_0 tokens (Q4_0, Q5_0 and Q8_0 weights) or Q8_1 tokens (Q4_1) y[0..7]. */
+AVX2 static inline void pack_q8_32(enum oct_type t, const char *const y[8], int64_t j, struct octet *o)
 {
+    const int q8_1 = t == OCT_Q4_1;
+    const size_t bs = q8_1 ? sizeof(struct kiri_block_q8_1) : sizeof(struct kiri_block_q8_0);
+    const size_t qs_at = q8_1 ? offsetof(struct kiri_block_q8_1, qs) : offsetof(struct kiri_block_q8_0, qs);
     const int8_t *qs[8];
-    kiri_f16 d[8];
+    kiri_f16 d[8], sa[8];
     UNROLL
-    for (int t = 0; t < 8; t++) {
-        qs[t] = y[t][j].qs;
-        d[t] = y[t][j].d;
+    for (int i = 0; i < 8; i++) {
+        const char *yb = y[i] + (size_t)j * bs; /* d first in both types, then Q8_1's s */
+        qs[i] = (const int8_t *)(yb + qs_at);
+        memcpy(&d[i], yb, sizeof d[i]);
+        if (q8_1)
+            memcpy(&sa[i], yb + offsetof(struct kiri_block_q8_1, s), sizeof sa[i]);
     }
     __m256i lo, hi;
     pack_values(qs, o, &lo, &hi);
-    /* 8 * 16 * 127 = 16256 in magnitude: within int16. */
-    o->c = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(_mm256_add_epi16(lo, hi), 3));
-    __m128i dh;
-    memcpy(&dh, d, sizeof dh);
-    o->d = _mm256_cvtph_ps(dh);
+    __m128i h;
+    if (t == OCT_Q4_0 || t == OCT_Q5_0) { /* 16 * 16 * 127 = 32512 in magnitude: within int16 */
+        const __m256i sum = _mm256_add_epi16(lo, hi);
+        o->c = _mm256_sub_epi16(_mm256_setzero_si256(), t == OCT_Q5_0 ? _mm256_slli_epi16(sum, 4)
+                                                                      : _mm256_slli_epi16(sum, 3));
+    } else if (q8_1) {
+        memcpy(&h, sa, sizeof h);
+        o->s = _mm256_cvtph_ps(h);
+    }
+    memcpy(&h, d, sizeof h);
+    o->d = _mm256_cvtph_ps(h);
 }
 
 /* The eight tokens t0 .. t0 + 7 of a tile of nt, repeating the last past the end. */
@@ -150,39 +167,90 @@ AVX2 static inline void store_octets(const __m256 (*acc)[OCT_MAX], int64_t rn, i
  * int16 lanes start at their share of -8 sum a. Whatever the order of the additions, a partial
  * sum is sum (q - 8) a over the products added so far minus 8 sum a over the others, at most
  * 16 * 8 * 127 = 16256 in magnitude: no int16 lane overflows.
+ * Q5_0: the same with q in 0..31 and -16 sum a (at most 16 * 16 * 127 = 32512). Assembling a
+ * quant from qs and qh in each broadcast would cost more than the products, so each row's blocks
+ * are unpacked once per pass into 32 bytes each on the stack and broadcast from there.
+ * Q4_1: x = d q + m with q 0..15 unsigned (at most 16 * 15 * 127 = 30480 per lane); the offset's
+ * share is m s_a, s_a = d_a sum a from the Q8_1 block.
  * ------------------------------------------------------------------------------------------- */
 
-/* One Q4_0 row's blocks x[0 .. bn - 1] against n_oct packed octets (o[g * OCT_BLOCKS + b]). */
-AVX2 SPECIALIZE static inline void q4_0_row_octets(const struct kiri_block_q4_0 *x, int64_t bn,
-                                                   const struct octet *o, int n_oct, __m256 acc[OCT_MAX])
+/* The 32 quants (0..31) of a Q5_0 block in value order: the nibbles (values 0..15 low, 16..31
+ * high), and bit i of qh as 0x10 in byte i. */
+AVX2 static inline void unpack_q5_0(const struct kiri_block_q5_0 *x, uint8_t u[32])
 {
+    uint32_t qh;
+    memcpy(&qh, x->qh, sizeof qh); /* little-endian, as x86 is */
+    const __m128i b = _mm_loadu_si128((const __m128i *)x->qs);
+    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
+    const __m256i byte_of_bit = _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll,
+                                                  0x0101010101010101ll, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i set = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), byte_of_bit), bit);
+    const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(set, bit), _mm256_set1_epi8(0x10));
+    _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(q, fifth));
+}
+
+/* One Q4_0, Q4_1 or Q5_0 row's blocks 0 .. bn - 1 (x) against n_oct packed octets
+ * (o[g * OCT_BLOCKS + b]). */
+AVX2 SPECIALIZE static inline void q32_row_octets(enum oct_type t, const void *x, int64_t bn,
+                                                  const struct octet *o, int n_oct, __m256 acc[OCT_MAX])
+{
+    const size_t bs = t == OCT_Q4_0 ? sizeof(struct kiri_block_q4_0)
+                    : t == OCT_Q4_1 ? sizeof(struct kiri_block_q4_1)
+                                    : sizeof(struct kiri_block_q5_0);
+    const size_t qs_at = t == OCT_Q4_1 ? offsetof(struct kiri_block_q4_1, qs) : offsetof(struct kiri_block_q4_0, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    _Alignas(32) uint8_t u5[OCT_BLOCKS][32]; /* Q5_0: the quants of the pass */
+    if (t == OCT_Q5_0)
+        for (int64_t b = 0; b < bn; b++)
+            unpack_q5_0((const struct kiri_block_q5_0 *)x + b, u5[b]);
     for (int64_t b = 0; b < bn; b++) {
+        const char *xb = (const char *)x + (size_t)b * bs;
         __m256i s[OCT_MAX];
         _Pragma("GCC unroll 4")
         for (int g = 0; g < n_oct; g++)
-            s[g] = o[g * OCT_BLOCKS + b].c;
-        UNROLL
-        for (int h = 0; h < 4; h++) { /* bytes 4h .. 4h + 3: values 4h .. (low), 16 + 4h .. (high) */
-            uint32_t q;
-            memcpy(&q, x[b].qs + 4 * h, sizeof q);
-            const __m256i bw = _mm256_set1_epi32((int)q);
-            const __m256i lo = _mm256_and_si256(bw, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bw, 4), m4);
-            _Pragma("GCC unroll 4")
-            for (int g = 0; g < n_oct; g++) {
-                const struct octet *ob = &o[g * OCT_BLOCKS + b];
-                s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(lo, ob->g[h]));
-                s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(hi, ob->g[h + 4]));
-                KEEP(s[g]);
+            s[g] = t == OCT_Q4_1 ? _mm256_setzero_si256() : o[g * OCT_BLOCKS + b].c;
+        if (t == OCT_Q5_0) {
+            UNROLL
+            for (int h = 0; h < 8; h++) {
+                uint32_t q;
+                memcpy(&q, u5[b] + 4 * h, sizeof q);
+                const __m256i bw = _mm256_set1_epi32((int)q);
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < n_oct; g++) {
+                    s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(bw, o[g * OCT_BLOCKS + b].g[h]));
+                    KEEP(s[g]);
+                }
+            }
+        } else {
+            UNROLL
+            for (int h = 0; h < 4; h++) { /* bytes 4h .. 4h + 3: values 4h .. (low), 16 + 4h .. (high) */
+                uint32_t q;
+                memcpy(&q, xb + qs_at + 4 * h, sizeof q);
+                const __m256i bw = _mm256_set1_epi32((int)q);
+                const __m256i lo = _mm256_and_si256(bw, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bw, 4), m4);
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < n_oct; g++) {
+                    const struct octet *ob = &o[g * OCT_BLOCKS + b];
+                    s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(lo, ob->g[h]));
+                    s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(hi, ob->g[h + 4]));
+                    KEEP(s[g]);
+                }
             }
         }
-        const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)x[b].d));
+        kiri_f16 dh, mh;
+        memcpy(&dh, xb, sizeof dh); /* every block type starts with d; Q4_1 follows it with m */
+        memcpy(&mh, xb + sizeof dh, sizeof mh);
+        const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+        const __m256 mw = _mm256_cvtph_ps(_mm_set1_epi16((short)mh));
         _Pragma("GCC unroll 4")
         for (int g = 0; g < n_oct; g++) {
             const struct octet *ob = &o[g * OCT_BLOCKS + b];
             const __m256i si = _mm256_madd_epi16(s[g], ones);
             acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, ob->d), acc[g]);
+            if (t == OCT_Q4_1)
+                acc[g] = _mm256_fmadd_ps(mw, ob->s, acc[g]);
         }
     }
 }
@@ -192,7 +260,7 @@ AVX2 SPECIALIZE static inline void q4_0_row_octets(const struct kiri_block_q4_0 
  * a pair sum reaches 2 * 128 * 127, so each vpmaddubsw result widens to int32 at once.
  * ------------------------------------------------------------------------------------------- */
 
-/* One Q8_0 row's blocks x[0 .. bn - 1] against n_oct packed octets (as q4_0_row_octets). */
+/* One Q8_0 row's blocks x[0 .. bn - 1] against n_oct packed octets (as q32_row_octets). */
 AVX2 SPECIALIZE static inline void q8_0_row_octets(const struct kiri_block_q8_0 *x, int64_t bn,
                                                    const struct octet *o, int n_oct, __m256 acc[OCT_MAX])
 {
@@ -449,8 +517,6 @@ AVX2 SPECIALIZE static inline void q6_K_row_octets(const struct kiri_block_q6_K 
     }
 }
 
-enum oct_type { OCT_Q4_0, OCT_Q8_0, OCT_Q4_K, OCT_Q5_K, OCT_Q6_K };
-
 /* Rows [0, nr) of weight type t against the n_oct octets from token t0 (the last one may be
  * partial), in passes of OCT_BLOCKS 32-value blocks. */
 AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void *w, size_t ws, const char *a,
@@ -474,7 +540,7 @@ AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void
                         pack_q8_K((const struct kiri_block_q8_K *const *)y, b0 + b, t == OCT_Q5_K,
                                   &o[g * OCT_BLOCKS + 8 * b], &ok[g * OCT_SUPER + b]);
                     else
-                        pack_q8_0((const struct kiri_block_q8_0 *const *)y, b0 + b, &o[g * OCT_BLOCKS + b]);
+                        pack_q8_32(t, y, b0 + b, &o[g * OCT_BLOCKS + b]);
             }
             for (int64_t r = 0; r < rn; r++) {
                 const char *x = (const char *)w + (size_t)(r0 + r) * ws;
@@ -483,7 +549,11 @@ AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void
                 for (int g = 0; g < n_oct; g++)
                     acc[g] = b0 ? acc_rows[r][g] : _mm256_setzero_ps();
                 if (t == OCT_Q4_0)
-                    q4_0_row_octets((const struct kiri_block_q4_0 *)x + b0, bn, o, n_oct, acc);
+                    q32_row_octets(t, (const struct kiri_block_q4_0 *)x + b0, bn, o, n_oct, acc);
+                else if (t == OCT_Q4_1)
+                    q32_row_octets(t, (const struct kiri_block_q4_1 *)x + b0, bn, o, n_oct, acc);
+                else if (t == OCT_Q5_0)
+                    q32_row_octets(t, (const struct kiri_block_q5_0 *)x + b0, bn, o, n_oct, acc);
                 else if (t == OCT_Q8_0)
                     q8_0_row_octets((const struct kiri_block_q8_0 *)x + b0, bn, o, n_oct, acc);
                 else if (t == OCT_Q4_K)
@@ -523,6 +593,8 @@ AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void
     }
 
 OCTET_ENTRY(kiri_cpu_gemm_octets_q4_0_avx2, octets, OCT_Q4_0)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q4_1_avx2, octets, OCT_Q4_1)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q5_0_avx2, octets, OCT_Q5_0)
 OCTET_ENTRY(kiri_cpu_gemm_octets_q8_0_avx2, octets, OCT_Q8_0)
 OCTET_ENTRY(kiri_cpu_gemm_octets_q4_K_avx2, octets, OCT_Q4_K)
 OCTET_ENTRY(kiri_cpu_gemm_octets_q5_K_avx2, octets, OCT_Q5_K)
