@@ -647,7 +647,7 @@ GEMM_OCTETS(gemm_q8_0_avx2, kiri_cpu_gemm_octets_q8_0_avx2, gemm_q8_0_small)
  * m s_a (Q8_1 carries s = d_a sum a) is one more product per block, added in the low half of the
  * quad only since the two halves are summed at the end.
  * One body per kernel shape, inlined per type with a constant `t` (an enum q32 below). Whole token
- * octets of Q4_1 and Q5_0 go to gemm_octet_avx2.c.
+ * octets go to gemm_octet_avx2.c.
  * ------------------------------------------------------------------------------------------- */
 
 enum q32 { Q32_Q4_1, Q32_Q5_0, Q32_Q5_1 };
@@ -871,6 +871,7 @@ GEMM_OCTETS(gemm_q4_1_avx2, kiri_cpu_gemm_octets_q4_1_avx2, gemm_q4_1_small)
 GEMM_Q32(q5_0, Q32_Q5_0)
 GEMM_OCTETS(gemm_q5_0_avx2, kiri_cpu_gemm_octets_q5_0_avx2, gemm_q5_0_small)
 GEMM_Q32(q5_1, Q32_Q5_1)
+GEMM_OCTETS(gemm_q5_1_avx2, kiri_cpu_gemm_octets_q5_1_avx2, gemm_q5_1_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q4_K weights, Q8_K activations: x = d sc q - dmin m per sub-block of 32, so
@@ -1572,7 +1573,7 @@ void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx2;
     k->gemm[KIRI_TYPE_Q4_1] = gemm_q4_1_avx2;
     k->gemm[KIRI_TYPE_Q5_0] = gemm_q5_0_avx2;
-    k->gemm[KIRI_TYPE_Q5_1] = gemm_q5_1_small;
+    k->gemm[KIRI_TYPE_Q5_1] = gemm_q5_1_avx2;
     k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx2;
     k->gemm[KIRI_TYPE_Q5_K] = gemm_q5_K_avx2;
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx2;

@@ -1,5 +1,5 @@
 /* AVX2 prefill tiles on token octets: the products of many tokens (prompt chunks) for Q4_0, Q4_1,
- * Q5_0, Q8_0, Q4_K, Q5_K and Q6_K weights, read in place from the mapping.
+ * Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights, read in place from the mapping.
  *
  * The quad kernels of gemm_avx2.c give each vector lane a weight row or a token and reduce a
  * block's 32 products to one lane with horizontal adds; on AVX2 machines without fast horizontal
@@ -49,7 +49,7 @@
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-enum oct_type { OCT_Q4_0, OCT_Q4_1, OCT_Q5_0, OCT_Q8_0, OCT_Q4_K, OCT_Q5_K, OCT_Q6_K };
+enum oct_type { OCT_Q4_0, OCT_Q4_1, OCT_Q5_0, OCT_Q5_1, OCT_Q8_0, OCT_Q4_K, OCT_Q5_K, OCT_Q6_K };
 
 /* One 32-value block of eight Q8_0, Q8_1 or Q8_K tokens. */
 struct octet {
@@ -110,10 +110,10 @@ AVX2 static inline void pack_values(const int8_t *const qs[8], struct octet *o, 
     *hi = s[1];
 }
 
-/* Block j of eight Q8_0 tokens (Q4_0, Q5_0 and Q8_0 weights) or Q8_1 tokens (Q4_1) y[0..7]. */
+/* Block j of eight Q8_0 tokens (Q4_0, Q5_0 and Q8_0 weights) or Q8_1 tokens (Q4_1, Q5_1) y[0..7]. */
 AVX2 static inline void pack_q8_32(enum oct_type t, const char *const y[8], int64_t j, struct octet *o)
 {
-    const int q8_1 = t == OCT_Q4_1;
+    const int q8_1 = t == OCT_Q4_1 || t == OCT_Q5_1;
     const size_t bs = q8_1 ? sizeof(struct kiri_block_q8_1) : sizeof(struct kiri_block_q8_0);
     const size_t qs_at = q8_1 ? offsetof(struct kiri_block_q8_1, qs) : offsetof(struct kiri_block_q8_0, qs);
     const int8_t *qs[8];
@@ -171,16 +171,17 @@ AVX2 static inline void store_octets(const __m256 (*acc)[OCT_MAX], int64_t rn, i
  * quant from qs and qh in each broadcast would cost more than the products, so each row's blocks
  * are unpacked once per pass into 32 bytes each on the stack and broadcast from there.
  * Q4_1: x = d q + m with q 0..15 unsigned (at most 16 * 15 * 127 = 30480 per lane); the offset's
- * share is m s_a, s_a = d_a sum a from the Q8_1 block.
+ * share is m s_a, s_a = d_a sum a from the Q8_1 block. Q5_1: the same with Q5_0's quants, 0..31
+ * unsigned, whose int16 lanes widen after every four groups (at most 8 * 31 * 127 = 31496).
  * ------------------------------------------------------------------------------------------- */
 
-/* The 32 quants (0..31) of a Q5_0 block in value order: the nibbles (values 0..15 low, 16..31
- * high), and bit i of qh as 0x10 in byte i. */
-AVX2 static inline void unpack_q5_0(const struct kiri_block_q5_0 *x, uint8_t u[32])
+/* The 32 quants (0..31) of a Q5_0 or Q5_1 block in value order: the nibbles of qs (values 0..15
+ * low, 16..31 high), and bit i of the 4 bytes at qh4 as 0x10 in byte i. */
+AVX2 static inline void unpack_q5(const uint8_t *qh4, const uint8_t *qs, uint8_t u[32])
 {
     uint32_t qh;
-    memcpy(&qh, x->qh, sizeof qh); /* little-endian, as x86 is */
-    const __m128i b = _mm_loadu_si128((const __m128i *)x->qs);
+    memcpy(&qh, qh4, sizeof qh); /* little-endian, as x86 is */
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
     const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
     const __m256i byte_of_bit = _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll,
                                                   0x0101010101010101ll, 0);
@@ -190,27 +191,35 @@ AVX2 static inline void unpack_q5_0(const struct kiri_block_q5_0 *x, uint8_t u[3
     _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(q, fifth));
 }
 
-/* One Q4_0, Q4_1 or Q5_0 row's blocks 0 .. bn - 1 (x) against n_oct packed octets
+/* One Q4_0, Q4_1, Q5_0 or Q5_1 row's blocks 0 .. bn - 1 (x) against n_oct packed octets
  * (o[g * OCT_BLOCKS + b]). */
 AVX2 SPECIALIZE static inline void q32_row_octets(enum oct_type t, const void *x, int64_t bn,
                                                   const struct octet *o, int n_oct, __m256 acc[OCT_MAX])
 {
     const size_t bs = t == OCT_Q4_0 ? sizeof(struct kiri_block_q4_0)
                     : t == OCT_Q4_1 ? sizeof(struct kiri_block_q4_1)
-                                    : sizeof(struct kiri_block_q5_0);
+                    : t == OCT_Q5_0 ? sizeof(struct kiri_block_q5_0)
+                                    : sizeof(struct kiri_block_q5_1);
+    const int five = t == OCT_Q5_0 || t == OCT_Q5_1, offset = t == OCT_Q4_1 || t == OCT_Q5_1;
     const size_t qs_at = t == OCT_Q4_1 ? offsetof(struct kiri_block_q4_1, qs) : offsetof(struct kiri_block_q4_0, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    _Alignas(32) uint8_t u5[OCT_BLOCKS][32]; /* Q5_0: the quants of the pass */
-    if (t == OCT_Q5_0)
-        for (int64_t b = 0; b < bn; b++)
-            unpack_q5_0((const struct kiri_block_q5_0 *)x + b, u5[b]);
+    _Alignas(32) uint8_t u5[OCT_BLOCKS][32]; /* Q5_0, Q5_1: the quants of the pass */
+    for (int64_t b = 0; five && b < bn; b++) {
+        if (t == OCT_Q5_0) {
+            const struct kiri_block_q5_0 *xb = (const struct kiri_block_q5_0 *)x + b;
+            unpack_q5(xb->qh, xb->qs, u5[b]);
+        } else {
+            const struct kiri_block_q5_1 *xb = (const struct kiri_block_q5_1 *)x + b;
+            unpack_q5(xb->qh, xb->qs, u5[b]);
+        }
+    }
     for (int64_t b = 0; b < bn; b++) {
         const char *xb = (const char *)x + (size_t)b * bs;
-        __m256i s[OCT_MAX];
+        __m256i s[OCT_MAX], si[OCT_MAX];
         _Pragma("GCC unroll 4")
         for (int g = 0; g < n_oct; g++)
-            s[g] = t == OCT_Q4_1 ? _mm256_setzero_si256() : o[g * OCT_BLOCKS + b].c;
-        if (t == OCT_Q5_0) {
+            s[g] = offset ? _mm256_setzero_si256() : o[g * OCT_BLOCKS + b].c;
+        if (five) {
             UNROLL
             for (int h = 0; h < 8; h++) {
                 uint32_t q;
@@ -220,6 +229,13 @@ AVX2 SPECIALIZE static inline void q32_row_octets(enum oct_type t, const void *x
                 for (int g = 0; g < n_oct; g++) {
                     s[g] = _mm256_add_epi16(s[g], _mm256_maddubs_epi16(bw, o[g * OCT_BLOCKS + b].g[h]));
                     KEEP(s[g]);
+                }
+                if (t == OCT_Q5_1 && h == 3) {
+                    _Pragma("GCC unroll 4")
+                    for (int g = 0; g < n_oct; g++) {
+                        si[g] = _mm256_madd_epi16(s[g], ones);
+                        s[g] = _mm256_setzero_si256();
+                    }
                 }
             }
         } else {
@@ -240,16 +256,17 @@ AVX2 SPECIALIZE static inline void q32_row_octets(enum oct_type t, const void *x
             }
         }
         kiri_f16 dh, mh;
-        memcpy(&dh, xb, sizeof dh); /* every block type starts with d; Q4_1 follows it with m */
+        memcpy(&dh, xb, sizeof dh); /* every block type starts with d; Q4_1 and Q5_1 follow it with m */
         memcpy(&mh, xb + sizeof dh, sizeof mh);
         const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
         const __m256 mw = _mm256_cvtph_ps(_mm_set1_epi16((short)mh));
         _Pragma("GCC unroll 4")
         for (int g = 0; g < n_oct; g++) {
             const struct octet *ob = &o[g * OCT_BLOCKS + b];
-            const __m256i si = _mm256_madd_epi16(s[g], ones);
-            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, ob->d), acc[g]);
-            if (t == OCT_Q4_1)
+            const __m256i sw = _mm256_madd_epi16(s[g], ones);
+            const __m256i sum = t == OCT_Q5_1 ? _mm256_add_epi32(si[g], sw) : sw;
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, ob->d), acc[g]);
+            if (offset)
                 acc[g] = _mm256_fmadd_ps(mw, ob->s, acc[g]);
         }
     }
@@ -554,6 +571,8 @@ AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void
                     q32_row_octets(t, (const struct kiri_block_q4_1 *)x + b0, bn, o, n_oct, acc);
                 else if (t == OCT_Q5_0)
                     q32_row_octets(t, (const struct kiri_block_q5_0 *)x + b0, bn, o, n_oct, acc);
+                else if (t == OCT_Q5_1)
+                    q32_row_octets(t, (const struct kiri_block_q5_1 *)x + b0, bn, o, n_oct, acc);
                 else if (t == OCT_Q8_0)
                     q8_0_row_octets((const struct kiri_block_q8_0 *)x + b0, bn, o, n_oct, acc);
                 else if (t == OCT_Q4_K)
@@ -595,6 +614,7 @@ AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void
 OCTET_ENTRY(kiri_cpu_gemm_octets_q4_0_avx2, octets, OCT_Q4_0)
 OCTET_ENTRY(kiri_cpu_gemm_octets_q4_1_avx2, octets, OCT_Q4_1)
 OCTET_ENTRY(kiri_cpu_gemm_octets_q5_0_avx2, octets, OCT_Q5_0)
+OCTET_ENTRY(kiri_cpu_gemm_octets_q5_1_avx2, octets, OCT_Q5_1)
 OCTET_ENTRY(kiri_cpu_gemm_octets_q8_0_avx2, octets, OCT_Q8_0)
 OCTET_ENTRY(kiri_cpu_gemm_octets_q4_K_avx2, octets, OCT_Q4_K)
 OCTET_ENTRY(kiri_cpu_gemm_octets_q5_K_avx2, octets, OCT_Q5_K)
