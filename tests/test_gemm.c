@@ -59,8 +59,8 @@ static const struct shape shapes[] = {
     {1, 1}, {3, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {13, 1}, {1, 2}, {4, 2}, {7, 3},
     {1, 4}, {4, 4}, {5, 4}, {8, 5}, {3, 6}, {16, 7}, {17, 8}, {2, 9}, {9, 13},
     /* Prefill tiles on token octets (gemm_octet_avx2.c): passes of 4, 3, 2 and 1 octets with a
-     * rest for the quads, and more rows than one pass takes (64). */
-    {5, 16}, {3, 27}, {70, 33}, {2, 45},
+     * rest for the quads, more rows than one pass takes (64), and two passes of 4 octets. */
+    {5, 16}, {3, 27}, {70, 33}, {2, 45}, {3, 70},
 };
 
 /* Runs gemm on an (nr, nt) tile of k and compares with the reference; returns the number of
