@@ -59,8 +59,8 @@ static const struct shape shapes[] = {
     {1, 1}, {3, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {13, 1}, {1, 2}, {4, 2}, {7, 3},
     {1, 4}, {4, 4}, {5, 4}, {8, 5}, {3, 6}, {16, 7}, {17, 8}, {2, 9}, {9, 13},
     /* Prefill tiles on token octets (gemm_octet_avx2.c): passes of 4, 3, 2 and 1 octets with a
-     * rest for the quads, and more rows than one pass takes (64). */
-    {5, 16}, {3, 27}, {70, 33}, {2, 45},
+     * rest for the quads, more rows than one pass takes (64), and two passes of 4 octets. */
+    {5, 16}, {3, 27}, {70, 33}, {2, 45}, {3, 70},
 };
 
 /* Runs gemm on an (nr, nt) tile of k and compares with the reference; returns the number of
@@ -206,6 +206,17 @@ static void test_extreme_pattern(void)
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_1, x, &b5, 32) == sizeof b5);
     CHECK_EQ_INT((b5.qs[0] & 0xF) | (b5.qh[0] & 1) << 4, 0);
     CHECK_EQ_INT((b5.qs[1] & 0xF) | (b5.qh[0] >> 1 & 1) << 4, 31);
+    struct kiri_block_q5_0 b50; /* Q5_0's quant 0 (its octet kernel's int16 bound against 127) */
+    CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_0, x, &b50, 32) == sizeof b50);
+    CHECK_EQ_INT((b50.qs[0] & 0xF) | (b50.qh[0] & 1) << 4, 0);
+    float xk[KIRI_QK_K]; /* Q5_K too (its octet kernel's int16 bound is reached at 0 against 127) */
+    struct kiri_block_q5_K bk;
+    fill(xk, KIRI_QK_K, PATTERN_EXTREME, 1);
+    CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q5_K, xk, &bk, KIRI_QK_K) == sizeof bk);
+    CHECK_EQ_INT((bk.qs[0] & 0xF) | (bk.qh[0] & 1) << 4, 0);
+    CHECK_EQ_INT((bk.qs[1] & 0xF) | (bk.qh[1] & 1) << 4, 31);
+    CHECK_EQ_INT((bk.qs[16] >> 4) | (bk.qh[16] >> 1 & 1) << 4, 0); /* value 48: sub-block 1 */
+    CHECK_EQ_INT((bk.qs[17] >> 4) | (bk.qh[17] >> 1 & 1) << 4, 31);
     fill(x, 32, PATTERN_EXTREME, 0);
     CHECK(kiri_cpu_quantize_row(KIRI_TYPE_Q8_0, x, &a, 32) == sizeof a);
     CHECK_EQ_INT(a.qs[7], 127);
@@ -359,8 +370,9 @@ static void test_small_batches(void)
     }
     const uint32_t need = KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI;
     if ((f & need) == need) {
-        struct kiri_cpu_kernels fast;
+        struct kiri_cpu_kernels fast; /* the backend's AVX-512 table: AVX2 entries for the other types */
         kiri_cpu_kernels_init_ref(&fast);
+        kiri_cpu_kernels_init_gemm_avx2(&fast);
         kiri_cpu_kernels_init_gemm_avx512(&fast);
         const int n = check_small("test_small_batches avx512", &fast, &ref);
         fprintf(stderr, "test_small_batches: avx512: %d tiles checked\n", n);

@@ -132,9 +132,17 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k);
  * Same preconditions as kiri_cpu_kernels_init_avx2. */
 int64_t kiri_cpu_gemm_octets_q4_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                        float *dst, size_t ds, int64_t nr, int64_t nt);
+int64_t kiri_cpu_gemm_octets_q4_1_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt);
+int64_t kiri_cpu_gemm_octets_q5_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt);
+int64_t kiri_cpu_gemm_octets_q5_1_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt);
 int64_t kiri_cpu_gemm_octets_q8_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                        float *dst, size_t ds, int64_t nr, int64_t nt);
 int64_t kiri_cpu_gemm_octets_q4_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt);
+int64_t kiri_cpu_gemm_octets_q5_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                        float *dst, size_t ds, int64_t nr, int64_t nt);
 int64_t kiri_cpu_gemm_octets_q6_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                        float *dst, size_t ds, int64_t nr, int64_t nt);

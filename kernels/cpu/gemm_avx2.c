@@ -646,7 +646,8 @@ GEMM_OCTETS(gemm_q8_0_avx2, kiri_cpu_gemm_octets_q8_0_avx2, gemm_q8_0_small)
  * 16 sum a is subtracted as Q4_0's 8 sum a is. Q4_1 and Q5_1 are x = d u + m: the offset's share
  * m s_a (Q8_1 carries s = d_a sum a) is one more product per block, added in the low half of the
  * quad only since the two halves are summed at the end.
- * One body per kernel shape, inlined per type with a constant `t` (an enum q32 below).
+ * One body per kernel shape, inlined per type with a constant `t` (an enum q32 below). Whole token
+ * octets go to gemm_octet_avx2.c.
  * ------------------------------------------------------------------------------------------- */
 
 enum q32 { Q32_Q4_1, Q32_Q5_0, Q32_Q5_1 };
@@ -863,11 +864,14 @@ AVX2 SPECIALIZE static inline void q32_rows_m(enum q32 t, int64_t k, const void 
     {                                                                                            \
         q32_rows_m(t, k, w, ws, a, as, dst, ds, nr, m);                                          \
     }                                                                                            \
-    GEMM_DRIVER_SMALL(gemm_##name##_avx2, name##_tok4, name##_rows, name##_rows_m)
+    GEMM_DRIVER_SMALL(gemm_##name##_small, name##_tok4, name##_rows, name##_rows_m)
 
 GEMM_Q32(q4_1, Q32_Q4_1)
+GEMM_OCTETS(gemm_q4_1_avx2, kiri_cpu_gemm_octets_q4_1_avx2, gemm_q4_1_small)
 GEMM_Q32(q5_0, Q32_Q5_0)
+GEMM_OCTETS(gemm_q5_0_avx2, kiri_cpu_gemm_octets_q5_0_avx2, gemm_q5_0_small)
 GEMM_Q32(q5_1, Q32_Q5_1)
+GEMM_OCTETS(gemm_q5_1_avx2, kiri_cpu_gemm_octets_q5_1_avx2, gemm_q5_1_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q4_K weights, Q8_K activations: x = d sc q - dmin m per sub-block of 32, so
@@ -1179,7 +1183,7 @@ GEMM_OCTETS(gemm_q4_K_avx2, kiri_cpu_gemm_octets_q4_K_avx2, gemm_q4_K_small)
  * Q5_K weights, Q8_K activations: Q4_K with a fifth bit per quant (x = d sc q - dmin m per
  * sub-block of 32, q in 0..31; chunk j of 64 values takes bits 2j and 2j + 1 of the 32 qh bytes).
  * A pair sum reaches 2 * 31 * 127 = 7874, so where Q4_K folds three rounds in int16 this folds
- * two (31496) and applies the scales then.
+ * two (31496) and applies the scales then. Whole token octets go to gemm_octet_avx2.c.
  * ------------------------------------------------------------------------------------------- */
 
 AVX2 static void q5_K_tok4(int64_t k, const void *w, size_t ws, const void *const ap[4],
@@ -1262,7 +1266,8 @@ AVX2 ONE_TOKEN static void q5_K_rows(int64_t k, const void *w, size_t ws, const 
     q5_K_rows_m(k, w, ws, a, 0, out, 0, nr, 1);
 }
 
-GEMM_DRIVER_SMALL(gemm_q5_K_avx2, q5_K_tok4, q5_K_rows, q5_K_rows_m)
+GEMM_DRIVER_SMALL(gemm_q5_K_small, q5_K_tok4, q5_K_rows, q5_K_rows_m)
+GEMM_OCTETS(gemm_q5_K_avx2, kiri_cpu_gemm_octets_q5_K_avx2, gemm_q5_K_small)
 
 /* ---------------------------------------------------------------------------------------------
  * Q6_K weights, Q8_K activations: x = d sc_g (q - 32) per group of 16, q in 0..63, so
