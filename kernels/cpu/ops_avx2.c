@@ -202,13 +202,53 @@ AVX2 static inline __m256 fold8(const __m256 a[8])
     return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
 }
 
+#define TILE_ROWS KIRI_ATTEND_TILE_ROWS
+
+/* The scores of one key row (kr) for the first `w` (2, 4 or 8: a constant where inlined) of 8
+ * query rows at qr (rows of 256), scaled, into dst[0 .. 8); lanes past w get 0. */
+AVX2 static inline __attribute__((always_inline)) void key_scores(const float (*qr)[256], int w, const char *kr,
+                                                                  int f16, int d, __m256 sc, float *dst)
+{
+    __m256 acc[8];
+    UNROLL
+    for (int h = 0; h < 8; h++)
+        acc[h] = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += 8) {
+        const __m256 kv = load_kv(kr, f16, i);
+        UNROLL
+        for (int h = 0; h < 8; h++)
+            if (h < w)
+                acc[h] = _mm256_fmadd_ps(_mm256_load_ps(&qr[h][i]), kv, acc[h]);
+    }
+    _mm256_storeu_ps(dst, _mm256_mul_ps(fold8(acc), sc));
+}
+
+/* o[h] += w[h] v for the first nr (2 or 4: a constant where inlined) rows and values c .. c + 16
+ * of the value rows of keys [j0, j1); weights of key j at wts[TILE_ROWS j + h]. */
+AVX2 static inline __attribute__((always_inline)) void weighted_values(__m256 o[4][2], int nr, const float *wts,
+                                                                       const void *v, size_t v_stride,
+                                                                       const int32_t *slots, int j0, int j1,
+                                                                       int f16, int c)
+{
+    for (int j = j0; j < j1; j++) {
+        const char *vr = (const char *)v + (size_t)slots[j] * v_stride;
+        const float *wj = wts + (size_t)TILE_ROWS * j;
+        const __m256 v0 = load_kv(vr, f16, c), v1 = load_kv(vr, f16, c + 8);
+        UNROLL
+        for (int h = 0; h < 4; h++)
+            if (h < nr) {
+                const __m256 w = _mm256_broadcast_ss(wj + h);
+                o[h][0] = _mm256_fmadd_ps(w, v0, o[h][0]);
+                o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
+            }
+    }
+}
+
 /* Tokens times heads (see kiri_attend_tile_fn): up to 16 query rows against one key/value head.
  * Scores of key j for the 16 rows sit at scratch[16 j ..]; a row's lanes outside its token's keys
  * [kv_first, n_kv) are masked out of the softmax (weight exactly 0) and its weighted sum covers
  * only its own keys, so every row gets the result of attend_head_avx2 whatever the other rows'
  * keys and values hold. */
-#define TILE_ROWS KIRI_ATTEND_TILE_ROWS
-
 AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q,
                                   const void *k, size_t k_stride, const void *v, size_t v_stride,
                                   int kv_type, const int32_t *slots, const int32_t *kv_first,
@@ -255,23 +295,19 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
         j_lo = n_max;
 #define KROW(j) ((const char *)k + (size_t)slots[j] * k_stride)
 #define VROW(j) ((const char *)v + (size_t)slots[j] * v_stride)
-    /* Scores: each key row is widened once for 8 rows, scaled after the dot product. */
+    /* Scores: each key row is widened once for up to 8 rows, scaled after the dot product. A
+     * tile of 2 to 4 rows (a decode step's heads of one key/value head) computes only those. */
     const __m256 sc = _mm256_set1_ps(scale);
     for (int j = j_lo; j < n_max; j++) {
         const char *kr = KROW(j);
-        for (int g = 0; g < groups; g++) {
-            __m256 acc[8];
-            UNROLL
-            for (int h = 0; h < 8; h++)
-                acc[h] = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8) {
-                const __m256 kv = load_kv(kr, f16, i);
-                UNROLL
-                for (int h = 0; h < 8; h++)
-                    acc[h] = _mm256_fmadd_ps(_mm256_load_ps(&qr[8 * g + h][i]), kv, acc[h]);
-            }
-            _mm256_storeu_ps(scratch + (size_t)TILE_ROWS * j + 8 * g, _mm256_mul_ps(fold8(acc), sc));
-        }
+        float *sj = scratch + (size_t)TILE_ROWS * j;
+        if (rows <= 2)
+            key_scores(qr, 2, kr, f16, d, sc, sj);
+        else if (rows <= 4)
+            key_scores(qr, 4, kr, f16, d, sc, sj);
+        else
+            for (int g = 0; g < groups; g++)
+                key_scores(qr + 8 * g, 8, kr, f16, d, sc, sj + 8 * g);
     }
     /* Softmax per lane over the lane's own keys: maxima, numerators (0 outside [fk, nk)), sums in
      * double, then the weights. */
@@ -327,17 +363,10 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
             UNROLL
             for (int h = 0; h < 4; h++)
                 o[h][0] = o[h][1] = _mm256_setzero_ps();
-            for (int j = all0; j < all1; j++) {
-                const char *vr = VROW(j);
-                const float *wj = scratch + (size_t)TILE_ROWS * j + r0;
-                const __m256 v0 = load_kv(vr, f16, c), v1 = load_kv(vr, f16, c + 8);
-                UNROLL
-                for (int h = 0; h < 4; h++) {
-                    const __m256 w = _mm256_broadcast_ss(wj + h);
-                    o[h][0] = _mm256_fmadd_ps(w, v0, o[h][0]);
-                    o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
-                }
-            }
+            if (nr <= 2)
+                weighted_values(o, 2, scratch + r0, v, v_stride, slots, all0, all1, f16, c);
+            else
+                weighted_values(o, 4, scratch + r0, v, v_stride, slots, all0, all1, f16, c);
             for (int j = lo; j < hi; j++) { /* [lo, all0), then [all1, hi) */
                 if (j == all0 && all0 < all1) {
                     j = all1;
@@ -371,7 +400,8 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
 
 /* n_q query heads sharing one key/value head (grouped-query attention): tiles of one token and up
  * to 16 heads where that pays (4 or more heads, a supported cache type and head size: every key
- * and value row is read and widened once for all of them), else one head at a time. */
+ * and value row is read and widened once for all of them), else one head at a time: two heads
+ * cost the same either way, since one head's scores run four keys abreast. */
 AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, const void *k, size_t k_stride,
                                    const void *v, size_t v_stride, int kv_type, const int32_t *slots,
                                    int n_kv, int head_dim, float scale, float *scratch, float *out,
