@@ -1062,7 +1062,8 @@ static int gemma4_hparams(struct kiri_model *m, struct kiri_status_info *info)
 /* LFM2, before its weights: shortconv.l_cache (the convolution's taps, required) and which layers
  * are short-convolution blocks, those whose head_count_kv is 0 in the per-layer array (as
  * llama.cpp decides). The others attend with their own KV head count, which must divide
- * head_count. A sliding window on the attention layers (attention.sliding_window) is not run. */
+ * head_count. A sliding window on the attention layers (attention.sliding_window) and
+ * bidirectional files (attention.causal false) are not run. */
 static int lfm2_shapes(struct kiri_model *m, struct kiri_status_info *info)
 {
     const struct kiri_gguf *g = m->gguf;
@@ -1080,6 +1081,14 @@ static int lfm2_shapes(struct kiri_model *m, struct kiri_status_info *info)
         return kiri_error_at(info, KIRI_E_UNSUPPORTED, "lfm2.attention.sliding_window", -1,
                              "lfm2.attention.sliding_window %u: lfm2 with sliding-window attention is not supported",
                              window);
+    /* LFM2.5's embedding models (Lfm2BidirectionalModel) attend both ways and pad their
+     * convolutions on both sides: not a text generator. */
+    int causal = 1;
+    if ((rc = kiri_gguf_get_bool(g, "lfm2.attention.causal", 0, &causal, info)) < 0)
+        return rc;
+    if (!causal)
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, "lfm2.attention.causal", -1,
+                             "lfm2.attention.causal is false: bidirectional lfm2 (embedding) models are not supported");
     for (int l = 0; l < hp->n_layer; l++)
         kv[l] = (uint32_t)hp->n_head;
     if ((rc = get_layer_u32(g, a, "attention.head_count_kv", 0, hp->n_layer, kv, info)) < 0)

@@ -117,10 +117,12 @@ def test_lfm2_batched_with_other_sequences(lc, batch_tool):
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,named", [("lfm2-swa", "lfm2.attention.sliding_window"),
+                                        ("lfm2-bidir", "lfm2.attention.causal"),
                                         ("lfm2-colbert", "dense_2_out.weight")])
 def test_lfm2_refused(name, named, lfm2_files, dump_tool):
-    """A sliding window on the attention layers (not run) and LFM2-ColBert's projection (not a
-    text model's tensor) are load errors naming the key or the tensor."""
+    """A sliding window on the attention layers (not run), a bidirectional (embedding) file and
+    LFM2-ColBert's projection (not a text model's tensor) are load errors naming the key or the
+    tensor."""
     r = subprocess.run([dump_tool, "--n-ctx", "32", lfm2_files[name], "1", "2"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0, f"{name}: kiri ran it"

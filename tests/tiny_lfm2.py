@@ -35,6 +35,7 @@ class Variant:
     seed: int = 500
     extra: dict = field(default_factory=dict)      # tensors beyond the graph (a refusal case)
     extra_kv: dict = field(default_factory=dict)   # keys beyond the text model's (uint32 values)
+    extra_bool: dict = field(default_factory=dict)  # the same, bool values
     base: str = ""             # same weights as this variant, plus extra
 
     @property
@@ -50,6 +51,8 @@ VARIANTS = [
     # Refusals.
     Variant("lfm2-swa", "lfm2-a with attention.sliding_window 8", [0, 0, 2, 0, 2, 0], seed=501, base="lfm2-a",
             extra_kv={"attention.sliding_window": 8}),
+    Variant("lfm2-bidir", "lfm2-a with attention.causal false (LFM2.5's embedding models)", [0, 0, 2, 0, 2, 0],
+            seed=501, base="lfm2-a", extra_bool={"attention.causal": False}),
     Variant("lfm2-colbert", "lfm2-a with the dense_2_out projection of LFM2-ColBert", [0, 0, 2, 0, 2, 0],
             seed=501, base="lfm2-a", extra={"dense_2_out.weight": (32, 64)}),
 ]
@@ -119,6 +122,8 @@ def write(v, path):
     wr.add_uint32(f"{k}.vocab_size", n_vocab)
     for key, val in v.extra_kv.items():
         wr.add_uint32(f"{k}.{key}", val)
+    for key, val in v.extra_bool.items():
+        wr.add_bool(f"{k}.{key}", val)
     mtm.finish_tiny(wr, tmp, path, vocab, _weights(v, n_vocab))
 
 
