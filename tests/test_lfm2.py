@@ -11,8 +11,9 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
     shared from a cache with recurrent state: the second is computed whole and equals the
     first), preemption in a pool too small for three (recomputed from the tokens, the state
     started again), and a request after a cancelled one in the same slot;
-  - refusals: a sliding-window key, a tensor the graph does not read, a GPU backend without the
-    short convolution; kiri info's state line.
+  - refusals: a sliding-window key, a bidirectional file, a tensor the graph does not read, a GPU
+    backend without the short convolution; kiri info's state line;
+  - LFM2's chat templates against jinja2, and its pre-tokenizer name against llama.cpp.
 """
 
 import json
@@ -283,3 +284,37 @@ def test_lfm2_chat_template(name, conversation, with_tools, tmp_path):
     import test_chat_template as tct
     assert conversation in tct.JSON_CONVERSATIONS
     tct.test_family_template(name, conversation, with_tools, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# The tokenizer: LFM2's pre-tokenizer name
+# ------------------------------------------------------------------------------------------------
+
+def test_lfm2_pre_tokenizer(tmp_path):
+    """LFM2 files name their pre-tokenizer "lfm2" (llama.cpp splits it as Llama 3's, with merges
+    ignored for whole tokens and BOS added): llama.cpp's llama-bpe vocabulary under that name
+    tokenizes in kiri exactly as in llama.cpp, over test_tokenizer_vectors.py's texts and the
+    vocabulary's own test inputs."""
+    import gguf
+    tv = pytest.importorskip("test_tokenizer_vectors")
+    d = tv.vocab_dir()
+    src = d / "ggml-vocab-llama-bpe.gguf"
+    r = gguf.GGUFReader(str(src))
+    path = tmp_path / "ggml-vocab-lfm2.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = "lfm2" if key == "tokenizer.ggml.pre" else f.contents()
+        kind = f.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            wr.add_array(key, value)
+        else:
+            wr.add_key_value(key, value, kind)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    header, _ = tv.kiri_tokenize(path, ["x"])
+    assert header[1] == "lfm2" and header[2] == "1", header  # the pre-tokenizer, BOS added
+    tv.compare_with_llama_cpp(path, tv.TEXTS + tv.inp_texts(d / "ggml-vocab-llama-bpe.gguf.inp"))
