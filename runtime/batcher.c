@@ -148,12 +148,16 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     const int64_t n_swa_blocks = (int64_t)swa_blocks_per_seq * p.max_seqs;
     /* Recurrent layers (lfm2) keep a fixed state per sequence: one for each of max_seqs, taken
      * from the budget first, like the windows, so that state never limits admission either. */
-    const size_t swa_bytes = (size_t)n_swa_blocks * BLOCK_SIZE * swa_token +
-                             kiri_model_state_bytes(m) * (size_t)p.max_seqs;
+    const size_t window_bytes = (size_t)n_swa_blocks * BLOCK_SIZE * swa_token;
+    const size_t state_bytes = kiri_model_state_bytes(m) * (size_t)p.max_seqs;
+    const size_t swa_bytes = window_bytes + state_bytes;
     if (p.kv_memory && p.kv_memory < swa_bytes)
-        return kiri_error_set(info, KIRI_E_INVALID_ARG,
-                              "a KV budget of %zu bytes is less than the %zu the sliding-window layers' windows and "
-                              "the recurrent layers' state need for %d sequences", p.kv_memory, swa_bytes, p.max_seqs);
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "a KV budget of %zu bytes is less than the %zu %s need for %d sequences",
+                              p.kv_memory, swa_bytes,
+                              !state_bytes  ? "the sliding-window layers"
+                              : window_bytes ? "the sliding-window layers' windows and the recurrent layers' state"
+                                             : "the recurrent layers' state",
+                              p.max_seqs);
     /* With every layer windowed there is no per-token cost: the budget only has to hold the
      * windows, and the global table keeps one context per sequence of (layerless) blocks. */
     int64_t n_blocks;

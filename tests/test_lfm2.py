@@ -33,6 +33,7 @@ import test_families as tf  # noqa: E402
 import tiny_lfm2 as tl  # noqa: E402
 from test_families import Case, batch_tool, check, chunk_positions, dump_tool, prompt, run_dump  # noqa: E402,F401
 from test_logits import _cpu_tiers, rel_err, worst  # noqa: E402
+from conftest import free_port  # noqa: E402
 from test_server import COMPL, post_raw  # noqa: E402
 
 MODELS_DIR = tf.MODELS_DIR
@@ -224,6 +225,18 @@ def test_lfm2_server_preemption(start_server, lfm2_files):
         if srv.metrics()["kiri_preemptions_total"] > p0:
             return
     pytest.fail("the pool held all three in every round: no preemption to check")
+
+
+@pytest.mark.parametrize("budget,named", [(8 * 8192 + 3 * 2048 - 1, "holds 112 tokens"),
+                                          (3 * 2048 - 1, "the recurrent layers' state")])
+def test_lfm2_state_from_the_budget(budget, named, lfm2_files, kiri_bin):
+    """The state comes off --kv-memory before the blocks: a byte less than the preemption test's
+    budget (8 blocks and 3 states) leaves 7 blocks, less than one context; less than the 3
+    states is refused naming them."""
+    r = subprocess.run([str(kiri_bin), "serve", "-m", lfm2_files["lfm2-a"], "--port", str(free_port()),
+                        "--parallel", "3", "--kv-memory", str(budget)] + SERVE, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and named in r.stderr, r.stderr
 
 
 def test_lfm2_server_after_cancel(start_server, lfm2_files):
