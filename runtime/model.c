@@ -738,6 +738,33 @@ static int take_short_conv(struct kiri_model *m, int l, struct kiri_layer *L, st
     return describe(m, gt, 2, 0, E, &L->sc_conv, info);
 }
 
+/* The attention block's weights of layer l: q, k, v, the output projection, the per-head norms
+ * where the family has them (a layer that attends another's cache has no k norm) and gemma4's
+ * weightless value norm. */
+static int take_attention(struct kiri_model *m, const struct arch_info *ai, int l, struct kiri_layer *L,
+                          struct kiri_status_info *info)
+{
+    const int64_t E = m->hp.n_embd;
+    char n[KIRI_GGUF_MAX_NAME + 32];
+    int rc;
+    if ((rc = take_qkv(m, l, L, info)) < 0)
+        return rc;
+    snprintf(n, sizeof n, "blk.%d.attn_output", l);
+    if ((rc = take_proj(m, n, (int64_t)L->n_head * L->head_dim, 1, &E, 1, &L->wo, &L->bo, &L->wo_scale, info)) < 0)
+        return rc;
+    if (ai->has_qk_norm) {
+        snprintf(n, sizeof n, "blk.%d.attn_q_norm.weight", l);
+        if ((rc = take_weight(m, n, L->head_dim, 1, WEIGHT_VECTOR, 1, &L->q_norm, info)) < 0)
+            return rc;
+        snprintf(n, sizeof n, "blk.%d.attn_k_norm.weight", l);
+        if (L->kv_source == l && (rc = take_weight(m, n, L->head_dim, 1, WEIGHT_VECTOR, 1, &L->k_norm, info)) < 0)
+            return rc;
+    }
+    if (m->hp.arch == KIRI_ARCH_GEMMA4 && L->kv_source == l && (rc = take_ones(m, L->head_dim, &L->v_norm, info)) < 0)
+        return rc;
+    return KIRI_OK;
+}
+
 static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct kiri_status_info *info)
 {
     const struct kiri_hparams *hp = &m->hp;
@@ -809,26 +836,8 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         if ((rc = take_weight(m, n, ne0, ne1, kind, req, &L->field, info)) < 0)                   \
             return rc;
         W(attn_norm, "attn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
-        if (L->recurrent) {
-            if ((rc = take_short_conv(m, l, L, info)) < 0)
-                return rc;
-            goto ffn;
-        }
-        if ((rc = take_qkv(m, l, L, info)) < 0)
+        if ((rc = L->recurrent ? take_short_conv(m, l, L, info) : take_attention(m, ai, l, L, info)) < 0)
             return rc;
-        snprintf(n, sizeof n, "blk.%d.attn_output", l);
-        if ((rc = take_proj(m, n, (int64_t)L->n_head * L->head_dim, 1, &E, 1, &L->wo, &L->bo, &L->wo_scale,
-                            info)) < 0)
-            return rc;
-        if (ai->has_qk_norm) {
-            W(q_norm, "attn_q_norm.weight", L->head_dim, 1, WEIGHT_VECTOR, 1)
-            if (L->kv_source == l) {
-                W(k_norm, "attn_k_norm.weight", L->head_dim, 1, WEIGHT_VECTOR, 1)
-            }
-        }
-        if (hp->arch == KIRI_ARCH_GEMMA4 && L->kv_source == l && (rc = take_ones(m, L->head_dim, &L->v_norm, info)) < 0)
-            return rc;
-    ffn:
         W(ffn_norm, "ffn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
         if ((rc = take_ffn(m, ai, l, L, info)) < 0)
             return rc;
