@@ -389,12 +389,14 @@ def ensure(out_dir, names=None, force=False, log=print):
 # ------------------------------------------------------------------------------------------------
 
 def finish_tiny(wr, tmp, path, vocab, tensors):
-    """Ends a tiny file of tests/tiny_*.py: the vocabulary's keys and the float32 tensors after
-    the keys written so far, then the file written at tmp and renamed to path."""
+    """Ends a tiny file of tests/tiny_*.py: the vocabulary's keys and the tensors (float32 arrays,
+    or (data, raw type) from quantize()) after the keys written so far, then the file written at
+    tmp and renamed to path."""
     for key, (val, kind) in vocab.items():
         getattr(wr, "add_" + kind)(key, val)
     for name, data in tensors.items():
-        wr.add_tensor(name, data)
+        data, raw = data if isinstance(data, tuple) else (data, None)
+        wr.add_tensor(name, data, raw_dtype=raw)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

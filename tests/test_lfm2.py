@@ -3,7 +3,8 @@ tiny files of tiny_lfm2.py, held to llama.cpp (llama-cpp-python) and to tiny_lfm
 reference by test_families.py's criteria (its check(), whose docstring gives the bounds):
 
   - logits at every position, one token a step, in prompt chunks of 2, 3, 5, 7 and 16 and in one
-    batch (a chunk's tokens pass the convolution state along inside one step), F32 and F16 KV;
+    batch (a chunk's tokens pass the convolution state along inside one step), F32 and F16 KV,
+    on two F32 files and a Q8_0 one (held to llama.cpp at the F32 bound too, see lcheck);
   - on every CPU kernel tier this machine runs (c, avx2, avx512);
   - three sequences side by side in one batching loop (each step's convolution walks several
     sequences' states);
@@ -44,12 +45,13 @@ class _LfmModel:
     """A tiny_lfm2 variant in the shape Case and prompt() read."""
 
     def __init__(self, v):
-        self.name, self.wtype, self.twin, self.v = f"{v.name}-F32", "F32", "", v
+        self.name, self.wtype, self.twin, self.v = f"{v.name}-{v.wtype}", v.wtype, "", v
         self.path = os.path.join(MODELS_DIR, v.path_name)
         self.fam = v
 
 
-CASES = [Case(_LfmModel(tl.variant(n)), N_CTX) for n in ("lfm2-a", "lfm2-b")]
+CASES = [Case(_LfmModel(tl.variant(n)), N_CTX) for n in ("lfm2-a", "lfm2-b", "lfm2-q8")]
+F32_CASES = [c for c in CASES if c.wtype == "F32"]
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +66,19 @@ def lc(request, lfm2_files):
     return c
 
 
-@pytest.mark.parametrize("lc", CASES, indirect=True, ids=repr)
+def lcheck(c, toks, K, at, kv, what):
+    """check(), and for the Q8_0 file with an F32 cache kiri held to llama.cpp at the F32 bound:
+    both quantize the activations of a Q8_0 product the same way (measured 1e-7 apart), which
+    check()'s quantized rule (against E only) would not see."""
+    check(c, toks, K, at, kv, what)
+    if c.wtype == "Q8_0" and kv == "f32":
+        L = tf.llama_logits(c.path, toks, kv, c.n_ctx)[at]
+        e = rel_err(K, L).max()
+        assert e <= tf.TOL_F32_F32KV, f"{c.name} {what}: kiri vs llama.cpp {e:.2e}: " + \
+            worst(K, L, "kiri", "llama.cpp")
+
+
+@pytest.mark.parametrize("lc", F32_CASES, indirect=True, ids=repr)
 def test_lfm2_llama_cpp_vs_exact(lc):
     """llama.cpp agrees with tiny_lfm2.reference_logits: the keys and tensors (which layers are
     convolutions, the kernel's tap order, B, C and x's rows in in_proj, the final norm's name)
@@ -83,16 +97,16 @@ def test_lfm2_every_position_and_chunks(lc, dump_tool):
     in chunks of 7 with the F16 KV cache."""
     toks = prompt(lc)
     K = run_dump(dump_tool, lc, toks, kv="f32")
-    check(lc, toks, K, list(range(len(toks))), "f32", "token by token")
+    lcheck(lc, toks, K, list(range(len(toks))), "f32", "token by token")
     for chunk in (2, 3, 5, 7, 16):
         K = run_dump(dump_tool, lc, toks, kv="f32", chunk=chunk)
-        check(lc, toks, K, chunk_positions(len(toks), chunk), "f32", f"--chunk {chunk}")
+        lcheck(lc, toks, K, chunk_positions(len(toks), chunk), "f32", f"--chunk {chunk}")
     K = run_dump(dump_tool, lc, toks, kv="f32", batch=True)
-    check(lc, toks, K, [len(toks) - 1], "f32", "--batch")
+    lcheck(lc, toks, K, [len(toks) - 1], "f32", "--batch")
     K = run_dump(dump_tool, lc, toks, kv="f16")
-    check(lc, toks, K, list(range(len(toks))), "f16", "token by token")
+    lcheck(lc, toks, K, list(range(len(toks))), "f16", "token by token")
     K = run_dump(dump_tool, lc, toks, kv="f16", chunk=7)
-    check(lc, toks, K, chunk_positions(len(toks), 7), "f16", "--chunk 7")
+    lcheck(lc, toks, K, chunk_positions(len(toks), 7), "f16", "--chunk 7")
 
 
 @pytest.mark.parametrize("tier", _cpu_tiers())
@@ -101,10 +115,10 @@ def test_lfm2_cpu_tiers(lc, tier, dump_tool):
     """Each CPU kernel tier, token by token and in chunks of 3 and 7, F32 KV."""
     toks = prompt(lc)
     K = run_dump(dump_tool, lc, toks, kv="f32", cpu_kernels=tier)
-    check(lc, toks, K, list(range(len(toks))), "f32", f"token by token, {tier} kernels")
+    lcheck(lc, toks, K, list(range(len(toks))), "f32", f"token by token, {tier} kernels")
     for chunk in (3, 7):
         K = run_dump(dump_tool, lc, toks, kv="f32", chunk=chunk, cpu_kernels=tier)
-        check(lc, toks, K, chunk_positions(len(toks), chunk), "f32", f"--chunk {chunk}, {tier} kernels")
+        lcheck(lc, toks, K, chunk_positions(len(toks), chunk), "f32", f"--chunk {chunk}, {tier} kernels")
 
 
 @pytest.mark.parametrize("lc", CASES, indirect=True, ids=repr)

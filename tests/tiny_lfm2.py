@@ -37,10 +37,11 @@ class Variant:
     extra_kv: dict = field(default_factory=dict)   # keys beyond the text model's (uint32 values)
     extra_bool: dict = field(default_factory=dict)  # the same, bool values
     base: str = ""             # same weights as this variant, plus extra
+    wtype: str = "F32"         # the projections' type (the norms and the convolution's kernel stay F32)
 
     @property
     def path_name(self):
-        return f"{self.name}-F32.gguf"
+        return f"{self.name}-{self.wtype}.gguf"
 
 
 VARIANTS = [
@@ -48,6 +49,8 @@ VARIANTS = [
             "2 KV heads) on 2 and 4, 3 taps, tied embeddings", [0, 0, 2, 0, 2, 0], seed=501),
     Variant("lfm2-b", "attention first (one KV head), convolutions of 4 taps on 1, 2 and 4, an output "
             "matrix of its own", [1, 0, 0, 1, 0], taps=4, untied=True, seed=502),
+    Variant("lfm2-q8", "lfm2-a's weights with every projection and the embedding in Q8_0", [0, 0, 2, 0, 2, 0],
+            seed=501, wtype="Q8_0"),
     # Refusals.
     Variant("lfm2-swa", "lfm2-a with attention.sliding_window 8", [0, 0, 2, 0, 2, 0], seed=501, base="lfm2-a",
             extra_kv={"attention.sliding_window": 8}),
@@ -102,6 +105,14 @@ def _weights(v, n_vocab):
     return w
 
 
+def _typed(v, w):
+    """The weights with every matrix but the convolution's kernel in the variant's type."""
+    if v.wtype == "F32":
+        return w
+    return {name: mtm.quantize(a, v.wtype) if a.ndim == 2 and "shortconv.conv" not in name else a
+            for name, a in w.items()}
+
+
 def write(v, path):
     vocab = mtm.load_vocab("spm512", 0)
     n_vocab = len(vocab["tokenizer.ggml.tokens"][0])
@@ -124,7 +135,7 @@ def write(v, path):
         wr.add_uint32(f"{k}.{key}", val)
     for key, val in v.extra_bool.items():
         wr.add_bool(f"{k}.{key}", val)
-    mtm.finish_tiny(wr, tmp, path, vocab, _weights(v, n_vocab))
+    mtm.finish_tiny(wr, tmp, path, vocab, _typed(v, _weights(v, n_vocab)))
 
 
 def reference_logits(path, tokens):
