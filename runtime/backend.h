@@ -212,6 +212,15 @@ enum kiri_op {
     KIRI_OP_SCALE,      /* dst (E, R) = src[0] (E, R) * p.scale; in place allowed */
     KIRI_OP_SOFTCAP,    /* dst (E, R) = p.softcap * tanh(src[0] (E, R) / p.softcap), p.softcap > 0;
                            in place allowed */
+    KIRI_OP_SHORT_CONV, /* dst (E, n) F32 = causal depthwise convolution over time of src[0] (E, n) F32
+                           with kernel src[1] (K, E) F32, K taps per channel: for token t of a
+                           sequence, dst[t][c] = sum_k src[1][c][k] * u[t - K + 1 + k][c], u being
+                           the sequence's inputs. The K - 1 inputs before a step's first token of
+                           a sequence come from its state: row src[3][t] (I32) of src[2]
+                           ((K - 1) * E, slots) F32, the inputs oldest first, E per input; the op
+                           updates that row in place to the sequence's last K - 1 inputs. A token
+                           at position 0 (src[4] (n) I32) starts its sequence: its state reads as
+                           zeros. Tokens of one sequence run in batch order; in place allowed */
     KIRI_OP_COUNT
 };
 

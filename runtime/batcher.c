@@ -76,6 +76,7 @@ struct kiri_batcher {
     /* Step scratch, sized at init. */
     int32_t *b_tokens, *b_pos, *b_slots, *b_nkv, *b_toff, *b_tables, *b_rows;
     int32_t *b_swa_slots, *b_swa_tables; /* with a windowed pool only */
+    int32_t *b_state_rows;          /* with recurrent layers only */
     struct seq **b_out_seq;
     float *b_logits;                /* owned (n_vocab): logits after bias and grammar mask */
     struct kiri_grammar_vocab *gvocab; /* owned: the vocabulary trie, built at the first grammar */
@@ -145,11 +146,18 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     }
     const size_t per_token = swa_blocks_per_seq ? global_token : global_token + swa_token;
     const int64_t n_swa_blocks = (int64_t)swa_blocks_per_seq * p.max_seqs;
-    const size_t swa_bytes = (size_t)n_swa_blocks * BLOCK_SIZE * swa_token;
+    /* Recurrent layers (lfm2) keep a fixed state per sequence: one for each of max_seqs, taken
+     * from the budget first, like the windows, so that state never limits admission either. */
+    const size_t window_bytes = (size_t)n_swa_blocks * BLOCK_SIZE * swa_token;
+    const size_t state_bytes = kiri_model_state_bytes(m) * (size_t)p.max_seqs;
+    const size_t swa_bytes = window_bytes + state_bytes;
     if (p.kv_memory && p.kv_memory < swa_bytes)
-        return kiri_error_set(info, KIRI_E_INVALID_ARG,
-                              "a KV budget of %zu bytes is less than the %zu the sliding-window layers need for %d "
-                              "sequences", p.kv_memory, swa_bytes, p.max_seqs);
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "a KV budget of %zu bytes is less than the %zu %s need for %d sequences",
+                              p.kv_memory, swa_bytes,
+                              !state_bytes  ? "the sliding-window layers"
+                              : window_bytes ? "the sliding-window layers' windows and the recurrent layers' state"
+                                             : "the recurrent layers' state",
+                              p.max_seqs);
     /* With every layer windowed there is no per-token cost: the budget only has to hold the
      * windows, and the global table keeps one context per sequence of (layerless) blocks. */
     int64_t n_blocks;
@@ -175,7 +183,8 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->accepting = 1;
     const int32_t max_tok = p.chunk + p.max_seqs;
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
-    int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks, &b->kv);
+    int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks,
+                                         p.max_seqs, &b->kv);
     if (rc == 0)
         rc = kiri_graph_init(m, max_tok, p.max_seqs, (int32_t)tables, p.n_ctx, &b->graph);
     if (rc == 0) {
@@ -195,6 +204,9 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
         if (rc == 0 && swa_blocks_per_seq &&
             (!(b->b_swa_slots = kiri_mem_array((size_t)max_tok, sizeof(int32_t))) ||
              !(b->b_swa_tables = kiri_mem_array(tables, sizeof(int32_t)))))
+            rc = KIRI_E_NOMEM;
+        if (rc == 0 && kiri_model_n_recurrent_layers(m) &&
+            !(b->b_state_rows = kiri_mem_array((size_t)max_tok, sizeof(int32_t))))
             rc = KIRI_E_NOMEM;
     }
     if (rc == 0)
@@ -518,7 +530,8 @@ static void admit(struct kiri_batcher *b)
         const int32_t need = (s->n_tokens + BLOCK_SIZE) / BLOCK_SIZE;
         /* Head of line waits for memory rather than letting smaller requests starve it; an
          * empty batch always admits (the pool holds at least one full context). */
-        if (b->n_running > 0 && kiri_kvcache_n_available(b->kv) < need)
+        if (b->n_running > 0 && (kiri_kvcache_n_available(b->kv) < need ||
+                                 (kiri_kvcache_n_state_slots(b->kv) && kiri_kvcache_n_state_free(b->kv) == 0)))
             break;
         b->waiting = s->next;
         b->n_waiting--;
@@ -899,6 +912,8 @@ static int step(struct kiri_batcher *b)
             b->b_slots[n_tok] = kiri_kvcache_slot(b->kv, &s->kv, p);
             if (b->swa_blocks_per_seq)
                 b->b_swa_slots[n_tok] = kiri_kvcache_slot_window(b->kv, &s->kv, p);
+            if (b->b_state_rows)
+                b->b_state_rows[n_tok] = kiri_kvcache_seq_state_row(&s->kv);
             b->b_nkv[n_tok] = p + 1;
             b->b_toff[n_tok] = toff;
             n_tok++;
@@ -912,7 +927,8 @@ static int step(struct kiri_batcher *b)
     int rc = KIRI_OK;
     if (n_out > 0 || n_tok > 0) {
         struct kiri_batch batch = {n_tok, b->b_tokens, b->b_pos, b->b_slots, b->b_nkv, b->b_toff, b->b_tables,
-                                   n_tab, b->b_rows, n_out > 0 ? n_out : 1, b->b_swa_slots, b->b_swa_tables};
+                                   n_tab, b->b_rows, n_out > 0 ? n_out : 1, b->b_swa_slots, b->b_swa_tables,
+                                   b->b_state_rows};
         if (n_out == 0)
             b->b_rows[0] = n_tok - 1; /* logits nobody reads: a chunk in the middle of a prompt */
         rc = kiri_graph_run(b->graph, b->kv, &batch, &logits, NULL);
@@ -1089,6 +1105,7 @@ void kiri_batcher_free(struct kiri_batcher *b)
     kiri_mem_free(b->b_tables);
     kiri_mem_free(b->b_swa_slots);
     kiri_mem_free(b->b_swa_tables);
+    kiri_mem_free(b->b_state_rows);
     kiri_mem_free(b->b_rows);
     kiri_mem_free(b->b_out_seq);
     kiri_mem_free(b->b_logits);

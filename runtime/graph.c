@@ -41,6 +41,11 @@ enum {
     T_PL_IN,    /* (P, L*n) the inputs layer-major: layer l's (P, n) at row l*n */
     T_PL_ROWS,  /* (L*n) I32 the rows of T_PL_PROJ_ROWS that make T_PL_IN */
     T_PL_GATE,  /* (P, n) */
+    /* lfm2's short-convolution blocks (empty without): */
+    T_BCX,      /* (3E, n) the input projection: B, C and x of each token */
+    T_BCX_B, T_BCX_C, T_BCX_X, /* (E, n) views of its three parts (rows of 3E) */
+    T_CONV_OUT, /* (E, n) the block's output, over T_BCX's memory */
+    T_STATE_ROWS, /* (n) I32 each token's recurrent-state slot */
     T_COUNT
 };
 
@@ -92,6 +97,7 @@ static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t entries, int with_head,
                  int with_swa, struct layout *l)
 {
+    const int recurrent = kiri_model_n_recurrent_layers(m) > 0;
     const struct kiri_hparams *hp = &m->hp;
     const size_t E = (size_t)hp->n_embd, PL = (size_t)hp->n_embd_per_layer * (size_t)hp->n_layer;
     size_t Q = 0, KV = 0, F = 0;
@@ -126,6 +132,10 @@ static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t e
         bytes[T_PL_ROWS] = (size_t)hp->n_layer * (size_t)n * 4;
         bytes[T_PL_GATE] = (size_t)hp->n_embd_per_layer * (size_t)n * 4;
     }
+    if (recurrent) {
+        bytes[T_BCX] = 3 * E * (size_t)n * 4;
+        bytes[T_STATE_ROWS] = (size_t)n * 4;
+    }
     size_t off = 0;
     for (int i = 0; i < T_COUNT; i++) {
         l->off[i] = off;
@@ -135,6 +145,9 @@ static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t e
     l->off[T_Q3] = l->off[T_QH] = l->off[T_Q];
     l->off[T_K3] = l->off[T_KH] = l->off[T_K];
     l->off[T_PL_PROJ_ROWS] = l->off[T_PL_PROJ];
+    l->off[T_BCX_B] = l->off[T_CONV_OUT] = l->off[T_BCX];
+    l->off[T_BCX_C] = l->off[T_BCX] + E * 4;
+    l->off[T_BCX_X] = l->off[T_BCX] + 2 * E * 4;
     l->total = off;
 }
 
@@ -298,6 +311,15 @@ static void shape_step(const struct kiri_model *m, struct side *s, int32_t n, in
         shape(s, T_XO, f32, E, n_out, 1);
         shape(s, T_LOGITS, f32, hp->n_vocab, n_out, 1);
     }
+    if (kiri_model_n_recurrent_layers(m)) {
+        shape(s, T_BCX, f32, 3 * E, n, 1);
+        shape(s, T_CONV_OUT, f32, E, n, 1);
+        for (int id = T_BCX_B; id <= T_BCX_X; id++) {
+            struct kiri_tensor *t = shape(s, id, f32, E, n, 1);
+            t->nb[1] = 3 * (size_t)E * 4; /* rows of the whole projection */
+            t->nb[2] = t->nb[3] = t->nb[1] * (size_t)n;
+        }
+    }
 }
 
 /* Shapes and fills the per-token inputs every layer reads (and, with the head, the token ids and
@@ -328,6 +350,10 @@ static int upload_inputs(struct kiri_graph *g, struct side *s, const struct kiri
     rc |= upload(s, pos, b->pos, (size_t)n * 4);
     rc |= upload(s, slots, b->slots, (size_t)n * 4);
     rc |= upload(s, tables, b->tables, (size_t)b->n_table_entries * 4);
+    if (b->state_rows) {
+        struct kiri_tensor *rows = shape(s, T_STATE_ROWS, KIRI_TYPE_I32, n, 1, 1);
+        rc |= upload(s, rows, b->state_rows, (size_t)n * 4);
+    }
     if (b->swa_slots) {
         struct kiri_tensor *swa_slots = shape(s, T_SWA_SLOTS, KIRI_TYPE_I32, n, 1, 1);
         struct kiri_tensor *swa_tables = shape(s, T_SWA_TABLES, KIRI_TYPE_I32, b->n_table_entries, 1, 1);
@@ -402,6 +428,38 @@ static void rms_norm(struct builder *b, struct kiri_tensor *dst, struct kiri_ten
     add(b, KIRI_OP_RMS_NORM, dst, src, w)->p.eps = eps;
 }
 
+/* The feed-forward block of a layer whose activations are t, from the residual stream. */
+static void ffn(const struct kiri_model *m, struct side *s, const struct kiri_layer *L, struct kiri_tensor *t,
+                struct builder *b)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    struct kiri_tensor *x = &s->t[T_X], *xn = &s->t[T_XN], *gate = &t[LT_GATE], *up = &t[LT_UP];
+    rms_norm(b, xn, x, L->ffn_norm, hp->rms_eps);
+    project(b, gate, L->w_gate, L->b_gate, L->w_gate_scale, 1, xn);
+    project(b, up, L->w_up, L->b_up, L->w_up_scale, 1, xn);
+    add(b, hp->ffn_gelu ? KIRI_OP_GEGLU : KIRI_OP_SWIGLU, gate, gate, up);
+    project(b, xn, L->w_down, L->b_down, L->w_down_scale, 1, gate);
+    block_out(hp, L->ffn_post_norm, x, xn, b);
+}
+
+/* lfm2's gated short-convolution block on the normed input xn, added to the residual stream:
+ * B, C, x = in_proj xn; out_proj (C * conv(B * x)), the convolution reading and updating each
+ * token's sequence state in the cache (kiri_kvcache_state). */
+static void build_short_conv(struct side *s, struct kiri_kvcache *kv, const struct kiri_layer *L, int l,
+                             struct builder *b)
+{
+    struct kiri_tensor *xn = &s->t[T_XN], *out = &s->t[T_CONV_OUT];
+    add(b, KIRI_OP_MATMUL, &s->t[T_BCX], L->sc_in, xn);
+    add(b, KIRI_OP_MUL, xn, &s->t[T_BCX_B], &s->t[T_BCX_X]);
+    struct kiri_node *nd = add(b, KIRI_OP_SHORT_CONV, xn, xn, L->sc_conv);
+    nd->src[2] = kiri_kvcache_state(kv, l);
+    nd->src[3] = &s->t[T_STATE_ROWS];
+    nd->src[4] = &s->t[T_POS];
+    add(b, KIRI_OP_MUL, xn, &s->t[T_BCX_C], xn);
+    add(b, KIRI_OP_MATMUL, out, L->sc_out, xn);
+    add(b, KIRI_OP_ADD, &s->t[T_X], &s->t[T_X], out);
+}
+
 /* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared
  * (applied on the layers with rope_factors). A sliding-window layer attends its last
  * hp.swa_window keys, in the cache's windowed pool when it has one (its own slots and tables). A
@@ -419,10 +477,15 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
 
     for (int l = l0; l < l1; l++) {
         const struct kiri_layer *L = &m->layers[l];
+        if (L->recurrent) {
+            rms_norm(b, xn, x, L->attn_norm, eps);
+            build_short_conv(s, kv, L, l, b);
+            ffn(m, s, L, &s->lt[(size_t)l * LT_COUNT], b);
+            continue;
+        }
         struct kiri_tensor *t = &s->lt[(size_t)l * LT_COUNT];
         struct kiri_tensor *q = &t[LT_Q], *q3 = &t[LT_Q3], *qh = &t[LT_QH], *k = &t[LT_K], *k3 = &t[LT_K3];
         struct kiri_tensor *kh = &t[LT_KH], *v = &t[LT_V], *vh = &t[LT_VH], *att = &t[LT_ATT];
-        struct kiri_tensor *gate = &t[LT_GATE], *up = &t[LT_UP];
         const int own_kv = L->kv_source == l;
         const struct kiri_rope_params rope = {hp->rope_mode, L->n_rot, L->rope_freq_base, L->rope_freq_scale,
                                               hp->rope_attn_factor};
@@ -462,12 +525,7 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
         nd->p.attn = attn;
         project(b, xn, L->wo, L->bo, L->wo_scale, 0, att);
         block_out(hp, L->attn_post_norm, x, xn, b);
-        rms_norm(b, xn, x, L->ffn_norm, eps);
-        project(b, gate, L->w_gate, L->b_gate, L->w_gate_scale, 1, xn);
-        project(b, up, L->w_up, L->b_up, L->w_up_scale, 1, xn);
-        add(b, hp->ffn_gelu ? KIRI_OP_GEGLU : KIRI_OP_SWIGLU, gate, gate, up);
-        project(b, xn, L->w_down, L->b_down, L->w_down_scale, 1, gate);
-        block_out(hp, L->ffn_post_norm, x, xn, b);
+        ffn(m, s, L, t, b);
         if (L->pl_gate) {
             /* gemma4: x += post_norm(proj(gelu(inp_gate x) * this layer's per-layer input)). */
             struct kiri_tensor *pg = &s->t[T_PL_GATE];
@@ -597,6 +655,10 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
      * layer) and the windowed one (lw), whose layers are sliding-window layers of this model. */
     int l0 = -1, lw = -1;
     for (int l = 0; l < m->hp.n_layer; l++) {
+        if (m->layers[l].recurrent != !kiri_kvcache_layer_has_kv(kv, l))
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "the KV cache's layer %d does not match the model's", l);
+        if (m->layers[l].recurrent)
+            continue;
         if (!kiri_kvcache_layer_windowed(kv, l)) {
             l0 = l0 < 0 ? l : l0;
             continue;
@@ -617,6 +679,19 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
             (lw >= 0 && (b->swa_slots[i] < 0 || b->swa_slots[i] >= swa_cap)))
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch token %d has an invalid cache slot", i);
     }
+    /* Recurrent layers: the cache's state has their shape, and every token names a slot of it. */
+    const int recurrent = kiri_model_n_recurrent_layers(m) > 0;
+    for (int l = 0; recurrent && l < m->hp.n_layer; l++) {
+        const struct kiri_tensor *st = kiri_kvcache_state(kv, l);
+        if (m->layers[l].recurrent &&
+            (!st || st->ne[0] != (int64_t)(m->hp.n_conv_taps - 1) * m->hp.n_embd))
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "the KV cache has no state for recurrent layer %d", l);
+    }
+    if (recurrent != (b->state_rows != NULL))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "the batch's state slots do not match the model");
+    for (int32_t i = 0; recurrent && i < n; i++)
+        if (b->state_rows[i] < 0 || b->state_rows[i] >= kiri_kvcache_n_state_slots(kv))
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch token %d has an invalid state slot", i);
     for (int32_t i = 0; i < n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= n)
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "output row %d is outside the batch", b->out_rows[i]);

@@ -22,7 +22,10 @@ struct kiri_status_info;
  * table starting at tables[table_off[i]]. Logits come out for the tokens listed in out_rows.
  * With a cache whose sliding-window layers have a pool of their own (kiri_kvcache_window), those
  * layers write token i to swa_slots[i] and read through swa_tables (same offsets and entry
- * count; entries below a token's window are stale and never read); NULL otherwise. */
+ * count; entries below a token's window are stale and never read); NULL otherwise. A model
+ * with recurrent layers reads and updates token i's sequence state in row state_rows[i] of the
+ * cache's (kiri_kvcache_state), the tokens of one sequence in order, a token at position 0
+ * starting it from zeros; NULL for a model without. */
 struct kiri_batch {
     int32_t n_tokens;
     const int32_t *tokens;
@@ -36,6 +39,7 @@ struct kiri_batch {
     int32_t n_outputs;
     const int32_t *swa_slots;
     const int32_t *swa_tables;
+    const int32_t *state_rows;
 };
 
 /* n_ctx is the longest sequence the graph will run (the batcher's per-sequence context): it

@@ -143,6 +143,11 @@ static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
     }
     if (n_norope)
         kiri_buf_printf(text, "no rope:       on %d of %d layers\n", n_norope, hp->n_layer);
+    const int n_rec = kiri_model_n_recurrent_layers(m);
+    if (n_rec)
+        kiri_buf_printf(text, "short conv:    %d of %d layers are gated short-convolution blocks (%d taps), no "
+                        "attention; their state: %.1f KiB per sequence (F32), taken from the kv memory\n", n_rec,
+                        hp->n_layer, hp->n_conv_taps, (double)kiri_model_state_bytes(m) / 1024.0);
     if (hp->arch == KIRI_ARCH_GEMMA4) {
         int ff_min = hp->n_ff, kv_min = hp->n_head_kv;
         for (int l = 0; l < hp->n_layer; l++) {
@@ -224,7 +229,7 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     /* Layers that attend another layer's keys (gemma4's shared ones) store none. */
     int own_global = 0, own_swa = 0;
     for (int l = 0; l < hp->n_layer; l++) {
-        const int own = m->layers[l].kv_source == l, slides = n_swa && m->layers[l].swa;
+        const int own = m->layers[l].kv_source == l && !m->layers[l].recurrent, slides = n_swa && m->layers[l].swa;
         own_global += own && !slides;
         own_swa += own && slides;
     }
@@ -233,12 +238,18 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
                 "%d sliding-window layers' %d-token window (per sequence, whatever its length); %.2f MiB at the "
                 "trained context\n", (double)kv_tok / 1024.0, own_global, (double)kv_window / mib, own_swa,
                 hp->swa_window, kv_ctx / mib);
+    else if (kiri_model_n_recurrent_layers(m))
+        kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16) in the %d attention layers, plus the "
+                "short-convolution state per sequence; %.2f MiB at the trained context\n", (double)kv_tok / 1024.0,
+                own_global, kv_ctx / mib);
     else
         kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
                 (double)kv_tok / 1024.0, kv_ctx / mib);
     const uint64_t scratch = kiri_graph_scratch_bytes(m, 512, 1, 4096);
-    kiri_buf_printf(&text, "memory needed: %.2f MiB resident at the trained context (weights + kv + %.2f MiB scratch)\n",
-            ((double)m->weight_bytes + kv_ctx + (double)scratch) / mib, (double)scratch / mib);
+    const double state = (double)kiri_model_state_bytes(m);
+    kiri_buf_printf(&text, "memory needed: %.2f MiB resident at the trained context (weights + kv%s + %.2f MiB scratch)\n",
+            ((double)m->weight_bytes + kv_ctx + state + (double)scratch) / mib, state > 0 ? " + one sequence's state" : "",
+            (double)scratch / mib);
     char placement[320];
     kiri_model_describe_placement(m, placement, sizeof placement);
     kiri_buf_printf(&text, "placement:     %s\n", placement);

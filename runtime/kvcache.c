@@ -52,6 +52,14 @@ struct kiri_kvcache {
                                                  layer l attends; l for a layer with its own */
     struct kiri_tensor *k, *v;                /* owned arrays of n_layer descriptors (a layer
                                                  without its own: unused, see kiri_kvcache_k) */
+    /* Recurrent state (kiri_kvcache_state): one row per slot in each recurrent layer, all in
+     * one buffer on part[1]'s backend; none when n_state_slots is 0. */
+    int32_t n_state_slots;
+    struct kiri_tensor *state;                /* owned (n_layer): ne[1] == 0 for a layer without */
+    struct kiri_buffer *state_buffer;         /* owned */
+    size_t state_bytes;
+    int32_t *state_free;                      /* owned: stack of free slots */
+    int32_t n_state_free;
 };
 
 static struct pool *pool_of(struct kiri_kvcache *c, int layer)
@@ -59,10 +67,11 @@ static struct pool *pool_of(struct kiri_kvcache *c, int layer)
     return &c->pool[c->windowed && c->windowed[layer] ? 1 : 0];
 }
 
-/* The bytes of layer l's keys (or values) in its pool: 0 for a layer that reads another's. */
+/* The bytes of layer l's keys (or values) in its pool: 0 for a layer that reads another's, or
+ * keeps none (a recurrent layer). */
 static size_t layer_bytes(struct kiri_kvcache *c, int l)
 {
-    if (c->source[l] != l)
+    if (c->source[l] != l || c->row[l] == 0)
         return 0;
     return c->row[l] * (size_t)pool_of(c, l)->n_blocks * (size_t)c->block_size;
 }
@@ -152,6 +161,59 @@ static size_t layer_size(size_t row, int32_t n_blocks, int block_size, int n_lay
     return row * slots;
 }
 
+/* Allocates the recurrent state of st's layers: a layer with keys of its own, or below n_first,
+ * cannot have state (KIRI_E_INVALID_ARG). */
+static int state_init(struct kiri_kvcache *c, const struct kiri_kvcache_state *st)
+{
+    int n = 0;
+    for (int l = 0; st->layers && l < c->n_layer; l++) {
+        if (!st->layers[l])
+            continue;
+        if (c->row[l] != 0 || l < c->n_first)
+            return KIRI_E_INVALID_ARG;
+        n++;
+    }
+    if (n == 0)
+        return KIRI_OK;
+    if (st->dim < 1 || st->n_slots < 1 || st->n_slots > (1 << 20) ||
+        (uint64_t)st->dim > SIZE_MAX / 4 / (size_t)st->n_slots / (size_t)n)
+        return KIRI_E_INVALID_ARG;
+    const size_t row = (size_t)st->dim * sizeof(float), layer = row * (size_t)st->n_slots;
+    c->state = kiri_mem_calloc((size_t)c->n_layer, sizeof *c->state);
+    c->state_free = kiri_mem_array((size_t)st->n_slots, sizeof *c->state_free);
+    void *host = NULL;
+    if (!c->state || !c->state_free ||
+        c->part[1].iface->buffer_alloc(c->part[1].be, layer * (size_t)n, &c->state_buffer, &host) != 0) {
+        c->state_buffer = NULL;
+        return KIRI_E_NOMEM;
+    }
+    size_t off = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (!st->layers[l])
+            continue;
+        struct kiri_tensor *t = &c->state[l];
+        t->type = KIRI_TYPE_F32;
+        t->ne[0] = st->dim;
+        t->ne[1] = st->n_slots;
+        t->ne[2] = t->ne[3] = 1;
+        t->nb[0] = sizeof(float);
+        t->nb[1] = row;
+        t->nb[2] = t->nb[3] = layer;
+        t->buffer = c->state_buffer;
+        t->offset = off;
+        t->data = host ? (char *)host + off : NULL;
+        t->name = "state";
+        off += layer;
+    }
+    c->n_state_slots = st->n_slots;
+    c->state_bytes = layer * (size_t)n;
+    c->bytes += c->state_bytes;
+    for (int32_t i = 0; i < st->n_slots; i++)
+        c->state_free[i] = st->n_slots - 1 - i;
+    c->n_state_free = st->n_slots;
+    return KIRI_OK;
+}
+
 int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
                             const struct kiri_backend_iface *first_iface, struct kiri_backend *first_be,
                             int n_layer, int64_t kv_dim, int type, int block_size, int32_t n_blocks,
@@ -173,10 +235,11 @@ int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri
     for (int l = 0; l < n_layer; l++) {
         const int64_t dim = lay && lay->kv_dim ? lay->kv_dim[l] : kv_dim;
         const int32_t src = lay && lay->source ? lay->source[l] : l;
-        if (dim < 1 || dim % kiri_type_block_size(type) != 0 || src < 0 || src > l)
+        if (dim < 0 || dim % kiri_type_block_size(type) != 0 || src < 0 || src > l ||
+            (dim == 0 && (src != l || (n_windowed && w->layers[l]))))
             return KIRI_E_INVALID_ARG;
         const size_t row = (size_t)(dim / kiri_type_block_size(type)) * kiri_type_size(type);
-        if (!layer_size(row, n_windowed && w->layers[l] ? w->n_blocks : n_blocks, block_size, n_layer))
+        if (dim && !layer_size(row, n_windowed && w->layers[l] ? w->n_blocks : n_blocks, block_size, n_layer))
             return KIRI_E_INVALID_ARG;
         if (src == l)
             continue;
@@ -232,6 +295,10 @@ int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri
     if (alloc_parts(c, c->part, n_first, c->k, c->v) != KIRI_OK) {
         kiri_kvcache_free(c);
         return KIRI_E_NOMEM;
+    }
+    if (lay && lay->state && (rc = state_init(c, lay->state)) != KIRI_OK) {
+        kiri_kvcache_free(c);
+        return rc;
     }
     *out = c;
     return KIRI_OK;
@@ -293,8 +360,11 @@ int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_ba
     if (n_first < 0 || n_first > c->n_layer || (n_first > 0 && (!first_iface || !first_be)) || !iface || !be)
         return KIRI_E_INVALID_ARG;
     for (int l = 0; l < c->n_layer; l++)
-        if ((l < n_first) != (c->source[l] < n_first))
+        if ((l < n_first) != (c->source[l] < n_first) || (l < n_first && c->state && c->state[l].ne[1]))
             return KIRI_E_INVALID_ARG;   /* a layer and the cache it reads stay together */
+    /* The recurrent state stays where it was made (moving it is not done). */
+    if (c->state_buffer && be != c->part[1].be)
+        return KIRI_E_INVALID_ARG;
     if (n_first == c->n_first && (n_first == 0 || first_be == c->part[0].be) && be == c->part[1].be)
         return KIRI_OK;
     struct part np[2] = {{n_first ? first_iface : iface, n_first ? first_be : be, NULL}, {iface, be, NULL}};
@@ -369,6 +439,10 @@ void kiri_kvcache_free(struct kiri_kvcache *c)
     kiri_mem_free(c->windowed);
     kiri_mem_free(c->row);
     kiri_mem_free(c->source);
+    if (c->state_buffer)
+        c->part[1].iface->buffer_free(c->part[1].be, c->state_buffer);
+    kiri_mem_free(c->state);
+    kiri_mem_free(c->state_free);
     kiri_mem_free(c);
 }
 
@@ -380,6 +454,21 @@ int32_t kiri_kvcache_window(const struct kiri_kvcache *c) { return c->window; }
 struct kiri_tensor *kiri_kvcache_k(struct kiri_kvcache *c, int layer) { return &c->k[c->source[layer]]; }
 struct kiri_tensor *kiri_kvcache_v(struct kiri_kvcache *c, int layer) { return &c->v[c->source[layer]]; }
 int kiri_kvcache_layer_source(const struct kiri_kvcache *c, int layer) { return c->source[layer]; }
+
+struct kiri_tensor *kiri_kvcache_state(struct kiri_kvcache *c, int layer)
+{
+    return c->state && layer >= 0 && layer < c->n_layer && c->state[layer].ne[1] ? &c->state[layer] : NULL;
+}
+
+int32_t kiri_kvcache_n_state_slots(const struct kiri_kvcache *c) { return c->n_state_slots; }
+int32_t kiri_kvcache_n_state_free(const struct kiri_kvcache *c) { return c->n_state_free; }
+size_t kiri_kvcache_state_bytes(const struct kiri_kvcache *c) { return c->state_bytes; }
+int32_t kiri_kvcache_seq_state_row(const struct kiri_kv_seq *seq) { return seq->state - 1; }
+
+int kiri_kvcache_layer_has_kv(const struct kiri_kvcache *c, int layer)
+{
+    return layer >= 0 && layer < c->n_layer && c->row[c->source[layer]] != 0;
+}
 
 int kiri_kvcache_layer_windowed(const struct kiri_kvcache *c, int layer)
 {
@@ -533,7 +622,10 @@ int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq
                                       int32_t n_blocks, uint64_t *hash)
 {
     *hash = 0;
-    if (seq->n_blocks != 0 || n_blocks <= 0)
+    /* A recurrent layer's state after a prefix is not kept (only the latest, per sequence), so
+     * a sequence that took a cached prefix could not resume it: a cache with state shares
+     * nothing and every prompt is computed from its start. */
+    if (seq->n_blocks != 0 || n_blocks <= 0 || c->n_state_slots)
         return 0;
     const int bs = c->block_size;
     struct pool *g = &c->pool[0], *w = &c->pool[1];
@@ -580,8 +672,8 @@ int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq
 void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
                           const int32_t *tokens)
 {
-    if (i < 0 || i >= seq->n_blocks)
-        return;
+    if (i < 0 || i >= seq->n_blocks || c->n_state_slots)
+        return; /* nothing is shared from a cache with state (kiri_kvcache_seq_share_prefix) */
     publish_block(&c->pool[0], c->block_size, seq->blocks[i], hash, tokens);
     if (c->window && seq->wblocks && i >= seq->w_lo)
         publish_block(&c->pool[1], c->block_size, seq->wblocks[i], hash, tokens);
@@ -593,18 +685,23 @@ int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, in
         return KIRI_E_INVALID_ARG;
     release_window(c, seq);
     const int32_t need = (int32_t)(((int64_t)n_tokens + c->block_size - 1) / c->block_size);
-    if (need <= seq->n_blocks)
+    const int new_state = c->n_state_slots && !seq->state;
+    if (need <= seq->n_blocks && !new_state)
         return KIRI_OK;
     /* Every new block holds positions this step writes, so the windowed table needs them all. */
-    const int32_t more = need - seq->n_blocks;
-    if (more > available(&c->pool[0]) || (c->window && more > available(&c->pool[1])))
+    const int32_t more = need > seq->n_blocks ? need - seq->n_blocks : 0;
+    if (more > available(&c->pool[0]) || (c->window && more > available(&c->pool[1])) ||
+        (new_state && c->n_state_free == 0))
         return KIRI_E_CONTEXT_FULL;
-    if (grow_table(c, seq, need) != KIRI_OK)
+    if (more && grow_table(c, seq, need) != KIRI_OK)
         return KIRI_E_NOMEM;
     take(&c->pool[0], more, seq->blocks + seq->n_blocks);
     if (c->window)
         take(&c->pool[1], more, seq->wblocks + seq->n_blocks);
-    seq->n_blocks = need;
+    if (more)
+        seq->n_blocks = need;
+    if (new_state)
+        seq->state = c->state_free[--c->n_state_free] + 1;
     return KIRI_OK;
 }
 
@@ -617,6 +714,9 @@ void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
     seq->n_blocks = 0;
     seq->n_tokens = 0;
     seq->w_lo = 0;
+    if (seq->state > 0 && seq->state <= c->n_state_slots && c->n_state_free < c->n_state_slots)
+        c->state_free[c->n_state_free++] = seq->state - 1;
+    seq->state = 0;
 }
 
 void kiri_kvcache_seq_free(struct kiri_kvcache *c, struct kiri_kv_seq *seq)

@@ -13,6 +13,14 @@
  * a - window + 1 go back to the pool, and only blocks for [a - window + 1, b) are reserved.
  * A cache made without a window has one pool and behaves exactly as before.
  *
+ * Recurrent state. A layer without attention (lfm2's short convolutions) keeps no keys; what it
+ * carries from one token to the next is a fixed-size state per sequence (kiri_kvcache_state):
+ * one row of F32 per slot in each such layer, in a buffer allocated beside the pools at init. A
+ * sequence takes a slot with its first reservation and gives it back with its blocks
+ * (kiri_kvcache_seq_clear), so admission, preemption and cancellation handle both at once. The
+ * state holds only the latest position's, so a cache with state shares no prefix: every
+ * sequence is computed from position 0, whose step starts the state from zeros.
+ *
  * Invariants: a block is either on its pool's free list (count 0) or referenced by at least one
  * sequence or the prefix cache; position p of a sequence lives in slot table[p / block_size] *
  * block_size + p % block_size; a sequence's tables have exactly ceil(n_tokens / block_size)
@@ -41,6 +49,7 @@ struct kiri_kv_seq {
     int32_t *wblocks;       /* owned: windowed-pool block ids, n_blocks of cap (entries [0, w_lo)
                                stale); NULL for a cache without a window */
     int32_t w_lo;
+    int32_t state;          /* its recurrent-state slot + 1; 0: none (yet) */
 };
 
 /* The sliding-window layers of kiri_kvcache_init_windowed. */
@@ -74,9 +83,19 @@ int kiri_kvcache_init_windowed(const struct kiri_backend_iface *iface, struct ki
  * own). A layer with source[l] < l stores nothing (the step that runs it writes no keys) and costs
  * no memory; its source must have its own, lie in the same pool (both windowed or neither), on
  * the same backend (both below n_first or neither), with the same row. */
+struct kiri_kvcache_state;
 struct kiri_kvcache_layout {
-    const int64_t *kv_dim;  /* borrowed (n_layer) or NULL */
+    const int64_t *kv_dim;  /* borrowed (n_layer) or NULL; 0: a layer that keeps no keys (it must
+                               be its own source, outside the windowed pool) */
     const int32_t *source;  /* borrowed (n_layer) or NULL: source[l] == l, or an earlier layer */
+    const struct kiri_kvcache_state *state; /* borrowed or NULL: no recurrent state */
+};
+/* Recurrent state: dim F32 per slot in each layer marked, n_slots slots (the sequences that can
+ * run at once). A marked layer keeps no keys (kv_dim 0) and lies at or past n_first. */
+struct kiri_kvcache_state {
+    const uint8_t *layers;  /* borrowed (n_layer): 1 for a layer with state */
+    int64_t dim;
+    int32_t n_slots;
 };
 /* kiri_kvcache_init_windowed with a layout (NULL: every layer kv_dim, its own). */
 int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
@@ -102,8 +121,17 @@ int kiri_kvcache_block_size(const struct kiri_kvcache *c);
  * without one). */
 int32_t kiri_kvcache_n_free(const struct kiri_kvcache *c);
 int32_t kiri_kvcache_n_free_window(const struct kiri_kvcache *c);
-/* All the pools' keys and values. */
+/* All the pools' keys and values, and the recurrent state. */
 size_t kiri_kvcache_bytes(const struct kiri_kvcache *c);
+/* The recurrent state: layer's (dim, n_slots) F32, borrowed, or NULL for a layer without; the
+ * slots, those free, the bytes, and seq's slot (-1: none). */
+struct kiri_tensor *kiri_kvcache_state(struct kiri_kvcache *c, int layer);
+int32_t kiri_kvcache_n_state_slots(const struct kiri_kvcache *c);
+int32_t kiri_kvcache_n_state_free(const struct kiri_kvcache *c);
+size_t kiri_kvcache_state_bytes(const struct kiri_kvcache *c);
+int32_t kiri_kvcache_seq_state_row(const struct kiri_kv_seq *seq);
+/* Whether layer attends keys kept in the cache (its own or its source's): 0 for a recurrent one. */
+int kiri_kvcache_layer_has_kv(const struct kiri_kvcache *c, int layer);
 /* The window of the windowed layers (0 without a windowed pool), and whether layer is one. */
 int32_t kiri_kvcache_window(const struct kiri_kvcache *c);
 int kiri_kvcache_layer_windowed(const struct kiri_kvcache *c, int layer);
@@ -120,12 +148,14 @@ int32_t kiri_kvcache_n_available(const struct kiri_kvcache *c);
 int32_t kiri_kvcache_n_available_window(const struct kiri_kvcache *c);
 
 /* Makes room for positions [0, n_tokens) in seq, taking blocks from the pools (evicting the least
- * recently used unreferenced prefix blocks when no block is free). The next step writes from
+ * recently used unreferenced prefix blocks when no block is free), and a state slot when the
+ * cache has state and seq has none. The next step writes from
  * seq->n_tokens on: windowed blocks wholly below seq->n_tokens - window + 1 are released first
  * (even when the reservation then fails). Returns KIRI_OK or KIRI_E_CONTEXT_FULL (nothing taken)
  * when a pool lacks blocks. */
 int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens);
-/* Returns all of seq's blocks to the pool and empties it (the table memory is kept). */
+/* Returns all of seq's blocks to the pool, and its state slot, and empties it (the table memory
+ * is kept). */
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
 /* Frees the table memory too. */
 void kiri_kvcache_seq_free(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
@@ -143,12 +173,12 @@ uint64_t kiri_kvcache_block_hash(uint64_t parent, const int32_t *tokens, int n);
  * earlier ones are stale entries). A prefix whose windowed blocks were evicted is cut back to one
  * whose are not, or to none. Returns the blocks shared (seq->n_tokens is that many blocks) and
  * the chain hash of the last in *hash (0 for none); KIRI_E_NOMEM when the tables cannot grow
- * (nothing shared). */
+ * (nothing shared). A cache with recurrent state shares nothing (0). */
 int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, const int32_t *tokens,
                                       int32_t n_blocks, uint64_t *hash);
 /* Publishes block index i of seq (full, its keys and values final) under hash, in each pool
  * independently (the windowed block when it is live); a no-op for a pool where a block with that
- * hash is already cached. */
+ * hash is already cached, and for a cache with recurrent state. */
 void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
                           const int32_t *tokens);
 /* Cached (published) blocks of the global pool, and global blocks shared since init. */

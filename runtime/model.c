@@ -23,6 +23,7 @@ static int smollm3_hparams(struct kiri_model *m, struct kiri_status_info *info);
 static int granite_hparams(struct kiri_model *m, struct kiri_status_info *info);
 static int gemma4_shapes(struct kiri_model *m, struct kiri_status_info *info);
 static int gemma4_hparams(struct kiri_model *m, struct kiri_status_info *info);
+static int lfm2_shapes(struct kiri_model *m, struct kiri_status_info *info);
 
 struct arch_info {
     const char *name;
@@ -35,6 +36,7 @@ struct arch_info {
     int longrope;         /* LongRoPE factor sets whatever rope.scaling.type says (phi3) */
     int attn_scale_key;   /* the family reads attention.scale itself (granite), or has its own (gemma4) */
     int layer_arrays;     /* head_count, head_count_kv, feed_forward_length may be per-layer arrays */
+    const char *output_norm; /* the final norm's tensor: output_norm.weight unless named here */
     /* Each layer's shapes and attention kind, before the weights are looked up; NULL: every
      * layer has the hyperparameters' shapes. */
     int (*shapes)(struct kiri_model *m, struct kiri_status_info *info);
@@ -62,6 +64,10 @@ static const struct arch_info archs[] = {
     {.name = "gemma4", .arch = KIRI_ARCH_GEMMA4, .rope_mode = KIRI_ROPE_NEOX, .has_qk_norm = 1,
      .has_post_norms = 1, .rope_freqs = 1, .attn_scale_key = 1, .layer_arrays = 1, .shapes = gemma4_shapes,
      .family = gemma4_hparams},
+    /* LFM2 / LFM2.5: gated short-convolution blocks (the layers whose head_count_kv is 0) among
+     * GQA attention layers with Q/K norms; the final norm is named token_embd_norm. */
+    {.name = "lfm2", .arch = KIRI_ARCH_LFM2, .rope_mode = KIRI_ROPE_NEOX, .has_qk_norm = 1, .layer_arrays = 1,
+     .output_norm = "token_embd_norm.weight", .shapes = lfm2_shapes},
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -705,6 +711,60 @@ static int take_per_layer(struct kiri_model *m, int l, struct kiri_layer *L, str
     return KIRI_OK;
 }
 
+/* lfm2's short-convolution block of layer l: in_proj (n_embd -> 3 n_embd), the depthwise kernel
+ * (n_conv_taps, n_embd) F32 (llama.cpp's convolution reads F32 only) and out_proj. */
+static int take_short_conv(struct kiri_model *m, int l, struct kiri_layer *L, struct kiri_status_info *info)
+{
+    const int64_t E = m->hp.n_embd;
+    char n[KIRI_GGUF_MAX_NAME + 32];
+    int rc;
+    snprintf(n, sizeof n, "blk.%d.shortconv.in_proj.weight", l);
+    if ((rc = take_weight(m, n, E, 3 * E, WEIGHT_MATRIX, 1, &L->sc_in, info)) < 0)
+        return rc;
+    snprintf(n, sizeof n, "blk.%d.shortconv.out_proj.weight", l);
+    if ((rc = take_weight(m, n, E, E, WEIGHT_MATRIX, 1, &L->sc_out, info)) < 0)
+        return rc;
+    snprintf(n, sizeof n, "blk.%d.shortconv.conv.weight", l);
+    const struct kiri_gguf_tensor *gt = find_used(m, n);
+    if (!gt)
+        return kiri_error_at(info, KIRI_E_MODEL_INVALID, n, -1, "required tensor %s is missing", n);
+    if (gt->n_dims != 2 || gt->ne[0] != m->hp.n_conv_taps || gt->ne[1] != E)
+        return kiri_error_at(info, KIRI_E_MODEL_INVALID, n, -1,
+                             "tensor %s has wrong shape [%lld, %lld], expected [%d, %lld]", n, (long long)gt->ne[0],
+                             (long long)gt->ne[1], m->hp.n_conv_taps, (long long)E);
+    if (gt->type != KIRI_TYPE_F32)
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, n, -1, "tensor %s has type %s; the convolution's kernel must be F32",
+                             n, kiri_type_name(gt->type));
+    return describe(m, gt, 2, 0, E, &L->sc_conv, info);
+}
+
+/* The attention block's weights of layer l: q, k, v, the output projection, the per-head norms
+ * where the family has them (a layer that attends another's cache has no k norm) and gemma4's
+ * weightless value norm. */
+static int take_attention(struct kiri_model *m, const struct arch_info *ai, int l, struct kiri_layer *L,
+                          struct kiri_status_info *info)
+{
+    const int64_t E = m->hp.n_embd;
+    char n[KIRI_GGUF_MAX_NAME + 32];
+    int rc;
+    if ((rc = take_qkv(m, l, L, info)) < 0)
+        return rc;
+    snprintf(n, sizeof n, "blk.%d.attn_output", l);
+    if ((rc = take_proj(m, n, (int64_t)L->n_head * L->head_dim, 1, &E, 1, &L->wo, &L->bo, &L->wo_scale, info)) < 0)
+        return rc;
+    if (ai->has_qk_norm) {
+        snprintf(n, sizeof n, "blk.%d.attn_q_norm.weight", l);
+        if ((rc = take_weight(m, n, L->head_dim, 1, WEIGHT_VECTOR, 1, &L->q_norm, info)) < 0)
+            return rc;
+        snprintf(n, sizeof n, "blk.%d.attn_k_norm.weight", l);
+        if (L->kv_source == l && (rc = take_weight(m, n, L->head_dim, 1, WEIGHT_VECTOR, 1, &L->k_norm, info)) < 0)
+            return rc;
+    }
+    if (m->hp.arch == KIRI_ARCH_GEMMA4 && L->kv_source == l && (rc = take_ones(m, L->head_dim, &L->v_norm, info)) < 0)
+        return rc;
+    return KIRI_OK;
+}
+
 static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct kiri_status_info *info)
 {
     const struct kiri_hparams *hp = &m->hp;
@@ -730,7 +790,8 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
     if (ai->shapes && (rc = ai->shapes(m, info)) < 0)
         return rc;
     if ((rc = take_weight(m, "token_embd.weight", E, V, WEIGHT_EMBEDDING, 1, &m->tok_embd, info)) < 0 ||
-        (rc = take_weight(m, "output_norm.weight", E, 1, WEIGHT_VECTOR, 1, &m->output_norm, info)) < 0 ||
+        (rc = take_weight(m, ai->output_norm ? ai->output_norm : "output_norm.weight", E, 1, WEIGHT_VECTOR, 1,
+                          &m->output_norm, info)) < 0 ||
         (rc = take_proj(m, "output", E, 1, &V, 0, &m->output, &m->output_b, &m->output_scale, info)) < 0)
         return rc;
     if (hp->rope_longrope) {
@@ -775,19 +836,7 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         if ((rc = take_weight(m, n, ne0, ne1, kind, req, &L->field, info)) < 0)                   \
             return rc;
         W(attn_norm, "attn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
-        if ((rc = take_qkv(m, l, L, info)) < 0)
-            return rc;
-        snprintf(n, sizeof n, "blk.%d.attn_output", l);
-        if ((rc = take_proj(m, n, (int64_t)L->n_head * L->head_dim, 1, &E, 1, &L->wo, &L->bo, &L->wo_scale,
-                            info)) < 0)
-            return rc;
-        if (ai->has_qk_norm) {
-            W(q_norm, "attn_q_norm.weight", L->head_dim, 1, WEIGHT_VECTOR, 1)
-            if (L->kv_source == l) {
-                W(k_norm, "attn_k_norm.weight", L->head_dim, 1, WEIGHT_VECTOR, 1)
-            }
-        }
-        if (hp->arch == KIRI_ARCH_GEMMA4 && L->kv_source == l && (rc = take_ones(m, L->head_dim, &L->v_norm, info)) < 0)
+        if ((rc = L->recurrent ? take_short_conv(m, l, L, info) : take_attention(m, ai, l, L, info)) < 0)
             return rc;
         W(ffn_norm, "ffn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
         if ((rc = take_ffn(m, ai, l, L, info)) < 0)
@@ -1019,6 +1068,59 @@ static int gemma4_hparams(struct kiri_model *m, struct kiri_status_info *info)
     return KIRI_OK;
 }
 
+/* LFM2, before its weights: shortconv.l_cache (the convolution's taps, required) and which layers
+ * are short-convolution blocks, those whose head_count_kv is 0 in the per-layer array (as
+ * llama.cpp decides). The others attend with their own KV head count, which must divide
+ * head_count. A sliding window on the attention layers (attention.sliding_window) and
+ * bidirectional files (attention.causal false) are not run. */
+static int lfm2_shapes(struct kiri_model *m, struct kiri_status_info *info)
+{
+    const struct kiri_gguf *g = m->gguf;
+    struct kiri_hparams *hp = &m->hp;
+    const char *a = "lfm2";
+    uint32_t taps = 0, window = 0, kv[KIRI_MAX_LAYERS];
+    int rc;
+    if ((rc = get_u32_key(g, a, "shortconv.l_cache", 1, &taps, info)) < 0)
+        return rc;
+    if (taps < 2 || taps > 16)
+        return bad_hparam(info, g, a, "shortconv.l_cache", "must be 2..16");
+    if ((rc = get_u32_key(g, a, "attention.sliding_window", 0, &window, info)) < 0)
+        return rc;
+    if (window > 0)
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, "lfm2.attention.sliding_window", -1,
+                             "lfm2.attention.sliding_window %u: lfm2 with sliding-window attention is not supported",
+                             window);
+    /* LFM2.5's embedding models (Lfm2BidirectionalModel) attend both ways and pad their
+     * convolutions on both sides: not a text generator. */
+    int causal = 1;
+    if ((rc = kiri_gguf_get_bool(g, "lfm2.attention.causal", 0, &causal, info)) < 0)
+        return rc;
+    if (!causal)
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, "lfm2.attention.causal", -1,
+                             "lfm2.attention.causal is false: bidirectional lfm2 (embedding) models are not supported");
+    for (int l = 0; l < hp->n_layer; l++)
+        kv[l] = (uint32_t)hp->n_head;
+    if ((rc = get_layer_u32(g, a, "attention.head_count_kv", 0, hp->n_layer, kv, info)) < 0)
+        return rc;
+    uint32_t heads[KIRI_MAX_LAYERS], ff[KIRI_MAX_LAYERS];
+    if ((rc = get_layer_u32(g, a, "attention.head_count", 1, hp->n_layer, heads, info)) < 0 ||
+        (rc = get_layer_u32(g, a, "feed_forward_length", 1, hp->n_layer, ff, info)) < 0)
+        return rc;
+    for (int l = 0; l < hp->n_layer; l++) {
+        struct kiri_layer *L = &m->layers[l];
+        if (heads[l] != (uint32_t)hp->n_head || ff[l] != (uint32_t)hp->n_ff)
+            return bad_hparam(info, g, a, heads[l] != (uint32_t)hp->n_head ? "attention.head_count" : "feed_forward_length",
+                              "must be the same on every layer (lfm2)");
+        L->recurrent = kv[l] == 0;
+        if (!L->recurrent && hp->n_head % (int32_t)kv[l] != 0)
+            return bad_hparam(info, g, a, "attention.head_count_kv", "must divide attention.head_count on every "
+                              "attention layer");
+        L->n_head_kv = L->recurrent ? hp->n_head_kv : (int32_t)kv[l];
+    }
+    hp->n_conv_taps = (int32_t)taps;
+    return KIRI_OK;
+}
+
 /* SmolLM3 leaves out RoPE on every fourth layer (3, 7, 11, ...: layer l when (l + 1) % 4 == 0). */
 static int smollm3_hparams(struct kiri_model *m, struct kiri_status_info *info)
 {
@@ -1139,6 +1241,33 @@ static int split_layers(struct kiri_model *m, const struct kiri_model_params *p,
     return KIRI_OK;
 }
 
+/* The backend that runs a recurrent layer must run its short convolution (KIRI_OP_SHORT_CONV);
+ * a GPU backend without the op refuses the model here, before any request, naming it. The node
+ * asked about has the shapes of the graph's (its scratch descriptors carry no data). */
+static int check_short_conv(struct kiri_model *m, struct kiri_status_info *info)
+{
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const struct kiri_layer *L = &m->layers[l];
+        if (!L->recurrent)
+            continue;
+        const int off = l < m->n_offload;
+        const struct kiri_backend_iface *fi = off ? m->off_iface : m->iface;
+        const int64_t E = m->hp.n_embd;
+        struct kiri_tensor u = {.type = KIRI_TYPE_F32, .ne = {E, 1, 1, 1}, .nb = {4, 4 * (size_t)E, 4 * (size_t)E,
+                                                                                 4 * (size_t)E}};
+        struct kiri_tensor st = {.type = KIRI_TYPE_F32, .ne = {(m->hp.n_conv_taps - 1) * E, 1, 1, 1}};
+        struct kiri_tensor ids = {.type = KIRI_TYPE_I32, .ne = {1, 1, 1, 1}, .nb = {4, 4, 4, 4}};
+        st.nb[0] = 4;
+        st.nb[1] = st.nb[2] = st.nb[3] = 4 * (size_t)st.ne[0];
+        const struct kiri_node nd = {.op = KIRI_OP_SHORT_CONV, .dst = &u, .src = {&u, L->sc_conv, &st, &ids, &ids}};
+        if (fi->supports && !fi->supports(off ? m->off_be : m->be, &nd))
+            return kiri_error_set(info, KIRI_E_UNSUPPORTED,
+                                  "backend %s cannot run lfm2's short convolution (op short_conv, layer %d); run it "
+                                  "on the CPU (--backend cpu, or --gpu-layers %d)", fi->name, l, l);
+    }
+    return KIRI_OK;
+}
+
 static int start_backend(struct kiri_model *m, const struct kiri_model_params *p, struct kiri_status_info *info)
 {
     int rc = kiri_platform_mutex_init(&m->compute_lock);
@@ -1160,6 +1289,8 @@ static int start_backend(struct kiri_model *m, const struct kiri_model_params *p
                                  sizeof m->backend_report, info)) < 0)
         return rc;
     if ((rc = split_layers(m, p, &cfg, info)) < 0)
+        return rc;
+    if ((rc = check_short_conv(m, info)) < 0)
         return rc;
     /* Every weight must be runnable on the backend that runs it; ask before the first request.
      * Weights of CPU layers stay in the mapping (the CPU prepares nothing). */
@@ -1251,7 +1382,7 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         rc = kiri_error_at(info, KIRI_E_UNSUPPORTED, "general.architecture",
                            (int64_t)kiri_gguf_kv_offset(g, k),
                            "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3, gemma3, gemma4, smollm3, "
-                           "granite, phi3)",
+                           "granite, phi3, lfm2)",
                            (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }
@@ -1307,6 +1438,20 @@ void kiri_model_free(struct kiri_model *m)
     kiri_mem_free(m);
 }
 
+int kiri_model_n_recurrent_layers(const struct kiri_model *m)
+{
+    int n = 0;
+    for (int l = 0; m->layers && l < m->hp.n_layer; l++)
+        n += m->layers[l].recurrent != 0;
+    return n;
+}
+
+size_t kiri_model_state_bytes(const struct kiri_model *m)
+{
+    const int n = kiri_model_n_recurrent_layers(m);
+    return n ? (size_t)n * (size_t)(m->hp.n_conv_taps - 1) * (size_t)m->hp.n_embd * sizeof(float) : 0;
+}
+
 int kiri_model_n_swa_layers(const struct kiri_model *m)
 {
     int n = 0;
@@ -1330,7 +1475,7 @@ struct kiri_tensor *kiri_model_rope_factors(struct kiri_model *m, int32_t n_ctx,
 static size_t kv_layer_token_bytes(const struct kiri_model *m, int l, int kv_type)
 {
     const struct kiri_layer *L = &m->layers[l];
-    if (L->kv_source != l)
+    if (L->kv_source != l || L->recurrent)
         return 0;
     return 2 * kiri_row_bytes(kv_type, (int64_t)L->n_head_kv * L->head_dim);
 }
@@ -1359,24 +1504,26 @@ size_t kiri_model_kv_bytes_window(const struct kiri_model *m, int kv_type)
 int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
                             struct kiri_kvcache **out)
 {
-    return kiri_model_kvcache_init_swa(m, kv_type, block_size, n_blocks, 0, out);
+    return kiri_model_kvcache_init_swa(m, kv_type, block_size, n_blocks, 0, 1, out);
 }
 
 int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
-                                int32_t n_swa_blocks, struct kiri_kvcache **out)
+                                int32_t n_swa_blocks, int32_t n_state_slots, struct kiri_kvcache **out)
 {
-    uint8_t layers[KIRI_MAX_LAYERS];
+    uint8_t layers[KIRI_MAX_LAYERS], recurrent[KIRI_MAX_LAYERS];
     int64_t kv_dim[KIRI_MAX_LAYERS];
     int32_t source[KIRI_MAX_LAYERS];
     const int n_swa = n_swa_blocks > 0 ? kiri_model_n_swa_layers(m) : 0;
     for (int l = 0; l < m->hp.n_layer && l < KIRI_MAX_LAYERS; l++) {
         const struct kiri_layer *L = &m->layers[l];
         layers[l] = n_swa && L->swa;
-        kv_dim[l] = (int64_t)L->n_head_kv * L->head_dim;
+        recurrent[l] = L->recurrent != 0;
+        kv_dim[l] = L->recurrent ? 0 : (int64_t)L->n_head_kv * L->head_dim;
         source[l] = L->kv_source;
     }
     const struct kiri_kvcache_window w = {layers, m->hp.swa_window, n_swa_blocks};
-    const struct kiri_kvcache_layout lay = {kv_dim, source};
+    const struct kiri_kvcache_state st = {recurrent, (int64_t)(m->hp.n_conv_taps - 1) * m->hp.n_embd, n_state_slots};
+    const struct kiri_kvcache_layout lay = {kv_dim, source, kiri_model_n_recurrent_layers(m) ? &st : NULL};
     return kiri_kvcache_init_layers(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
                                     (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks,
                                     n_swa ? &w : NULL, &lay, out);

@@ -37,7 +37,8 @@ enum kiri_arch {
     KIRI_ARCH_SMOLLM3,
     KIRI_ARCH_GRANITE,
     KIRI_ARCH_PHI3,
-    KIRI_ARCH_GEMMA4
+    KIRI_ARCH_GEMMA4,
+    KIRI_ARCH_LFM2
 };
 
 #define KIRI_MAX_LAYERS 512
@@ -82,6 +83,8 @@ struct kiri_hparams {
                                  earlier layer's (gemma4's shared_kv_layers); n_layer otherwise */
     int32_t head_dim_swa;     /* gemma4's key_length_swa and rope.dimension_count_swa (else */
     int32_t n_rot_swa;        /* head_dim and n_rot) */
+    int32_t n_conv_taps;      /* lfm2's shortconv.l_cache: the taps of its short convolutions,
+                                 whose state keeps the last n_conv_taps - 1 inputs; 0: none */
 };
 
 struct kiri_layer {
@@ -122,6 +125,14 @@ struct kiri_layer {
     struct kiri_tensor *pl_proj;     /* (n_embd_per_layer, n_embd) */
     struct kiri_tensor *pl_post_norm;/* (n_embd) F32 */
     float out_scale;                 /* layer_output_scale, 1 when absent */
+    /* lfm2's gated short-convolution block, in place of attention on a recurrent layer (which
+     * has no attention weights and keeps no keys): B, C, x = in_proj h; y = C * conv(B * x);
+     * the block's output is out_proj y. The convolution's state is per sequence (kvcache.h). */
+    int recurrent;                   /* 1: this layer is a short-convolution block */
+    struct kiri_tensor *sc_in;       /* (n_embd, 3 n_embd): rows B, then C, then x */
+    struct kiri_tensor *sc_conv;     /* (n_conv_taps, n_embd) F32: each channel's taps, oldest
+                                        input first */
+    struct kiri_tensor *sc_out;      /* (n_embd, n_embd) */
 };
 
 struct kiri_model {
@@ -195,11 +206,17 @@ int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_s
 
 /* The same, with the sliding-window layers (layer.swa, hp.swa_window > 0) keeping only their
  * window in a pool of n_swa_blocks blocks (kiri_kvcache_init_windowed); n_swa_blocks = 0, or a
- * model without such layers, is kiri_model_kvcache_init. */
+ * model without such layers, is kiri_model_kvcache_init. The recurrent layers (layer.recurrent)
+ * keep no keys but n_state_slots sequences' state (kiri_kvcache_state; kiri_model_kvcache_init
+ * makes one slot). */
 int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
-                                int32_t n_swa_blocks, struct kiri_kvcache **out);
+                                int32_t n_swa_blocks, int32_t n_state_slots, struct kiri_kvcache **out);
 /* Layers that attend only the last hp.swa_window keys (0 when swa_window is 0). */
 int kiri_model_n_swa_layers(const struct kiri_model *m);
+/* Recurrent layers (lfm2's short-convolution blocks), and the bytes of one sequence's state in
+ * all of them: the last n_conv_taps - 1 inputs of each, F32 (0 without such layers). */
+int kiri_model_n_recurrent_layers(const struct kiri_model *m);
+size_t kiri_model_state_bytes(const struct kiri_model *m);
 
 /* kiri_model_describe_placement (kiri.h): which layers run on which backend. */
 

@@ -388,6 +388,35 @@ def ensure(out_dir, names=None, force=False, log=print):
 # and to measure how far llama.cpp itself is from exact arithmetic for each type.
 # ------------------------------------------------------------------------------------------------
 
+def finish_tiny(wr, tmp, path, vocab, tensors):
+    """Ends a tiny file of tests/tiny_*.py: the vocabulary's keys and the tensors (float32 arrays,
+    or (data, raw type) from quantize()) after the keys written so far, then the file written at
+    tmp and renamed to path."""
+    for key, (val, kind) in vocab.items():
+        getattr(wr, "add_" + kind)(key, val)
+    for name, data in tensors.items():
+        data, raw = data if isinstance(data, tuple) else (data, None)
+        wr.add_tensor(name, data, raw_dtype=raw)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    os.replace(tmp, path)
+
+
+def ensure_variants(out_dir, variants, write, script_mtime):
+    """Writes the variants' files (write(v, path)) that are missing or older than script_mtime
+    into out_dir; returns {name: path}."""
+    os.makedirs(out_dir, exist_ok=True)
+    out = {}
+    for v in variants:
+        path = os.path.join(out_dir, v.path_name)
+        if not (os.path.exists(path) and os.path.getmtime(path) >= script_mtime):
+            write(v, path)
+        out[v.name] = path
+    return out
+
+
 @functools.lru_cache(maxsize=2)
 def read_gguf(path):
     """(metadata without the vocabulary lists, {name: float64 array in numpy order}); cached,

@@ -53,6 +53,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_tiny_models as mtm  # noqa: E402
 import tiny_gemma4 as tg  # noqa: E402
+import tiny_lfm2 as tl  # noqa: E402
 from test_logits import _cpu_tiers, rel_err, top1_rate, worst  # noqa: E402
 
 REPO = mtm.REPO
@@ -225,8 +226,11 @@ def llama_logits(path, tokens, kv, n_ctx):
 
 @functools.lru_cache(maxsize=256)
 def exact_logits(path, tokens, n_ctx):
-    if mtm.read_gguf(path)[0]["general.architecture"] == tg.ARCH:
+    arch = mtm.read_gguf(path)[0]["general.architecture"]
+    if arch == tg.ARCH:
         return tg.reference_logits(path, list(tokens))
+    if arch == tl.ARCH:
+        return tl.reference_logits(path, list(tokens))
     return mtm.family_reference_logits(path, list(tokens), n_ctx)
 
 
@@ -284,6 +288,32 @@ def check(c, toks, K, at, kv, what, gpu=False):
         f"first: kiri picks {k1[bad[0]]} (exact {E[bad[0], k1[bad[0]]]:.4f}), best is "
         f"{E[bad[0]].argmax()} ({E[bad[0]].max():.4f}), margin {margin[bad[0]]:.4f}")
     return line
+
+
+def held_to_llama_cpp(path, prompt, res, tag, tol):
+    """A kiri serve completion res (greedy, logprobs 1) of prompt is llama.cpp's greedy
+    continuation of the same prompt on the file at path (F32 cache, N_CTX), text alike, each
+    generated token's logprob within tol of llama.cpp's."""
+    import llama_cpp
+    llm = llama(path, "f32", N_CTX)
+    ids = llm.tokenize(prompt.encode(), add_bos=True, special=False)
+    got = res["choices"][0]
+    n = len(got["logprobs"]["token_logprobs"])
+    llm.reset()
+    llm.eval(ids)
+    gen, ref = [], []
+    for _ in range(n):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        t = int(row.argmax())
+        ref.append(float(llama_cpp.Llama.logits_to_logprobs(row)[t]))
+        gen.append(t)
+        llm.eval([t])
+    text = llm.detokenize(gen).decode("utf-8", "replace")
+    err = np.abs(np.array(got["logprobs"]["token_logprobs"]) - np.array(ref)).max()
+    log(f"kiri serve {tag}: {len(ids)} prompt tokens, {n} generated, cached "
+        f"{res['usage']['prompt_tokens_details']['cached_tokens']}: logprobs vs llama.cpp {err:.2e}")
+    assert got["text"] == text, (got["text"], text)
+    assert err <= tol, (err, got["logprobs"]["token_logprobs"], ref)
 
 
 def kv_of(c):
@@ -638,46 +668,23 @@ def test_gemma4_server_prefix_reuse_and_preemption(start_server, gemma4_files):
     again (its blocks come from the prefix cache, the shared layers' included, since they own
     none), then three at once in a pool too small for them (preemption, then recomputation).
     Every generated token's logprob is held to llama.cpp's for the same prompt and tokens."""
-    import llama_cpp
     path = gemma4_files["gemma4-e"]
     srv = start_server(["-m", path, "--ctx", "128", "--parallel", "3", "--chunk", "16", "--kv-type", "f32",
                         "--kv-memory", "150K"], model=False)
-    llm = llama(path, "f32", N_CTX)
 
     def complete(prompt):
         r = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 1})
         assert r.status == 200, r
         return r.json
 
-    def held_to_llama_cpp(prompt, res):
-        """llama.cpp's greedy continuation of the same prompt is kiri's, logprobs alike."""
-        ids = llm.tokenize(prompt.encode(), add_bos=True, special=False)
-        got = res["choices"][0]
-        n = len(got["logprobs"]["token_logprobs"])
-        llm.reset()
-        llm.eval(ids)
-        gen, ref = [], []
-        for _ in range(n):
-            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-            t = int(row.argmax())
-            ref.append(float(llama_cpp.Llama.logits_to_logprobs(row)[t]))
-            gen.append(t)
-            llm.eval([t])
-        text = llm.detokenize(gen).decode("utf-8", "replace")
-        err = np.abs(np.array(got["logprobs"]["token_logprobs"]) - np.array(ref)).max()
-        log(f"kiri serve gemma4-e: {len(ids)} prompt tokens, {n} generated, cached "
-            f"{res['usage']['prompt_tokens_details']['cached_tokens']}: logprobs vs llama.cpp {err:.2e}")
-        assert got["text"] == text, (got["text"], text)
-        assert err <= 5e-3, (err, got["logprobs"]["token_logprobs"], ref)
-
     a = G4_STORY * 2 + "One day"
     cold = complete(a)
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    held_to_llama_cpp(a, cold)
+    held_to_llama_cpp(path, a, cold, "gemma4-e", 5e-3)
     b = G4_STORY * 2 + "The dog ran"
     warm = complete(b)
     assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48, warm["usage"]
-    held_to_llama_cpp(b, warm)
+    held_to_llama_cpp(path, b, warm, "gemma4-e", 5e-3)
 
     # Different openings (no shared blocks), 6 blocks each at the end: 18 in a pool of 10. The three
     # must overlap in time to preempt; a thread that starts late on a loaded machine can miss the
@@ -696,7 +703,7 @@ def test_gemma4_server_prefix_reuse_and_preemption(start_server, gemma4_files):
         for t in threads:
             t.join()
         for p, res in zip(prompts, out):
-            held_to_llama_cpp(p, res)
+            held_to_llama_cpp(path, p, res, "gemma4-e", 5e-3)
         if srv.metrics()["kiri_preemptions_total"] > p0:
             preempted = True
             break

@@ -2,7 +2,7 @@
  * reservations, reuse of freed blocks, and allocation failures; a windowed pool for sliding-window
  * layers (its size, blocks released as the window slides, prefix sharing cut back to what every
  * layer still has cached); layers of different row sizes and layers that read another layer's
- * keys and values (gemma4). */
+ * keys and values (gemma4); recurrent state per sequence (lfm2). */
 #include <string.h>
 
 #include "backend.h"
@@ -277,7 +277,7 @@ static void test_layout(void)
     const int64_t dims[5] = {32, 64, 64, 32, 32};
     const int32_t src[5] = {0, 1, 2, 3, 3};
     const struct kiri_kvcache_window w = {wl, WIN, 8};
-    const struct kiri_kvcache_layout lay = {dims, src};
+    const struct kiri_kvcache_layout lay = {dims, src, NULL};
     struct kiri_kvcache *c = NULL;
     CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_F16, BS, 30,
                                           &w, &lay, &c), 0);
@@ -311,14 +311,14 @@ static void test_layout(void)
     static const int32_t sources[4][5] = {{0, 1, 2, 4, 4}, {0, 1, 2, 3, 2}, {0, 0, 2, 3, 1}, {0, 1, 2, 3, 0}};
     const int32_t chained[5] = {0, 1, 1, 3, 3};
     for (int i = 0; i < 4; i++) {
-        const struct kiri_kvcache_layout b = {dims, sources[i]};
+        const struct kiri_kvcache_layout b = {dims, sources[i], NULL};
         c = NULL;
         int rc = kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_F16, BS, 30,
                                           &w, &b, &c);
         CHECK_EQ_INT(rc, i == 3 ? 0 : KIRI_E_INVALID_ARG);
         kiri_kvcache_free(c);
     }
-    const struct kiri_kvcache_layout ch = {dims, chained};   /* 2 reads 1, both global: fine */
+    const struct kiri_kvcache_layout ch = {dims, chained, NULL};   /* 2 reads 1, both global: fine */
     c = NULL;
     CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_F16, BS, 30,
                                           &w, &ch, &c), 0);
@@ -326,13 +326,13 @@ static void test_layout(void)
         CHECK_EQ_INT(kiri_kvcache_bytes(c), 1 * 2 * 64 * 2 * 120 + 2 * 2 * 32 * 2 * 32);
     kiri_kvcache_free(c);
     const int64_t odd[5] = {32, 64, 64, 32, 48};
-    const struct kiri_kvcache_layout od = {odd, src};
+    const struct kiri_kvcache_layout od = {odd, src, NULL};
     c = NULL;
     CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_F16, BS, 30,
                                           &w, &od, &c), KIRI_E_INVALID_ARG);
     const int64_t q8bad[5] = {32, 64, 64, 32, 16};
     const int32_t own[5] = {0, 1, 2, 3, 4};
-    const struct kiri_kvcache_layout q8 = {q8bad, own};
+    const struct kiri_kvcache_layout q8 = {q8bad, own, NULL};
     CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 5, 0, KIRI_TYPE_Q8_0, BS, 30,
                                           &w, &q8, &c), KIRI_E_INVALID_ARG);
     /* Split between layers 3 and 4: layer 4 would be apart from its source. */
@@ -378,5 +378,75 @@ static void test_teardown(void)
     kiri_threadpool_free(tp);
 }
 
+/* lfm2's layout: layers 0 and 2 short convolutions (no keys, state of 24 floats per slot), 1 and
+ * 3 attention; two state slots. A slot comes with the first reservation and goes back with the
+ * blocks; a third sequence waits for one (nothing taken); no prefix is shared or published. */
+static void test_state(void)
+{
+    const int64_t dims[4] = {0, 64, 0, 64};
+    const int32_t src[4] = {0, 1, 2, 3};
+    const uint8_t rec[4] = {1, 0, 1, 0};
+    const struct kiri_kvcache_state st = {rec, 24, 2};
+    const struct kiri_kvcache_layout lay = {dims, src, &st};
+    struct kiri_kvcache *c = NULL;
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 4, 0, KIRI_TYPE_F16, 4, 6,
+                                          NULL, &lay, &c), 0);
+    if (!c)
+        return;
+    CHECK_EQ_INT(kiri_kvcache_state_bytes(c), 2 * 24 * 4 * 2);
+    CHECK_EQ_INT(kiri_kvcache_bytes(c), 2 * 2 * 64 * 2 * 24 + 2 * 24 * 4 * 2);
+    CHECK(kiri_kvcache_state(c, 1) == NULL && kiri_kvcache_state(c, 0) && kiri_kvcache_state(c, 2));
+    CHECK_EQ_INT(kiri_kvcache_state(c, 2)->ne[0], 24);
+    CHECK_EQ_INT(kiri_kvcache_state(c, 2)->ne[1], 2);
+    CHECK(!kiri_kvcache_layer_has_kv(c, 0) && kiri_kvcache_layer_has_kv(c, 1));
+    const char *s0 = kiri_kvcache_state(c, 0)->data, *s2 = kiri_kvcache_state(c, 2)->data;
+    CHECK(s0 && s2 && (s2 >= s0 + 24 * 4 * 2 || s0 >= s2 + 24 * 4 * 2));
+
+    struct kiri_kv_seq a = {0}, b = {0}, d = {0};
+    CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), -1);
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 5), 0);
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &b, 1), 0);
+    CHECK(kiri_kvcache_seq_state_row(&a) >= 0 && kiri_kvcache_seq_state_row(&b) >= 0);
+    CHECK(kiri_kvcache_seq_state_row(&a) != kiri_kvcache_seq_state_row(&b));
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 0);
+    /* Blocks are free but no slot is: refused whole. */
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &d, 1), KIRI_E_CONTEXT_FULL);
+    CHECK_EQ_INT(d.n_blocks, 0);
+    CHECK_EQ_INT(kiri_kvcache_n_free(c), 3);
+    /* Growing keeps the slot. */
+    const int32_t row_a = kiri_kvcache_seq_state_row(&a);
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 9), 0);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), row_a);
+    /* Nothing is published or shared from a cache with state. */
+    int32_t toks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    a.n_tokens = 8;
+    kiri_kvcache_publish(c, &a, 0, kiri_kvcache_block_hash(0, toks, 4), toks);
+    CHECK_EQ_INT(kiri_kvcache_n_cached(c), 0);
+    uint64_t h = 0;
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, toks, 2, &h), 0);
+    /* Clearing gives the slot back with the blocks. */
+    kiri_kvcache_seq_clear(c, &a);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), -1);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 1);
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &d, 1), 0);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_row(&d), row_a);
+    kiri_kvcache_seq_free(c, &b);
+    kiri_kvcache_seq_free(c, &d);
+    kiri_kvcache_seq_free(c, &a);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 2);
+    CHECK_EQ_INT(kiri_kvcache_n_free(c), 6);
+    kiri_kvcache_free(c);
+
+    /* A layer with state must keep no keys; a layer without keys must be its own source. */
+    const int64_t keyed[4] = {64, 64, 0, 64};
+    const struct kiri_kvcache_layout bad = {keyed, src, &st};
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 4, 0, KIRI_TYPE_F16, 4, 6, NULL,
+                                          &bad, &c), KIRI_E_INVALID_ARG);
+    const int32_t reads[4] = {0, 1, 1, 3};
+    const struct kiri_kvcache_layout bad2 = {dims, reads, NULL};
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 4, 0, KIRI_TYPE_F16, 4, 6, NULL,
+                                          &bad2, &c), KIRI_E_INVALID_ARG);
+}
+
 TEST_MAIN(test_setup, test_blocks_and_slots, test_bad_shapes, test_window_pool, test_window_pool_full,
-          test_window_prefix, test_window_none, test_layout, test_allocation_failures, test_teardown)
+          test_window_prefix, test_window_none, test_layout, test_state, test_allocation_failures, test_teardown)

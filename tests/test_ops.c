@@ -2,8 +2,8 @@
  * on random inputs: RMS norm, SwiGLU, GeGLU, scaling and soft-capping (also through the backend,
  * in place), RoPE (both layouts, partial rotation, frequency factors, the magnitude factor),
  * attention through block tables (F32, F16 and Q8_0 caches, GQA) with and without a sliding
- * window, products of every weight type through the backend with 1 and 3 worker threads, and the
- * thread pool itself. Backend steps run on the reference kernels and on the kernels this CPU
+ * window, the short convolution with per-sequence state, products of every weight type through
+ * the backend with 1 and 3 worker threads, and the thread pool itself. Backend steps run on the reference kernels and on the kernels this CPU
  * offers (AVX2, NEON). */
 #include <math.h>
 #include <stdlib.h>
@@ -522,6 +522,105 @@ static void test_elementwise_nodes(void)
     env_free(&e);
 }
 
+/* KIRI_OP_SHORT_CONV against the convolution written out: two sequences in state rows 2 and 0 of
+ * three (filled with garbage, which a token at position 0 must not read), the first step the
+ * first's 5 tokens then the second's 2, the second step the rest interleaved; 3 and 4 taps, in
+ * place and not, 1 and 3 workers, both kernel sets. The sums run in the op's order (taps oldest
+ * first, in float), so the outputs and the final states are exact. */
+static void test_short_conv(void)
+{
+    enum { E = 40, NA = 9, NB = 6, SLOTS = 3, MAXK = 4 };
+    static float ua[NA][E], ub[NB][E], w[E][MAXK];
+    fill(&ua[0][0], (size_t)NA * E, 2.0f);
+    fill(&ub[0][0], (size_t)NB * E, 2.0f);
+    fill(&w[0][0], (size_t)E * MAXK, 1.0f);
+    /* The steps: (sequence, index) of each token. */
+    static const int steps[2][8][2] = {
+        {{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {1, 0}, {1, 1}, {-1, 0}},
+        {{1, 2}, {0, 5}, {0, 6}, {1, 3}, {1, 4}, {0, 7}, {1, 5}, {0, 8}},
+    };
+    const int n_step[2] = {7, 8};
+    const uint32_t features[2] = {0, kiri_platform_cpu_features()};
+    for (int K = 3; K <= MAXK; K++)
+        for (int fi = 0; fi < 2; fi++)
+            for (int nt = 1; nt <= 3; nt += 2)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    static float state[SLOTS][(MAXK - 1) * E], x[8][E], y[8][E], wk[E][MAXK];
+                    fill(&state[0][0], sizeof state / sizeof(float), 9.0f);
+                    for (int c = 0; c < E; c++)
+                        for (int k = 0; k < K; k++)
+                            wk[c][k] = w[c][k];
+                    struct env e;
+                    CHECK_EQ_INT(env_init_features(&e, nt, features[fi]), 0);
+                    int bad = 0;
+                    for (int st = 0; st < 2; st++) {
+                        const int n = n_step[st];
+                        int32_t rows[8], pos[8];
+                        for (int t = 0; t < n; t++) {
+                            const int sq = steps[st][t][0], i = steps[st][t][1];
+                            memcpy(x[t], sq ? ub[i] : ua[i], sizeof x[t]);
+                            rows[t] = sq ? 0 : 2;
+                            pos[t] = i;
+                        }
+                        struct kiri_tensor tx, ty, tw, ts, tr, tp;
+                        tensor2(&tx, KIRI_TYPE_F32, x, E, n);
+                        tensor2(&ty, KIRI_TYPE_F32, in_place ? (void *)x : (void *)y, E, n);
+                        tensor2(&tw, KIRI_TYPE_F32, wk, K, E);
+                        tw.nb[1] = MAXK * sizeof(float); /* rows of MAXK, K of them used */
+                        tensor2(&ts, KIRI_TYPE_F32, state, (int64_t)(K - 1) * E, SLOTS);
+                        ts.nb[1] = sizeof state[0];
+                        tensor2(&tr, KIRI_TYPE_I32, rows, n, 1);
+                        tensor2(&tp, KIRI_TYPE_I32, pos, n, 1);
+                        struct kiri_node nd = {.op = KIRI_OP_SHORT_CONV, .dst = &ty, .src = {&tx, &tw, &ts, &tr, &tp}};
+                        CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+                        CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
+                        const float(*out)[E] = in_place ? x : y;
+                        for (int t = 0; t < n; t++) {
+                            const int sq = steps[st][t][0], i = steps[st][t][1];
+                            const float(*u)[E] = sq ? ub : ua;
+                            for (int c = 0; c < E; c++) {
+                                float want = 0.0f;
+                                for (int k = 0; k + 1 < K; k++) {
+                                    const int j = i - K + 1 + k;
+                                    want += (j >= 0 ? u[j][c] : 0.0f) * wk[c][k];
+                                }
+                                want += u[i][c] * wk[c][K - 1];
+                                if (out[t][c] != want && bad++ < 3) {
+                                    fprintf(stderr, "  taps %d features %d threads %d in place %d: step %d token %d channel %d\n",
+                                            K, fi, nt, in_place, st, t, c);
+                                    CHECK_NEAR(out[t][c], want, 0.0);
+                                }
+                            }
+                        }
+                    }
+                    /* Each state row ends as its sequence's last K - 1 inputs, oldest first. */
+                    for (int k = 0; k + 1 < K; k++)
+                        for (int c = 0; c < E; c++) {
+                            bad += state[2][k * E + c] != ua[NA - K + 1 + k][c];
+                            bad += state[0][k * E + c] != ub[NB - K + 1 + k][c];
+                        }
+                    CHECK(bad == 0);
+                    env_free(&e);
+                }
+    /* One tap is no convolution with state; a state row of the wrong width is refused. */
+    float buf[4 * E];
+    int32_t ids[1] = {0};
+    struct kiri_tensor tx, tw, ts, ti;
+    tensor2(&tx, KIRI_TYPE_F32, buf, E, 1);
+    tensor2(&tw, KIRI_TYPE_F32, buf, 1, E);
+    tensor2(&ts, KIRI_TYPE_F32, buf, E, 1);
+    tensor2(&ti, KIRI_TYPE_I32, ids, 1, 1);
+    struct kiri_node nd = {.op = KIRI_OP_SHORT_CONV, .dst = &tx, .src = {&tx, &tw, &ts, &ti, &ti}};
+    struct env e;
+    CHECK_EQ_INT(env_init(&e, 1), 0);
+    CHECK(!kiri_cpu_backend_iface.supports(e.be, &nd));
+    tensor2(&tw, KIRI_TYPE_F32, buf, 3, E);
+    CHECK(!kiri_cpu_backend_iface.supports(e.be, &nd));
+    tensor2(&ts, KIRI_TYPE_F32, buf, 2 * E, 1);
+    CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+    env_free(&e);
+}
+
 /* A product through the backend equals the dot products of dequantized weights with the
  * activations, for every weight type, within the rounding of the activation type. */
 static void test_matmul_types(void)
@@ -615,4 +714,4 @@ static void test_threadpool(void)
 }
 
 TEST_MAIN(test_rms_norm, test_swiglu, test_geglu, test_scale_softcap, test_rope, test_attention,
-          test_attention_window, test_elementwise_nodes, test_matmul_types, test_threadpool)
+          test_attention_window, test_elementwise_nodes, test_short_conv, test_matmul_types, test_threadpool)

@@ -197,15 +197,7 @@ def write(v, path):
     wr.add_uint32(f"{k}.vocab_size", n_vocab)
     for key, val in v.extra_kv.items():
         wr.add_uint32(f"{k}.{key}", val)
-    for key, (val, kind) in vocab.items():
-        getattr(wr, "add_" + kind)(key, val)
-    for name, data in _weights(v, n_vocab).items():
-        wr.add_tensor(name, data)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
-    os.replace(tmp, path)
+    mtm.finish_tiny(wr, tmp, path, vocab, _weights(v, n_vocab))
 
 
 def reference_logits(path, tokens):
@@ -307,14 +299,7 @@ SCRIPT_MTIME = max(os.path.getmtime(__file__), mtm.SCRIPT_MTIME)
 
 def ensure(out_dir, variants=VARIANTS):
     """Writes the files that are missing or older than this script; returns {name: path}."""
-    os.makedirs(out_dir, exist_ok=True)
-    out = {}
-    for v in variants:
-        path = os.path.join(out_dir, v.path_name)
-        if not (os.path.exists(path) and os.path.getmtime(path) >= SCRIPT_MTIME):
-            write(v, path)
-        out[v.name] = path
-    return out
+    return mtm.ensure_variants(out_dir, variants, write, SCRIPT_MTIME)
 
 
 if __name__ == "__main__":

@@ -235,6 +235,48 @@ static void run_store_kv(struct kiri_backend *be, const struct kiri_node *nd, in
     }
 }
 
+/* The largest kernel KIRI_OP_SHORT_CONV runs (lfm2's is 3 taps). */
+#define SHORT_CONV_MAX_TAPS 16
+
+/* Causal depthwise convolution with per-sequence state (KIRI_OP_SHORT_CONV). Channels are
+ * independent, so each worker takes a range of them and walks the step's tokens in order, each
+ * token's window being its sequence's state (its K - 1 previous inputs, oldest first) and its own
+ * input; the state then shifts by one input. The taps sum in order, oldest input first, in
+ * float, as llama.cpp's ssm_conv does. In place is safe: a token's input is read before its
+ * output is written, and earlier inputs come from the state. */
+static void run_short_conv(const struct kiri_node *nd, int ith, int nth)
+{
+    const struct kiri_tensor *u = nd->src[0], *w = nd->src[1], *st = nd->src[2];
+    const int32_t *rows = nd->src[3]->data, *pos = nd->src[4]->data;
+    const int64_t E = u->ne[0], n = u->ne[1], K = w->ne[0], slots = st->ne[1];
+    int64_t c0, c1;
+    split_rows_aligned(E, 16, ith, nth, &c0, &c1);
+    for (int64_t t = 0; t < n; t++) {
+        const int32_t r = rows[t];
+        if (r < 0 || r >= slots)
+            continue; /* rows are validated by the runtime; never write outside the state */
+        float *state = (float *)((char *)st->data + (size_t)r * st->nb[1]);
+        const float *x = (const float *)row_ptr(u, t);
+        float *y = (float *)row_ptr(nd->dst, t);
+        if (pos[t] == 0)
+            for (int64_t k = 0; k + 1 < K; k++)
+                memset(state + k * E + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+        for (int64_t c = c0; c < c1; c++) {
+            const float *wc = (const float *)((const char *)w->data + (size_t)c * w->nb[1]);
+            const float xc = x[c];
+            float sum = 0.0f;
+            for (int64_t k = 0; k + 1 < K; k++)
+                sum += state[k * E + c] * wc[k];
+            sum += xc * wc[K - 1];
+            for (int64_t k = 0; k + 2 < K; k++)
+                state[k * E + c] = state[(k + 1) * E + c];
+            if (K > 1)
+                state[(K - 2) * E + c] = xc;
+            y[c] = sum;
+        }
+    }
+}
+
 /* The first key a token with n keys attends: with a sliding window only the last `window` keys
  * (the table entries of the blocks before that key are never read). */
 static int32_t attention_first(int32_t n, int window)
@@ -521,6 +563,7 @@ static void worker(void *arg, int ith, int nth)
         case KIRI_OP_STORE_KV: run_store_kv(be, nd, ith, nth); break;
         case KIRI_OP_ATTENTION: run_attention(be, nd, ith, nth); break;
         case KIRI_OP_MATMUL: run_matmul(be, nd, be->plan[i], ith, nth); break;
+        case KIRI_OP_SHORT_CONV: run_short_conv(nd, ith, nth); break;
         default: break;
         }
     }
@@ -723,6 +766,14 @@ static int cpu_supports(struct kiri_backend *be, const struct kiri_node *nd)
     }
     if (nd->op == KIRI_OP_SOFTCAP)
         return nd->p.softcap > 0.0f;
+    if (nd->op == KIRI_OP_SHORT_CONV) {
+        const struct kiri_tensor *u = nd->src[0], *w = nd->src[1], *st = nd->src[2];
+        return kiri_node_all_f32(nd, 3) && nd->src[3] && nd->src[4] && nd->src[3]->type == KIRI_TYPE_I32 &&
+               nd->src[4]->type == KIRI_TYPE_I32 && w->ne[0] >= 2 && w->ne[0] <= SHORT_CONV_MAX_TAPS &&
+               w->ne[1] == u->ne[0] && nd->dst->ne[0] == u->ne[0] && nd->dst->ne[1] == u->ne[1] &&
+               st->ne[0] == (w->ne[0] - 1) * u->ne[0] && u->ne[2] == 1 && u->ne[3] == 1 &&
+               nd->src[3]->ne[0] >= u->ne[1] && nd->src[4]->ne[0] >= u->ne[1];
+    }
     return nd->op >= 0 && nd->op < KIRI_OP_COUNT;
 }
 

@@ -1,0 +1,347 @@
+"""lfm2 (LFM2 / LFM2.5 text: gated short-convolution blocks among GQA attention layers) on the
+tiny files of tiny_lfm2.py, held to llama.cpp (llama-cpp-python) and to tiny_lfm2's float64
+reference by test_families.py's criteria (its check(), whose docstring gives the bounds):
+
+  - logits at every position, one token a step, in prompt chunks of 2, 3, 5, 7 and 16 and in one
+    batch (a chunk's tokens pass the convolution state along inside one step), F32 and F16 KV,
+    on two F32 files and a Q8_0 one (held to llama.cpp at the F32 bound too, see lcheck);
+  - on every CPU kernel tier this machine runs (c, avx2, avx512);
+  - three sequences side by side in one batching loop (each step's convolution walks several
+    sequences' states);
+  - through kiri serve: greedy completions unchanged by batching, a repeated prompt (no prefix is
+    shared from a cache with recurrent state: the second is computed whole and equals the
+    first), preemption in a pool too small for three (recomputed from the tokens, the state
+    started again), and a request after a cancelled one in the same slot;
+  - refusals: a sliding-window key, a bidirectional file, a tensor the graph does not read, a GPU
+    backend without the short convolution; kiri info's state line;
+  - LFM2's chat templates against jinja2, and its pre-tokenizer name against llama.cpp.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_families as tf  # noqa: E402
+import tiny_lfm2 as tl  # noqa: E402
+from test_families import Case, batch_tool, check, chunk_positions, dump_tool, prompt, run_dump  # noqa: E402,F401
+from test_logits import _cpu_tiers, rel_err, worst  # noqa: E402
+from conftest import free_port  # noqa: E402
+from test_server import COMPL, post_raw  # noqa: E402
+
+MODELS_DIR = tf.MODELS_DIR
+N_CTX = tf.N_CTX
+
+
+class _LfmModel:
+    """A tiny_lfm2 variant in the shape Case and prompt() read."""
+
+    def __init__(self, v):
+        self.name, self.wtype, self.twin, self.v = f"{v.name}-{v.wtype}", v.wtype, "", v
+        self.path = os.path.join(MODELS_DIR, v.path_name)
+        self.fam = v
+
+
+CASES = [Case(_LfmModel(tl.variant(n)), N_CTX) for n in ("lfm2-a", "lfm2-b", "lfm2-q8")]
+F32_CASES = [c for c in CASES if c.wtype == "F32"]
+
+
+@pytest.fixture(scope="session")
+def lfm2_files():
+    return tl.ensure(MODELS_DIR)
+
+
+@pytest.fixture
+def lc(request, lfm2_files):
+    c = request.param
+    assert lfm2_files[c.fam.name] == c.path
+    return c
+
+
+def lcheck(c, toks, K, at, kv, what):
+    """check(), and for the Q8_0 file with an F32 cache kiri held to llama.cpp at the F32 bound:
+    both quantize the activations of a Q8_0 product the same way (measured 1e-7 apart), which
+    check()'s quantized rule (against E only) would not see."""
+    check(c, toks, K, at, kv, what)
+    if c.wtype == "Q8_0" and kv == "f32":
+        L = tf.llama_logits(c.path, toks, kv, c.n_ctx)[at]
+        e = rel_err(K, L).max()
+        assert e <= tf.TOL_F32_F32KV, f"{c.name} {what}: kiri vs llama.cpp {e:.2e}: " + \
+            worst(K, L, "kiri", "llama.cpp")
+
+
+@pytest.mark.parametrize("lc", F32_CASES, indirect=True, ids=repr)
+def test_lfm2_llama_cpp_vs_exact(lc):
+    """llama.cpp agrees with tiny_lfm2.reference_logits: the keys and tensors (which layers are
+    convolutions, the kernel's tap order, B, C and x's rows in in_proj, the final norm's name)
+    mean what E computes."""
+    toks = prompt(lc)
+    E = tf.exact_logits(lc.path, toks, lc.n_ctx)
+    L = tf.llama_logits(lc.path, toks, "f32", lc.n_ctx)
+    e = rel_err(L, E).max()
+    tf.log(f"llama.cpp-vs-exact {lc.name:28s} {e:.2e}")
+    assert e <= tf.LLAMA_CPP_EXACT_F32, f"{lc.name}: llama.cpp vs exact {e:.2e}: " + worst(L, E, "llama.cpp", "exact")
+
+
+@pytest.mark.parametrize("lc", CASES, indirect=True, ids=repr)
+def test_lfm2_every_position_and_chunks(lc, dump_tool):
+    """Token by token, in chunks of 2, 3, 5, 7 and 16 and in one batch, F32 KV; token by token and
+    in chunks of 7 with the F16 KV cache."""
+    toks = prompt(lc)
+    K = run_dump(dump_tool, lc, toks, kv="f32")
+    lcheck(lc, toks, K, list(range(len(toks))), "f32", "token by token")
+    for chunk in (2, 3, 5, 7, 16):
+        K = run_dump(dump_tool, lc, toks, kv="f32", chunk=chunk)
+        lcheck(lc, toks, K, chunk_positions(len(toks), chunk), "f32", f"--chunk {chunk}")
+    K = run_dump(dump_tool, lc, toks, kv="f32", batch=True)
+    lcheck(lc, toks, K, [len(toks) - 1], "f32", "--batch")
+    K = run_dump(dump_tool, lc, toks, kv="f16")
+    lcheck(lc, toks, K, list(range(len(toks))), "f16", "token by token")
+    K = run_dump(dump_tool, lc, toks, kv="f16", chunk=7)
+    lcheck(lc, toks, K, chunk_positions(len(toks), 7), "f16", "--chunk 7")
+
+
+@pytest.mark.parametrize("tier", _cpu_tiers())
+@pytest.mark.parametrize("lc", CASES, indirect=True, ids=repr)
+def test_lfm2_cpu_tiers(lc, tier, dump_tool):
+    """Each CPU kernel tier, token by token and in chunks of 3 and 7, F32 KV."""
+    toks = prompt(lc)
+    K = run_dump(dump_tool, lc, toks, kv="f32", cpu_kernels=tier)
+    lcheck(lc, toks, K, list(range(len(toks))), "f32", f"token by token, {tier} kernels")
+    for chunk in (3, 7):
+        K = run_dump(dump_tool, lc, toks, kv="f32", chunk=chunk, cpu_kernels=tier)
+        lcheck(lc, toks, K, chunk_positions(len(toks), chunk), "f32", f"--chunk {chunk}, {tier} kernels")
+
+
+@pytest.mark.parametrize("lc", CASES, indirect=True, ids=repr)
+def test_lfm2_batched_with_other_sequences(lc, batch_tool):
+    """Three sequences side by side in one batching loop, fed 1, 3 and 7 tokens a round: every
+    step's convolutions read and update three sequences' states."""
+    tf.run_batched(lc, batch_tool)
+
+
+# ------------------------------------------------------------------------------------------------
+# Refusals and kiri info
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,named", [("lfm2-swa", "lfm2.attention.sliding_window"),
+                                        ("lfm2-bidir", "lfm2.attention.causal"),
+                                        ("lfm2-colbert", "dense_2_out.weight")])
+def test_lfm2_refused(name, named, lfm2_files, dump_tool):
+    """A sliding window on the attention layers (not run), a bidirectional (embedding) file and
+    LFM2-ColBert's projection (not a text model's tensor) are load errors naming the key or the
+    tensor."""
+    r = subprocess.run([dump_tool, "--n-ctx", "32", lfm2_files[name], "1", "2"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0, f"{name}: kiri ran it"
+    assert named in r.stderr, r.stderr
+
+
+def test_lfm2_gpu_without_the_op_refused(lfm2_files, dump_tool):
+    """Vulkan (lavapipe without a GPU) has no short convolution: the model is refused at load,
+    naming the op, rather than run with wrong results."""
+    if not tf._vulkan_device():
+        pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
+    r = subprocess.run([dump_tool, "--n-ctx", "32", lfm2_files["lfm2-a"], "1", "2"], capture_output=True,
+                       text=True, timeout=120, env=tf._env(backend="vulkan"))
+    assert r.returncode != 0, "kiri ran lfm2 on Vulkan"
+    assert "short_conv" in r.stderr and "vulkan" in r.stderr, r.stderr
+
+
+def test_lfm2_info_shows_state(lfm2_files, kiri_bin):
+    """kiri info names the convolution layers and their state per sequence: 4 layers x 2 inputs
+    x 64 channels x 4 bytes = 2 KiB."""
+    r = subprocess.run([str(kiri_bin), "info", "-m", lfm2_files["lfm2-a"]], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("short conv:")), "")
+    assert "4 of 6 layers" in line and "3 taps" in line and "2.0 KiB per sequence" in line, r.stdout
+    assert "in the 2 attention layers" in r.stdout, r.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# kiri serve: batching, a repeated prompt, preemption, a cancelled request
+# ------------------------------------------------------------------------------------------------
+
+STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog. "
+OPENINGS = ["Lily saw a bird. ", "The sun was hot. ", "Her dog barked. ", "A cat sat down. ", "The rain fell. ",
+            "Tom had a kite. ", "The boat was red. ", "Sam ate a pie. ", "A frog jumped. "]
+
+
+def _complete(srv, text, n=12):
+    r = srv.post(COMPL, {"prompt": text, "max_tokens": n, "temperature": 0, "logprobs": 1})
+    assert r.status == 200, r
+    return r.json
+
+
+def _held_to_llama_cpp(path, text, res):
+    tf.held_to_llama_cpp(path, text, res, "lfm2-a", 1e-3)
+
+
+def _at_once(srv, prompts):
+    out = [None] * len(prompts)
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, _complete(srv, prompts[i])))
+               for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+SERVE = ["--ctx", str(N_CTX), "--chunk", "16", "--kv-type", "f32"]
+
+
+def test_lfm2_server_batching_and_repeated_prompt(start_server, lfm2_files):
+    """Three requests at once (batched) give llama.cpp's greedy continuations, the same tokens as
+    one at a time; the same prompt alone again shares no prefix (cached_tokens 0) and gives the
+    same completion, logprobs and all."""
+    path = lfm2_files["lfm2-a"]
+    srv = start_server(["-m", path, "--parallel", "3"] + SERVE, model=False)
+    prompts = [s + STORY for s in OPENINGS[:3]]
+    alone = [_complete(srv, p) for p in prompts]
+    together = _at_once(srv, prompts)
+    for p, a, b in zip(prompts, alone, together):
+        _held_to_llama_cpp(path, p, b)
+        assert a["choices"][0]["text"] == b["choices"][0]["text"]
+        # A step of several tokens may take other product kernels: the same tokens, logprobs
+        # within float rounding.
+        err = np.abs(np.array(a["choices"][0]["logprobs"]["token_logprobs"]) -
+                     np.array(b["choices"][0]["logprobs"]["token_logprobs"])).max()
+        assert err <= 1e-5, err
+    again = _complete(srv, prompts[0])
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, again["usage"]
+    assert again["choices"][0] == alone[0]["choices"][0]
+
+
+def test_lfm2_server_preemption(start_server, lfm2_files):
+    """Three requests at once in a pool of 8 blocks (one 128-token context; 2 KiB x 3 of state
+    come off the budget first): one is preempted, its blocks and state slot freed, and later
+    recomputed from its tokens; every completion is llama.cpp's. The round is sent again (at most
+    three times) until the server counts a preemption, as a late thread may miss the others."""
+    path = lfm2_files["lfm2-a"]
+    # 2 attention layers x (K + V) x 32 floats x 4 bytes = 512 bytes a token, 8 KiB a block.
+    srv = start_server(["-m", path, "--parallel", "3", "--kv-memory", str(8 * 8192 + 3 * 2048)] + SERVE,
+                       model=False)
+    for r in range(3):
+        p0 = srv.metrics()["kiri_preemptions_total"]
+        prompts = [s + STORY + STORY for s in OPENINGS[3 * r:3 * r + 3]]
+        for p, res in zip(prompts, _at_once(srv, prompts)):
+            _held_to_llama_cpp(path, p, res)
+        if srv.metrics()["kiri_preemptions_total"] > p0:
+            return
+    pytest.fail("the pool held all three in every round: no preemption to check")
+
+
+@pytest.mark.parametrize("budget,named", [(8 * 8192 + 3 * 2048 - 1, "holds 112 tokens"),
+                                          (3 * 2048 - 1, "the recurrent layers' state")])
+def test_lfm2_state_from_the_budget(budget, named, lfm2_files, kiri_bin):
+    """The state comes off --kv-memory before the blocks: a byte less than the preemption test's
+    budget (8 blocks and 3 states) leaves 7 blocks, less than one context; less than the 3
+    states is refused naming them."""
+    r = subprocess.run([str(kiri_bin), "serve", "-m", lfm2_files["lfm2-a"], "--port", str(free_port()),
+                        "--parallel", "3", "--kv-memory", str(budget)] + SERVE, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and named in r.stderr, r.stderr
+
+
+def test_lfm2_server_after_cancel(start_server, lfm2_files):
+    """One slot: a streamed request closed after three tokens is cancelled (its blocks and its
+    state slot come back), and the next request in that slot gives llama.cpp's continuation. The
+    tiny model may write all it was asked for before the server sees the close, so the round is
+    tried again (at most three times) until the server counts the disconnect early."""
+    path = lfm2_files["lfm2-a"]
+    srv = start_server(["-m", path, "--parallel", "1", "--ctx", "512", "--chunk", "16", "--kv-type", "f32"],
+                       model=False)
+    body = json.dumps({"prompt": OPENINGS[0] + STORY, "max_tokens": 440, "temperature": 0, "stream": True}).encode()
+    cancelled = False
+    for _ in range(3):
+        m0 = srv.metrics()
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        s.sendall(post_raw(COMPL, body))
+        got = b""
+        while got.count(b"data: ") < 3:
+            part = s.recv(4096)
+            assert part, got.decode(errors="replace")
+            got += part
+        s.close()
+        # The HTTP thread counts the disconnect after the request's end: wait for both (a
+        # request that ran to its end before the close counts none).
+        deadline, idle_since = time.monotonic() + 10, None
+        while True:
+            m = srv.metrics()
+            idle = m["kiri_requests_running"] == 0 and m["kiri_kv_blocks_used"] == 0
+            idle_since = (idle_since or time.monotonic()) if idle else None
+            if idle and (m["kiri_client_disconnects_total"] > m0["kiri_client_disconnects_total"] or
+                         time.monotonic() - idle_since > 1.0):
+                break
+            assert time.monotonic() < deadline, {k: v for k, v in m.items() if "running" in k or "blocks" in k}
+            time.sleep(0.01)
+        generated = m["kiri_generation_tokens_total"] - m0["kiri_generation_tokens_total"]
+        if m["kiri_client_disconnects_total"] > m0["kiri_client_disconnects_total"] and generated < 440:
+            cancelled = True
+            break
+    assert cancelled, "the server wrote every token before it saw the close, three times"
+    text = OPENINGS[1] + STORY
+    _held_to_llama_cpp(path, text, _complete(srv, text))
+
+
+# ------------------------------------------------------------------------------------------------
+# The chat template LFM2 files carry (llama.cpp's tree), against jinja2
+# ------------------------------------------------------------------------------------------------
+
+CONVERSATIONS = ["user", "system_multi", "tool_round", "thinking"]
+
+
+@pytest.mark.parametrize("name", ["LFM2.5-Instruct.jinja", "LFM2-8B-A1B.jinja"])
+@pytest.mark.parametrize("conversation", CONVERSATIONS)
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_lfm2_chat_template(name, conversation, with_tools, tmp_path):
+    """LFM2's templates (ChatML turns after the BOS, the system prompt with its list of tools,
+    past thinking dropped) render byte for byte as jinja2 renders them, as test_chat_template.py
+    holds the other families' (its runner, imported here: it skips without jinja2 or the tool)."""
+    import test_chat_template as tct
+    assert conversation in tct.JSON_CONVERSATIONS
+    tct.test_family_template(name, conversation, with_tools, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# The tokenizer: LFM2's pre-tokenizer name
+# ------------------------------------------------------------------------------------------------
+
+def test_lfm2_pre_tokenizer(tmp_path):
+    """LFM2 files name their pre-tokenizer "lfm2" (llama.cpp splits it as Llama 3's, with merges
+    ignored for whole tokens and BOS added): llama.cpp's llama-bpe vocabulary under that name
+    tokenizes in kiri exactly as in llama.cpp, over test_tokenizer_vectors.py's texts and the
+    vocabulary's own test inputs."""
+    import gguf
+    tv = pytest.importorskip("test_tokenizer_vectors")
+    d = tv.vocab_dir()
+    src = d / "ggml-vocab-llama-bpe.gguf"
+    r = gguf.GGUFReader(str(src))
+    path = tmp_path / "ggml-vocab-lfm2.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = "lfm2" if key == "tokenizer.ggml.pre" else f.contents()
+        kind = f.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            wr.add_array(key, value)
+        else:
+            wr.add_key_value(key, value, kind)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    header, _ = tv.kiri_tokenize(path, ["x"])
+    assert header[1] == "lfm2" and header[2] == "1", header  # the pre-tokenizer, BOS added
+    tv.compare_with_llama_cpp(path, tv.TEXTS + tv.inp_texts(d / "ggml-vocab-llama-bpe.gguf.inp"))
