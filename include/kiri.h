@@ -320,6 +320,9 @@ struct kiri_batcher_stats {
                                      layers, plus the sliding-window layers' own pool */
     int32_t kv_window_blocks_total; /* that pool's blocks (0 without one) */
     int32_t kv_window_blocks_used;
+    int32_t state_slots_total;    /* recurrent-state slots (lfm2's convolutions; 0 without) */
+    int32_t state_slots_used;     /* held by running sequences */
+    uint64_t state_bytes;         /* the state store, all slots */
 };
 
 int kiri_batcher_init(struct kiri_model *model, const struct kiri_batcher_params *params,

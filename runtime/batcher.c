@@ -223,6 +223,8 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->stats.kv_block_size = BLOCK_SIZE;
     b->stats.kv_bytes = kiri_kvcache_bytes(b->kv);
     b->stats.kv_window_blocks_total = (int32_t)n_swa_blocks;
+    b->stats.state_slots_total = kiri_kvcache_n_state_slots(b->kv);
+    b->stats.state_bytes = kiri_kvcache_state_bytes(b->kv);
     *out = b;
     return KIRI_OK;
 }
@@ -882,6 +884,7 @@ static void kv_stats(struct kiri_batcher *b)
     b->stats.kv_blocks_cached = kiri_kvcache_n_cached(b->kv);
     if (b->swa_blocks_per_seq)
         b->stats.kv_window_blocks_used = b->stats.kv_window_blocks_total - kiri_kvcache_n_available_window(b->kv);
+    b->stats.state_slots_used = b->stats.state_slots_total - kiri_kvcache_n_state_free(b->kv);
 }
 
 /* One forward step over every running sequence. Returns 1 if it did work. */

@@ -369,6 +369,11 @@ static void render_batcher(struct kiri_buf *b, const struct kiri_batcher_stats *
     gauge_int(b, "kiri_kv_block_size_tokens", "Tokens per KV cache block.", s->kv_block_size);
     gauge_double(b, "kiri_kv_cache_usage_ratio",
                  "Fraction of KV cache blocks held by sequences (0 to 1).", usage);
+    gauge_int(b, "kiri_state_slots_capacity",
+              "Recurrent-state slots (one per sequence of a model with recurrent layers).", s->state_slots_total);
+    gauge_int(b, "kiri_state_slots_used", "Recurrent-state slots held by running sequences.", s->state_slots_used);
+    gauge_int(b, "kiri_state_bytes", "Bytes of the recurrent-state store, taken from the KV memory budget.",
+              (int64_t)s->state_bytes);
     counter(b, "kiri_prefix_cache_hit_blocks_total", "KV blocks reused from the prefix cache.",
             s->prefix_hit_blocks);
     gauge_int(b, "kiri_batch_size_tokens", "Tokens in the last batch step.", s->last_batch_tokens);

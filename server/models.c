@@ -788,6 +788,9 @@ void kiri_models_stats(struct kiri_models *r, struct kiri_batcher_stats *out)
         out->kv_blocks_total += st.kv_blocks_total;
         out->kv_blocks_used += st.kv_blocks_used;
         out->kv_blocks_cached += st.kv_blocks_cached;
+        out->state_slots_total += st.state_slots_total;
+        out->state_slots_used += st.state_slots_used;
+        out->state_bytes += st.state_bytes;
         if (i == def || !out->kv_block_size)
             out->kv_block_size = st.kv_block_size;
         out->prefix_hit_blocks += st.prefix_hit_blocks;

@@ -220,6 +220,10 @@ def test_lfm2_server_batching_and_repeated_prompt(start_server, lfm2_files):
     again = _complete(srv, prompts[0])
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, again["usage"]
     assert again["choices"][0] == alone[0]["choices"][0]
+    # /metrics: a state slot of 2 KiB (test_lfm2_info_shows_state) for each of the 3 sequences,
+    # none held once every request has ended.
+    m = srv.metrics()
+    assert (m["kiri_state_slots_capacity"], m["kiri_state_bytes"], m["kiri_state_slots_used"]) == (3, 3 * 2048, 0), m
 
 
 def test_lfm2_server_preemption(start_server, lfm2_files):
@@ -278,7 +282,8 @@ def test_lfm2_server_after_cancel(start_server, lfm2_files):
         deadline, idle_since = time.monotonic() + 10, None
         while True:
             m = srv.metrics()
-            idle = m["kiri_requests_running"] == 0 and m["kiri_kv_blocks_used"] == 0
+            idle = (m["kiri_requests_running"] == 0 and m["kiri_kv_blocks_used"] == 0 and
+                    m["kiri_state_slots_used"] == 0)
             idle_since = (idle_since or time.monotonic()) if idle else None
             if idle and (m["kiri_client_disconnects_total"] > m0["kiri_client_disconnects_total"] or
                          time.monotonic() - idle_since > 1.0):
