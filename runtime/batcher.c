@@ -531,9 +531,9 @@ static void admit(struct kiri_batcher *b)
         struct seq *s = b->waiting;
         const int32_t need = (s->n_tokens + BLOCK_SIZE) / BLOCK_SIZE;
         /* Head of line waits for memory rather than letting smaller requests starve it; an
-         * empty batch always admits (the pool holds at least one full context). */
-        if (b->n_running > 0 && (kiri_kvcache_n_available(b->kv) < need ||
-                                 (kiri_kvcache_n_state_slots(b->kv) && kiri_kvcache_n_state_free(b->kv) == 0)))
+         * empty batch always admits (the pool holds at least one full context). A recurrent-state
+         * slot is always free here: the store has one per sequence of max_seqs. */
+        if (b->n_running > 0 && kiri_kvcache_n_available(b->kv) < need)
             break;
         b->waiting = s->next;
         b->n_waiting--;
