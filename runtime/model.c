@@ -1408,10 +1408,10 @@ static int split_layers(struct kiri_model *m, const struct kiri_model_params *p,
 }
 
 /* The backend that runs a recurrent layer must run its ops: the short convolution
- * (KIRI_OP_SHORT_CONV), and on qwen35 the delta rule (KIRI_OP_DELTA_NET; its gates and gated
- * attention come with it); a GPU backend without them refuses the model here, before any
- * request, naming the op. The nodes asked about have the shapes of the graph's (their scratch
- * descriptors carry no data). */
+ * (KIRI_OP_SHORT_CONV), and on qwen35 the delta rule (KIRI_OP_DELTA_NET; its gates come with
+ * it), and the one that runs a qwen35 attention layer its output gate (KIRI_OP_SIGMOID_MUL); a
+ * GPU backend without them refuses the model here, before any request, naming the op. The
+ * nodes asked about have the shapes of the graph's (their scratch descriptors carry no data). */
 static int check_recurrent_ops(struct kiri_model *m, struct kiri_status_info *info)
 {
     const struct kiri_hparams *hp = &m->hp;
@@ -1420,10 +1420,25 @@ static int check_recurrent_ops(struct kiri_model *m, struct kiri_status_info *in
     const int64_t C = qwen35 ? (2 * Hk + Hv) * S : hp->n_embd;
     for (int l = 0; l < hp->n_layer; l++) {
         const struct kiri_layer *L = &m->layers[l];
-        if (!L->recurrent)
-            continue;
         const int off = l < m->n_offload;
         const struct kiri_backend_iface *fi = off ? m->off_iface : m->iface;
+        if (L->attn_gated) {
+            /* The attention output times its gate's sigmoid, the gate a strided view. */
+            const int64_t D = L->head_dim;
+            struct kiri_tensor att = {.type = KIRI_TYPE_F32, .ne = {D, L->n_head, 1, 1},
+                                      .nb = {4, 4 * (size_t)D, 4 * (size_t)D * (size_t)L->n_head,
+                                             4 * (size_t)D * (size_t)L->n_head}};
+            struct kiri_tensor gate = att;
+            gate.nb[1] = 8 * (size_t)D;
+            gate.nb[2] = gate.nb[3] = gate.nb[1] * (size_t)L->n_head;
+            const struct kiri_node nd = {.op = KIRI_OP_SIGMOID_MUL, .dst = &att, .src = {&att, &gate}};
+            if (fi->supports && !fi->supports(off ? m->off_be : m->be, &nd))
+                return kiri_error_set(info, KIRI_E_UNSUPPORTED,
+                                      "backend %s cannot run %s's gated attention (op sigmoid_mul, layer %d); run it "
+                                      "on the CPU (--backend cpu, or --gpu-layers %d)", fi->name, m->arch_name, l, l);
+        }
+        if (!L->recurrent)
+            continue;
         struct kiri_tensor u = {.type = KIRI_TYPE_F32, .ne = {C, 1, 1, 1}, .nb = {4, 4 * (size_t)C, 4 * (size_t)C,
                                                                                  4 * (size_t)C}};
         struct kiri_tensor st = {.type = KIRI_TYPE_F32, .ne = {(hp->n_conv_taps - 1) * C, 1, 1, 1}};

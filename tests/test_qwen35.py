@@ -136,11 +136,15 @@ def test_qwen35_mtp_head_loaded_and_unused(qwen35_files, dump_tool):
 
 @pytest.mark.parametrize("name,named", [("qwen35-moe", "qwen35.expert_count"),
                                         ("qwen35-sections", "qwen35.rope.dimension_sections"),
-                                        ("qwen35-extra", "blk.0.ssm_extra.weight")])
+                                        ("qwen35-extra", "blk.0.ssm_extra.weight"),
+                                        ("qwen35-heads", "qwen35.ssm.time_step_rank"),
+                                        ("qwen35-taps", "qwen35.ssm.conv_kernel"),
+                                        ("qwen35-nextn", "qwen35.nextn_predict_layers")])
 def test_qwen35_refused(name, named, qwen35_files, dump_tool):
     """A mixture of experts (qwen35moe's key), RoPE sections that leave rotated pairs to the
-    fourth position (which text tokens hold at 0) and a tensor no qwen35 graph reads are load
-    errors naming the key or the tensor."""
+    fourth position (which text tokens hold at 0), a tensor no qwen35 graph reads, value heads
+    that are no multiple of the key heads, a one-tap convolution and a multi-token-prediction
+    count that leaves no trunk are load errors naming the key or the tensor."""
     r = subprocess.run([dump_tool, "--n-ctx", "32", qwen35_files[name], "1", "2"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0, f"{name}: kiri ran it"

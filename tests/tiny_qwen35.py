@@ -73,6 +73,10 @@ VARIANTS = [
             "(extra) position, which text tokens hold at 0", seed=701, base="qwen35-a", sections=(1, 1, 0, 2)),
     Variant("qwen35-extra", "qwen35-a with a tensor no qwen35 graph reads", seed=701, base="qwen35-a",
             extra={"blk.0.ssm_extra.weight": (8, 64)}),
+    Variant("qwen35-heads", "3 key heads for 4 value heads (not a multiple)", k_heads=3, seed=703),
+    Variant("qwen35-taps", "a convolution of one tap", conv=1, seed=704),
+    Variant("qwen35-nextn", "qwen35-a whose nextn_predict_layers counts every block", seed=701, base="qwen35-a",
+            extra_kv={"nextn_predict_layers": 4}),
 ]
 
 
