@@ -13,7 +13,8 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
     whole: no prefix is shared from a cache with recurrent state), preemption in a pool too small
     for three, and a request after a cancelled one in the same slot; the state's bytes in
     /metrics and taken from --kv-memory;
-  - the multi-token-prediction block of qwen35-b loaded and left unused, said so at load;
+  - the multi-token-prediction block of qwen35-b loaded and left unused, said so at load; a
+    vision tower's tensors likewise;
   - refusals: a mixture of experts (expert_count), RoPE sections that turn pairs by the fourth
     position, a tensor the graph does not read, a GPU backend without the delta rule; kiri
     info's state line;
@@ -132,6 +133,21 @@ def test_qwen35_mtp_head_loaded_and_unused(qwen35_files, dump_tool):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "multi-token-prediction head (1 layer, 15 tensors) is loaded and not run" in r.stderr, r.stderr
+
+
+def test_qwen35_vision_tensors_left_unused(qwen35_files, dump_tool):
+    """A file that carries a vision tower (v.*) and its projector (mm.*) runs as text, says so, and
+    gives qwen35-a's logits exactly (the same weights otherwise)."""
+    c = next(c for c in CASES if c.fam.name == "qwen35-a")
+    toks = prompt(c)
+    K = run_dump(dump_tool, c, toks, kv="f32", chunk=5)
+    with_tower = Case(hs.TinyModel(tq.variant("qwen35-vision")), N_CTX)
+    assert qwen35_files["qwen35-vision"] == with_tower.path
+    assert (run_dump(dump_tool, with_tower, toks, kv="f32", chunk=5) == K).all()
+    r = subprocess.run([dump_tool, "--n-ctx", "32", "--out", os.devnull, with_tower.path, "1", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "the file's 3 vision/audio tensors (v.*, a.*, mm.*) are not used" in r.stderr, \
+        r.stderr
 
 
 @pytest.mark.parametrize("name,named", [("qwen35-moe", "qwen35.expert_count"),
