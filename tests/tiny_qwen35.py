@@ -64,6 +64,10 @@ VARIANTS = [
             "a kernel of 3, 12 rotated dimensions in sections (2, 2, 2), an output matrix of its own, and a "
             "multi-token-prediction block", n_layer=6, interval=3, n_head=2, n_head_kv=1, head_dim=32, n_rot=12,
             sections=(2, 2, 2, 0), conv=3, state=8, k_heads=1, v_heads=3, untied=True, nextn=1, seed=702),
+    Variant("qwen35-c", "Qwen3.5's head shapes: value and key heads of 128 (2 key heads, 4 value heads), attention "
+            "heads of 256 with 64 rotated dimensions in sections (11, 11, 10), 8 layers, attention on 3 and 7",
+            n_layer=8, n_embd=128, n_head=2, n_head_kv=1, head_dim=256, n_rot=64, sections=(11, 11, 10, 0),
+            n_ff=160, state=128, k_heads=2, v_heads=4, seed=705),
     Variant("qwen35-q8", "qwen35-a's weights with every projection and the embedding in Q8_0", seed=701,
             wtype="Q8_0"),
     # Refusals.
