@@ -220,7 +220,22 @@ enum kiri_op {
                            ((K - 1) * E, slots) F32, the inputs oldest first, E per input; the op
                            updates that row in place to the sequence's last K - 1 inputs. A token
                            at position 0 (src[4] (n) I32) starts its sequence: its state reads as
-                           zeros. Tokens of one sequence run in batch order; in place allowed */
+                           zeros. Tokens of one sequence run in batch order; in place allowed.
+                           With p.conv_silu the output is silu of the sum (qwen35) */
+    KIRI_OP_SIGMOID_MUL, /* dst (E, R) = src[0] (E, R) * sigmoid(src[1] (E, R)); rows may be strided
+                           (the attention output times its gate); in place allowed */
+    KIRI_OP_DELTA_GATES, /* dst (2H, n) F32, per token: H values sigmoid(src[0] (H, n)), then H
+                           values softplus(src[1] (H, n) + src[2] (H)) * src[3] (H): a Gated
+                           DeltaNet layer's beta and the logarithm of its decay */
+    KIRI_OP_DELTA_NET,  /* dst (Hv*S, n) F32 = the gated delta rule over a step's tokens. src[0] (C, n)
+                           F32 holds per token q (Hk heads of S), k (Hk heads of S), then v (Hv heads
+                           of S), C = 2*Hk*S + Hv*S (p.delta); src[1] (2*Hv, n) the gates as
+                           KIRI_OP_DELTA_GATES writes them (beta, then g). Value head j reads key
+                           head j % Hk. Each head keeps a state M (S x S, M[j][i]: value dim j,
+                           key dim i) in row src[3][t] (I32) of src[2] (Hv*S*S, slots) F32, head
+                           after head; per token M *= exp(g), d = beta * (v - M k), M += d k^T,
+                           out = p.delta.scale * M q. A token at position 0 (src[4] (n) I32) starts
+                           from a zero state. Tokens of one sequence run in batch order */
     KIRI_OP_COUNT
 };
 
@@ -235,6 +250,13 @@ struct kiri_rope_params {
     float freq_base;
     float freq_scale;       /* linear position scaling: 1 / scaling factor */
     float attn_factor;      /* multiplies cos and sin (LongRoPE's magnitude correction); 1 for none */
+};
+
+struct kiri_delta_params {
+    int n_head_k;           /* Hk: query and key heads */
+    int n_head_v;           /* Hv: value heads and states, a multiple of Hk */
+    int head_dim;           /* S: the size of every head */
+    float scale;            /* multiplies the output: 1/sqrt(S) */
 };
 
 struct kiri_attn_params {
@@ -258,6 +280,8 @@ struct kiri_node {
         float softcap;                      /* KIRI_OP_SOFTCAP */
         struct kiri_rope_params rope;
         struct kiri_attn_params attn;
+        struct kiri_delta_params delta;     /* KIRI_OP_DELTA_NET */
+        int conv_silu;                      /* KIRI_OP_SHORT_CONV */
     } p;
 };
 

@@ -46,6 +46,17 @@ enum {
     T_BCX_B, T_BCX_C, T_BCX_X, /* (E, n) views of its three parts (rows of 3E) */
     T_CONV_OUT, /* (E, n) the block's output, over T_BCX's memory */
     T_STATE_ROWS, /* (n) I32 each token's recurrent-state slot */
+    /* qwen35 (empty without; S head size, Hk/Hv key/value heads, C = 2 Hk S + Hv S): */
+    T_QG,       /* (2 D H, n) the gated attention's query projection: per head D queries, D gates */
+    T_QG_Q, T_QG_GATE, /* (D, H n) views of its queries and gates (rows 2 D apart) */
+    T_ATT_H,    /* (D, H n) the attention output per head (T_ATT's memory) */
+    T_QKV,      /* (C, n) a Gated DeltaNet layer's q, k, v; convolved in place */
+    T_QKV_Q, T_QKV_K, /* (S, Hk, n) views of its queries and keys */
+    T_Z,        /* (Hv S, n) the output gate */
+    T_BETA, T_ALPHA, /* (Hv, n) the gates' projections */
+    T_GATES,    /* (2 Hv, n) beta, then the decay's logarithm */
+    T_DN_OUT,   /* (Hv S, n) the delta rule's output */
+    T_DN_OUT_H, /* (S, Hv n) the same per head */
     T_COUNT
 };
 
@@ -53,6 +64,7 @@ enum {
  * descriptor of each per layer, over the memory of the T_ tensor of the same name. */
 enum {
     LT_Q, LT_Q3, LT_QH, LT_K, LT_K3, LT_KH, LT_V, LT_VH, LT_ATT, LT_GATE, LT_UP, LT_PL_IN,
+    LT_CONV_STATE, LT_DELTA_STATE, /* qwen35: views of the layer's recurrent state (kvcache) */
     LT_COUNT
 };
 
@@ -133,8 +145,17 @@ static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t e
         bytes[T_PL_GATE] = (size_t)hp->n_embd_per_layer * (size_t)n * 4;
     }
     if (recurrent) {
-        bytes[T_BCX] = 3 * E * (size_t)n * 4;
+        bytes[T_BCX] = hp->arch == KIRI_ARCH_LFM2 ? 3 * E * (size_t)n * 4 : 0;
         bytes[T_STATE_ROWS] = (size_t)n * 4;
+    }
+    const size_t S = (size_t)hp->ssm_head_dim, Hv = (size_t)hp->ssm_v_heads;
+    const size_t C = (2 * (size_t)hp->ssm_k_heads + Hv) * S;
+    if (hp->arch == KIRI_ARCH_QWEN35) {
+        bytes[T_QG] = 2 * Q * (size_t)n * 4;
+        bytes[T_QKV] = C * (size_t)n * 4;
+        bytes[T_Z] = bytes[T_DN_OUT] = Hv * S * (size_t)n * 4;
+        bytes[T_BETA] = bytes[T_ALPHA] = Hv * (size_t)n * 4;
+        bytes[T_GATES] = 2 * Hv * (size_t)n * 4;
     }
     size_t off = 0;
     for (int i = 0; i < T_COUNT; i++) {
@@ -148,6 +169,12 @@ static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t e
     l->off[T_BCX_B] = l->off[T_CONV_OUT] = l->off[T_BCX];
     l->off[T_BCX_C] = l->off[T_BCX] + E * 4;
     l->off[T_BCX_X] = l->off[T_BCX] + 2 * E * 4;
+    l->off[T_QG_Q] = l->off[T_QG];
+    l->off[T_QG_GATE] = l->off[T_QG] + (size_t)hp->head_dim * 4;
+    l->off[T_ATT_H] = l->off[T_ATT];
+    l->off[T_QKV_Q] = l->off[T_QKV];
+    l->off[T_QKV_K] = l->off[T_QKV] + (size_t)hp->ssm_k_heads * S * 4;
+    l->off[T_DN_OUT_H] = l->off[T_DN_OUT];
     l->total = off;
 }
 
@@ -272,6 +299,39 @@ static int upload(struct side *s, struct kiri_tensor *t, const void *src, size_t
     return s->iface->tensor_set(s->be, t, src, 0, size);
 }
 
+/* Shapes id as rows of ne0 elements, ne1 per token, the tokens row_stride bytes apart. */
+static void shape_rows(struct side *s, int id, int64_t ne0, int64_t ne1, int32_t n, size_t row_stride)
+{
+    struct kiri_tensor *t = shape(s, id, KIRI_TYPE_F32, ne0, ne1, n);
+    t->nb[2] = row_stride;
+    t->nb[3] = row_stride * (size_t)n;
+}
+
+/* qwen35's activations of a step of n tokens. */
+static void shape_qwen35(const struct kiri_model *m, struct side *s, int32_t n)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    const int64_t D = hp->head_dim, H = hp->n_head, S = hp->ssm_head_dim, Hk = hp->ssm_k_heads;
+    const int64_t Hv = hp->ssm_v_heads, C = (2 * Hk + Hv) * S;
+    const int f32 = KIRI_TYPE_F32;
+    shape(s, T_QG, f32, 2 * D * H, n, 1);
+    for (int id = T_QG_Q; id <= T_QG_GATE; id++) {
+        struct kiri_tensor *t = shape(s, id, f32, D, H * n, 1);
+        t->nb[1] = 2 * (size_t)D * 4; /* each head's queries, then its gates */
+        t->nb[2] = t->nb[3] = t->nb[1] * (size_t)(H * n);
+    }
+    shape(s, T_ATT_H, f32, D, H * n, 1);
+    shape(s, T_QKV, f32, C, n, 1);
+    shape_rows(s, T_QKV_Q, S, Hk, n, (size_t)C * 4);
+    shape_rows(s, T_QKV_K, S, Hk, n, (size_t)C * 4);
+    shape(s, T_Z, f32, Hv * S, n, 1);
+    shape(s, T_BETA, f32, Hv, n, 1);
+    shape(s, T_ALPHA, f32, Hv, n, 1);
+    shape(s, T_GATES, f32, 2 * Hv, n, 1);
+    shape(s, T_DN_OUT, f32, Hv * S, n, 1);
+    shape(s, T_DN_OUT_H, f32, S, Hv * n, 1);
+}
+
 /* Shapes the activations of a step of n tokens (and n_out logit rows on the side with the head):
  * the shared ones, and each layer's in s->lt. */
 static void shape_step(const struct kiri_model *m, struct side *s, int32_t n, int32_t n_out, int with_head)
@@ -311,7 +371,9 @@ static void shape_step(const struct kiri_model *m, struct side *s, int32_t n, in
         shape(s, T_XO, f32, E, n_out, 1);
         shape(s, T_LOGITS, f32, hp->n_vocab, n_out, 1);
     }
-    if (kiri_model_n_recurrent_layers(m)) {
+    if (hp->arch == KIRI_ARCH_QWEN35)
+        shape_qwen35(m, s, n);
+    if (hp->arch == KIRI_ARCH_LFM2 && kiri_model_n_recurrent_layers(m)) {
         shape(s, T_BCX, f32, 3 * E, n, 1);
         shape(s, T_CONV_OUT, f32, E, n, 1);
         for (int id = T_BCX_B; id <= T_BCX_X; id++) {
@@ -460,6 +522,58 @@ static void build_short_conv(struct side *s, struct kiri_kvcache *kv, const stru
     add(b, KIRI_OP_ADD, &s->t[T_X], &s->t[T_X], out);
 }
 
+/* A view of layer l's recurrent state (slots rows of the cache's state), dim floats from first. */
+static struct kiri_tensor *state_view(struct kiri_tensor *t, const struct kiri_tensor *state, int64_t first,
+                                      int64_t dim)
+{
+    *t = *state;
+    t->ne[0] = dim;
+    t->offset += (size_t)first * 4;
+    t->data = state->data ? (char *)state->data + (size_t)first * 4 : NULL;
+    return t;
+}
+
+/* qwen35's Gated DeltaNet block on the normed input xn, added to the residual stream (see
+ * struct kiri_layer): q, k, v through the causal convolution and SiLU (the window in the
+ * layer's state), q and k L2-normed as llama.cpp writes it (an RMS norm with eps / S, times
+ * 1/sqrt(S)), the delta rule over the step's tokens (its state after the window), the gated
+ * norm (RMS norm with dn_norm, times silu(z)), the output projection. */
+static void build_delta_net(const struct kiri_model *m, struct side *s, struct kiri_kvcache *kv,
+                            const struct kiri_layer *L, int l, struct builder *b)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    const int64_t S = hp->ssm_head_dim;
+    const struct kiri_tensor *state = kiri_kvcache_state(kv, l);
+    struct kiri_tensor *lt = &s->lt[(size_t)l * LT_COUNT], *t = s->t;
+    struct kiri_tensor *xn = &t[T_XN], *qkv = &t[T_QKV], *out = &t[T_DN_OUT];
+    const int64_t window = kiri_model_delta_state_offset(m);
+    add(b, KIRI_OP_MATMUL, qkv, L->dn_qkv, xn);
+    add(b, KIRI_OP_MATMUL, &t[T_Z], L->dn_z, xn);
+    add(b, KIRI_OP_MATMUL, &t[T_BETA], L->dn_beta, xn);
+    add(b, KIRI_OP_MATMUL, &t[T_ALPHA], L->dn_alpha, xn);
+    struct kiri_node *nd = add(b, KIRI_OP_DELTA_GATES, &t[T_GATES], &t[T_BETA], &t[T_ALPHA]);
+    nd->src[2] = L->dn_dt;
+    nd->src[3] = L->dn_a;
+    nd = add(b, KIRI_OP_SHORT_CONV, qkv, qkv, L->dn_conv);
+    nd->src[2] = state_view(&lt[LT_CONV_STATE], state, 0, window);
+    nd->src[3] = &t[T_STATE_ROWS];
+    nd->src[4] = &t[T_POS];
+    nd->p.conv_silu = 1;
+    for (int id = T_QKV_Q; id <= T_QKV_K; id++) {
+        rms_norm(b, &t[id], &t[id], NULL, hp->rms_eps / (float)S);
+        add(b, KIRI_OP_SCALE, &t[id], &t[id], NULL)->p.scale = 1.0f / sqrtf((float)S);
+    }
+    nd = add(b, KIRI_OP_DELTA_NET, out, qkv, &t[T_GATES]);
+    nd->src[2] = state_view(&lt[LT_DELTA_STATE], state, window, (int64_t)hp->ssm_v_heads * S * S);
+    nd->src[3] = &t[T_STATE_ROWS];
+    nd->src[4] = &t[T_POS];
+    nd->p.delta = (struct kiri_delta_params){hp->ssm_k_heads, hp->ssm_v_heads, (int)S, 1.0f / sqrtf((float)S)};
+    rms_norm(b, &t[T_DN_OUT_H], &t[T_DN_OUT_H], L->dn_norm, hp->rms_eps);
+    add(b, KIRI_OP_SWIGLU, out, &t[T_Z], out);
+    add(b, KIRI_OP_MATMUL, xn, L->dn_out, out);
+    add(b, KIRI_OP_ADD, &t[T_X], &t[T_X], xn);
+}
+
 /* Adds the nodes of layers [l0, l1) on side s. rope_freqs is the descriptor s's backend prepared
  * (applied on the layers with rope_factors). A sliding-window layer attends its last
  * hp.swa_window keys, in the cache's windowed pool when it has one (its own slots and tables). A
@@ -479,7 +593,10 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
         const struct kiri_layer *L = &m->layers[l];
         if (L->recurrent) {
             rms_norm(b, xn, x, L->attn_norm, eps);
-            build_short_conv(s, kv, L, l, b);
+            if (hp->arch == KIRI_ARCH_QWEN35)
+                build_delta_net(m, s, kv, L, l, b);
+            else
+                build_short_conv(s, kv, L, l, b);
             ffn(m, s, L, &s->lt[(size_t)l * LT_COUNT], b);
             continue;
         }
@@ -492,13 +609,14 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
         const struct kiri_attn_params attn = {L->n_head, L->n_head_kv, L->head_dim, kiri_kvcache_block_size(kv),
                                               hp->attn_scale, L->swa ? hp->swa_window : 0};
         rms_norm(b, xn, x, L->attn_norm, eps);
-        project(b, q, L->wq, L->bq, L->wq_scale, 0, xn);
+        /* qwen35: each head's queries come with their output gate; the norm gathers the queries. */
+        project(b, L->attn_gated ? &s->t[T_QG] : q, L->wq, L->bq, L->wq_scale, 0, xn);
         if (own_kv) {
             project(b, k, L->wk, L->bk, L->wk_scale, 0, xn);
             project(b, v, L->wv, L->bv, L->wv_scale, 0, xn);
         }
         if (L->q_norm)
-            rms_norm(b, qh, qh, L->q_norm, eps);
+            rms_norm(b, qh, L->attn_gated ? &s->t[T_QG_Q] : qh, L->q_norm, eps);
         if (L->k_norm && own_kv)
             rms_norm(b, kh, kh, L->k_norm, eps);
         if (L->v_norm && own_kv)
@@ -523,6 +641,8 @@ static void build_layers(const struct kiri_model *m, struct side *s, struct kiri
         nd->src[3] = meta;
         nd->src[4] = windowed ? swa_tables : tables;
         nd->p.attn = attn;
+        if (L->attn_gated)
+            add(b, KIRI_OP_SIGMOID_MUL, &s->t[T_ATT_H], &s->t[T_ATT_H], &s->t[T_QG_GATE]);
         project(b, xn, L->wo, L->bo, L->wo_scale, 0, att);
         block_out(hp, L->attn_post_norm, x, xn, b);
         ffn(m, s, L, t, b);
@@ -683,8 +803,7 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
     const int recurrent = kiri_model_n_recurrent_layers(m) > 0;
     for (int l = 0; recurrent && l < m->hp.n_layer; l++) {
         const struct kiri_tensor *st = kiri_kvcache_state(kv, l);
-        if (m->layers[l].recurrent &&
-            (!st || st->ne[0] != (int64_t)(m->hp.n_conv_taps - 1) * m->hp.n_embd))
+        if (m->layers[l].recurrent && (!st || st->ne[0] != kiri_model_state_dim(m, l)))
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "the KV cache has no state for recurrent layer %d", l);
     }
     if (recurrent != (b->state_rows != NULL))

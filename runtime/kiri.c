@@ -144,10 +144,19 @@ static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
     if (n_norope)
         kiri_buf_printf(text, "no rope:       on %d of %d layers\n", n_norope, hp->n_layer);
     const int n_rec = kiri_model_n_recurrent_layers(m);
-    if (n_rec)
+    if (n_rec && hp->arch == KIRI_ARCH_QWEN35)
+        kiri_buf_printf(text, "delta net:     %d of %d layers are Gated DeltaNet blocks (convolution of %d taps, %d key "
+                        "and %d value heads of %d), no attention; their state: %.1f KiB per sequence (F32: the "
+                        "convolution windows and the delta-rule states), taken from the kv memory\n", n_rec,
+                        hp->n_layer, hp->n_conv_taps, hp->ssm_k_heads, hp->ssm_v_heads, hp->ssm_head_dim,
+                        (double)kiri_model_state_bytes(m) / 1024.0);
+    else if (n_rec)
         kiri_buf_printf(text, "short conv:    %d of %d layers are gated short-convolution blocks (%d taps), no "
                         "attention; their state: %.1f KiB per sequence (F32), taken from the kv memory\n", n_rec,
                         hp->n_layer, hp->n_conv_taps, (double)kiri_model_state_bytes(m) / 1024.0);
+    if (hp->n_layer_nextn)
+        kiri_buf_printf(text, "mtp head:      %d multi-token-prediction layer%s after the %d of the trunk, loaded and "
+                        "not run\n", hp->n_layer_nextn, hp->n_layer_nextn == 1 ? "" : "s", hp->n_layer);
     if (hp->arch == KIRI_ARCH_GEMMA4) {
         int ff_min = hp->n_ff, kv_min = hp->n_head_kv;
         for (int l = 0; l < hp->n_layer; l++) {
@@ -240,8 +249,8 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
                 hp->swa_window, kv_ctx / mib);
     else if (kiri_model_n_recurrent_layers(m))
         kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16) in the %d attention layers, plus the "
-                "short-convolution state per sequence; %.2f MiB at the trained context\n", (double)kv_tok / 1024.0,
-                own_global, kv_ctx / mib);
+                "%s state per sequence; %.2f MiB at the trained context\n", (double)kv_tok / 1024.0, own_global,
+                hp->arch == KIRI_ARCH_QWEN35 ? "Gated DeltaNet" : "short-convolution", kv_ctx / mib);
     else
         kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
                 (double)kv_tok / 1024.0, kv_ctx / mib);

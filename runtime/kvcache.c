@@ -165,35 +165,36 @@ static size_t layer_size(size_t row, int32_t n_blocks, int block_size, int n_lay
  * cannot have state (KIRI_E_INVALID_ARG). */
 static int state_init(struct kiri_kvcache *c, const struct kiri_kvcache_state *st)
 {
-    int n = 0;
-    for (int l = 0; st->layers && l < c->n_layer; l++) {
-        if (!st->layers[l])
-            continue;
-        if (c->row[l] != 0 || l < c->n_first)
-            return KIRI_E_INVALID_ARG;
-        n++;
-    }
-    if (n == 0)
-        return KIRI_OK;
-    if (st->dim < 1 || st->n_slots < 1 || st->n_slots > (1 << 20) ||
-        (uint64_t)st->dim > SIZE_MAX / 4 / (size_t)st->n_slots / (size_t)n)
+    size_t total = 0;
+    if (st->n_slots < 1 || st->n_slots > (1 << 20))
         return KIRI_E_INVALID_ARG;
-    const size_t row = (size_t)st->dim * sizeof(float), layer = row * (size_t)st->n_slots;
+    for (int l = 0; st->dims && l < c->n_layer; l++) {
+        const int64_t dim = st->dims[l];
+        if (dim == 0)
+            continue;
+        if (dim < 0 || c->row[l] != 0 || l < c->n_first ||
+            (uint64_t)dim > (SIZE_MAX / 2 - total) / sizeof(float) / (size_t)st->n_slots)
+            return KIRI_E_INVALID_ARG;
+        total += (size_t)dim * sizeof(float) * (size_t)st->n_slots;
+    }
+    if (total == 0)
+        return KIRI_OK;
     c->state = kiri_mem_calloc((size_t)c->n_layer, sizeof *c->state);
     c->state_free = kiri_mem_array((size_t)st->n_slots, sizeof *c->state_free);
     void *host = NULL;
     if (!c->state || !c->state_free ||
-        c->part[1].iface->buffer_alloc(c->part[1].be, layer * (size_t)n, &c->state_buffer, &host) != 0) {
+        c->part[1].iface->buffer_alloc(c->part[1].be, total, &c->state_buffer, &host) != 0) {
         c->state_buffer = NULL;
         return KIRI_E_NOMEM;
     }
     size_t off = 0;
     for (int l = 0; l < c->n_layer; l++) {
-        if (!st->layers[l])
+        if (!st->dims[l])
             continue;
+        const size_t row = (size_t)st->dims[l] * sizeof(float), layer = row * (size_t)st->n_slots;
         struct kiri_tensor *t = &c->state[l];
         t->type = KIRI_TYPE_F32;
-        t->ne[0] = st->dim;
+        t->ne[0] = st->dims[l];
         t->ne[1] = st->n_slots;
         t->ne[2] = t->ne[3] = 1;
         t->nb[0] = sizeof(float);
@@ -206,7 +207,7 @@ static int state_init(struct kiri_kvcache *c, const struct kiri_kvcache_state *s
         off += layer;
     }
     c->n_state_slots = st->n_slots;
-    c->state_bytes = layer * (size_t)n;
+    c->state_bytes = total;
     c->bytes += c->state_bytes;
     for (int32_t i = 0; i < st->n_slots; i++)
         c->state_free[i] = st->n_slots - 1 - i;

@@ -90,11 +90,12 @@ struct kiri_kvcache_layout {
     const int32_t *source;  /* borrowed (n_layer) or NULL: source[l] == l, or an earlier layer */
     const struct kiri_kvcache_state *state; /* borrowed or NULL: no recurrent state */
 };
-/* Recurrent state: dim F32 per slot in each layer marked, n_slots slots (the sequences that can
- * run at once). A marked layer keeps no keys (kv_dim 0) and lies at or past n_first. */
+/* Recurrent state: dims[l] F32 per slot in layer l (0: a layer without state), n_slots slots (the
+ * sequences that can run at once). A layer with state keeps no keys (kv_dim 0) and lies at or past
+ * n_first. Each layer has its own size (qwen35's Gated DeltaNet layers keep a convolution window
+ * and a delta-rule state, lfm2's a window only). */
 struct kiri_kvcache_state {
-    const uint8_t *layers;  /* borrowed (n_layer): 1 for a layer with state */
-    int64_t dim;
+    const int64_t *dims;    /* borrowed (n_layer) */
     int32_t n_slots;
 };
 /* kiri_kvcache_init_windowed with a layout (NULL: every layer kv_dim, its own). */

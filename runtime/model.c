@@ -24,6 +24,7 @@ static int granite_hparams(struct kiri_model *m, struct kiri_status_info *info);
 static int gemma4_shapes(struct kiri_model *m, struct kiri_status_info *info);
 static int gemma4_hparams(struct kiri_model *m, struct kiri_status_info *info);
 static int lfm2_shapes(struct kiri_model *m, struct kiri_status_info *info);
+static int qwen35_shapes(struct kiri_model *m, struct kiri_status_info *info);
 
 struct arch_info {
     const char *name;
@@ -37,6 +38,9 @@ struct arch_info {
     int attn_scale_key;   /* the family reads attention.scale itself (granite), or has its own (gemma4) */
     int layer_arrays;     /* head_count, head_count_kv, feed_forward_length may be per-layer arrays */
     const char *output_norm; /* the final norm's tensor: output_norm.weight unless named here */
+    const char *ffn_norm;    /* each layer's feed-forward norm: ffn_norm.weight unless named here */
+    int nextn;            /* block_count counts nextn_predict_layers multi-token-prediction blocks
+                             after the trunk (qwen35) */
     /* Each layer's shapes and attention kind, before the weights are looked up; NULL: every
      * layer has the hyperparameters' shapes. */
     int (*shapes)(struct kiri_model *m, struct kiri_status_info *info);
@@ -68,6 +72,11 @@ static const struct arch_info archs[] = {
      * GQA attention layers with Q/K norms; the final norm is named token_embd_norm. */
     {.name = "lfm2", .arch = KIRI_ARCH_LFM2, .rope_mode = KIRI_ROPE_NEOX, .has_qk_norm = 1, .layer_arrays = 1,
      .output_norm = "token_embd_norm.weight", .shapes = lfm2_shapes},
+    /* Qwen3.5 dense (text): Gated DeltaNet layers among full-attention layers whose queries carry
+     * an output gate; Q/K norms; the feed-forward's norm is named post_attention_norm; RoPE on
+     * part of each head. */
+    {.name = "qwen35", .arch = KIRI_ARCH_QWEN35, .rope_mode = KIRI_ROPE_NEOX, .has_qk_norm = 1,
+     .ffn_norm = "post_attention_norm.weight", .nextn = 1, .shapes = qwen35_shapes},
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -115,6 +124,25 @@ static int layer_array(const struct kiri_gguf *g, const char *arch, const char *
         return bad_hparam(info, g, arch, suffix,
                           bools ? "must be a number or one bool/int32/uint32 per layer"
                                 : "must be a number or one int32/uint32 per layer");
+    return KIRI_OK;
+}
+
+/* The array key "<arch>.<suffix>" of n_array bools (or int32/uint32) as flags (0 or 1) of its
+ * first n_layer entries. */
+static int get_layer_flags(const struct kiri_gguf *g, const char *arch, const char *suffix, int n_array, int n_layer,
+                           uint8_t *flags, struct kiri_status_info *info)
+{
+    int et = 0;
+    const void *data = NULL;
+    const int rc = layer_array(g, arch, suffix, n_array, 1, &et, &data, info);
+    if (rc < 0)
+        return rc;
+    const size_t es = et == KIRI_GGUF_BOOL ? 1 : 4;
+    for (int l = 0; l < n_layer; l++) {
+        uint32_t v = 0;
+        memcpy(&v, (const char *)data + (size_t)l * es, es);
+        flags[l] = v != 0;
+    }
     return KIRI_OK;
 }
 
@@ -235,6 +263,11 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
         return rc;
     if (layers == 0 || layers > KIRI_MAX_LAYERS)
         return bad_hparam(info, g, a, "block_count", "must be 1..512");
+    uint32_t nextn = 0;
+    if (ai->nextn && (rc = get_u32_key(g, a, "nextn_predict_layers", 0, &nextn, info)) < 0)
+        return rc;
+    if (nextn >= layers)
+        return bad_hparam(info, g, a, "nextn_predict_layers", "must be below block_count");
     if (ai->layer_arrays) {
         if ((rc = get_layer_max(g, a, "feed_forward_length", 1, (int)layers, &ff, info)) < 0 ||
             (rc = get_layer_max(g, a, "attention.head_count", 1, (int)layers, &head, info)) < 0)
@@ -313,7 +346,8 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     hp->arch = ai->arch;
     hp->n_ctx_train = (int32_t)ctx;
     hp->n_embd = (int32_t)embd;
-    hp->n_layer = (int32_t)layers;
+    hp->n_layer = (int32_t)(layers - nextn);
+    hp->n_layer_nextn = (int32_t)nextn;
     hp->n_head = (int32_t)head;
     hp->n_head_kv = (int32_t)head_kv;
     hp->head_dim = (int32_t)key_len;
@@ -331,7 +365,7 @@ static int load_hparams(const struct kiri_gguf *g, const struct arch_info *ai, s
     hp->residual_scale = 1.0f;
     hp->logit_scale = 1.0f;
     hp->rope_freq_base_swa = base;
-    hp->n_layer_kv = (int32_t)layers;
+    hp->n_layer_kv = hp->n_layer;
     hp->head_dim_swa = (int32_t)key_len;
     hp->n_rot_swa = (int32_t)rot;
     return KIRI_OK;
@@ -554,7 +588,8 @@ static int take_unread_kv(struct kiri_model *m, int l, const struct kiri_layer *
  * attn_qkv.bias, or, without it, separate q/k/v biases. */
 static int take_qkv(struct kiri_model *m, int l, struct kiri_layer *L, struct kiri_status_info *info)
 {
-    const int64_t E = m->hp.n_embd, Q = (int64_t)L->n_head * L->head_dim, KV = (int64_t)L->n_head_kv * L->head_dim;
+    const int64_t E = m->hp.n_embd, KV = (int64_t)L->n_head_kv * L->head_dim;
+    const int64_t Q = (int64_t)(L->attn_gated ? 2 : 1) * L->n_head * L->head_dim;
     const int64_t parts[3] = {Q, KV, KV};
     struct kiri_tensor **ws[3] = {&L->wq, &L->wk, &L->wv}, **bs[3] = {&L->bq, &L->bk, &L->bv};
     float *scales[3] = {&L->wq_scale, &L->wk_scale, &L->wv_scale};
@@ -636,18 +671,25 @@ static int check_all_used(struct kiri_model *m, struct kiri_status_info *info)
         if (m->tensor_used[i])
             continue;
         const char *name = kiri_gguf_tensor(m->gguf, i)->name;
-        /* gemma4 files may carry the vision and audio towers (and their projectors): kiri runs
-         * the text model and leaves them alone, and says so (n_tower_tensors). A mixture of
-         * experts is refused by name rather than as an unused tensor. */
-        if (m->hp.arch == KIRI_ARCH_GEMMA4) {
+        /* qwen35's multi-token-prediction blocks (blk.N. past the trunk) are a draft head the
+         * forward pass does not run: loaded, left unused, and said so (n_mtp_tensors). */
+        int blk = -1, len = 0;
+        if (m->hp.n_layer_nextn > 0 && sscanf(name, "blk.%d.%n", &blk, &len) == 1 && len > 0 &&
+            blk >= m->hp.n_layer && blk < m->hp.n_layer + m->hp.n_layer_nextn) {
+            m->n_mtp_tensors++;
+            continue;
+        }
+        /* gemma4 and qwen35 files may carry the vision and audio towers (and their projectors):
+         * kiri runs the text model and leaves them alone, and says so (n_tower_tensors). A
+         * mixture of experts is refused by name rather than as an unused tensor. */
+        if (m->hp.arch == KIRI_ARCH_GEMMA4 || m->hp.arch == KIRI_ARCH_QWEN35) {
             if (strncmp(name, "v.", 2) == 0 || strncmp(name, "a.", 2) == 0 || strncmp(name, "mm.", 3) == 0) {
                 m->n_tower_tensors++;
                 continue;
             }
             if (strstr(name, ".ffn_gate_inp.") || strstr(name, "_exps."))
                 return kiri_error_at(info, KIRI_E_UNSUPPORTED, name, -1,
-                                     "tensor %s: gemma4 mixture-of-experts layers (26B-A4B) are not supported",
-                                     name);
+                                     "tensor %s: %s mixture-of-experts layers are not supported", name, m->arch_name);
         }
         return kiri_error_at(info, KIRI_E_UNSUPPORTED, name, -1,
                              "tensor %s is not used by kiri's %s graph (a variant kiri does not run)", name,
@@ -736,6 +778,43 @@ static int take_short_conv(struct kiri_model *m, int l, struct kiri_layer *L, st
         return kiri_error_at(info, KIRI_E_UNSUPPORTED, n, -1, "tensor %s has type %s; the convolution's kernel must be F32",
                              n, kiri_type_name(gt->type));
     return describe(m, gt, 2, 0, E, &L->sc_conv, info);
+}
+
+/* qwen35's Gated DeltaNet block of layer l (see struct kiri_layer): the fused q/k/v projection,
+ * the output gate, the convolution's kernel (F32, as llama.cpp's convolution reads it), the
+ * decay's bias and ssm_a, the beta and alpha projections, the gated norm and the output. */
+static int take_delta_net(struct kiri_model *m, int l, struct kiri_layer *L, struct kiri_status_info *info)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, S = hp->ssm_head_dim, Hv = hp->ssm_v_heads;
+    const int64_t V = Hv * S, C = 2 * (int64_t)hp->ssm_k_heads * S + V;
+    char n[KIRI_GGUF_MAX_NAME + 32];
+    int rc;
+#define DN(field, suffix, ne0, ne1, kind)                                                          \
+    snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                 \
+    if ((rc = take_weight(m, n, ne0, ne1, kind, 1, &L->field, info)) < 0)                          \
+        return rc;
+    DN(dn_qkv, "attn_qkv.weight", E, C, WEIGHT_MATRIX)
+    DN(dn_z, "attn_gate.weight", E, V, WEIGHT_MATRIX)
+    DN(dn_dt, "ssm_dt.bias", Hv, 1, WEIGHT_VECTOR)
+    DN(dn_a, "ssm_a", Hv, 1, WEIGHT_VECTOR)
+    DN(dn_beta, "ssm_beta.weight", E, Hv, WEIGHT_MATRIX)
+    DN(dn_alpha, "ssm_alpha.weight", E, Hv, WEIGHT_MATRIX)
+    DN(dn_norm, "ssm_norm.weight", S, 1, WEIGHT_VECTOR)
+    DN(dn_out, "ssm_out.weight", V, E, WEIGHT_MATRIX)
+#undef DN
+    snprintf(n, sizeof n, "blk.%d.ssm_conv1d.weight", l);
+    const struct kiri_gguf_tensor *gt = find_used(m, n);
+    if (!gt)
+        return kiri_error_at(info, KIRI_E_MODEL_INVALID, n, -1, "required tensor %s is missing", n);
+    if (gt->n_dims != 2 || gt->ne[0] != hp->n_conv_taps || gt->ne[1] != C)
+        return kiri_error_at(info, KIRI_E_MODEL_INVALID, n, -1,
+                             "tensor %s has wrong shape [%lld, %lld], expected [%d, %lld]", n, (long long)gt->ne[0],
+                             (long long)gt->ne[1], hp->n_conv_taps, (long long)C);
+    if (gt->type != KIRI_TYPE_F32)
+        return kiri_error_at(info, KIRI_E_UNSUPPORTED, n, -1, "tensor %s has type %s; the convolution's kernel must be F32",
+                             n, kiri_type_name(gt->type));
+    return describe(m, gt, 2, 0, C, &L->dn_conv, info);
 }
 
 /* The attention block's weights of layer l: q, k, v, the output projection, the per-head norms
@@ -836,9 +915,13 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         if ((rc = take_weight(m, n, ne0, ne1, kind, req, &L->field, info)) < 0)                   \
             return rc;
         W(attn_norm, "attn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
-        if ((rc = L->recurrent ? take_short_conv(m, l, L, info) : take_attention(m, ai, l, L, info)) < 0)
+        if (!L->recurrent)
+            rc = take_attention(m, ai, l, L, info);
+        else
+            rc = hp->arch == KIRI_ARCH_QWEN35 ? take_delta_net(m, l, L, info) : take_short_conv(m, l, L, info);
+        if (rc < 0)
             return rc;
-        W(ffn_norm, "ffn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
+        W(ffn_norm, ai->ffn_norm ? ai->ffn_norm : "ffn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
         if ((rc = take_ffn(m, ai, l, L, info)) < 0)
             return rc;
         if (ai->has_post_norms) {
@@ -889,17 +972,12 @@ static int gemma3_swa_layers(struct kiri_model *m, int array_only, struct kiri_s
         return k < 0 ? kiri_error_at(info, KIRI_E_MODEL_INVALID, key, -1, "required key %s is missing", key)
                      : bad_hparam(info, g, a, "attention.sliding_window_pattern", "must be one bool per layer");
     if (k >= 0 && kiri_gguf_kv_type(g, k) == KIRI_GGUF_ARRAY) {
-        int et = 0;
-        const void *data = NULL;
-        int rc = layer_array(g, a, "attention.sliding_window_pattern", hp->n_layer, 1, &et, &data, info);
+        uint8_t swa[KIRI_MAX_LAYERS];
+        int rc = get_layer_flags(g, a, "attention.sliding_window_pattern", hp->n_layer, hp->n_layer, swa, info);
         if (rc < 0)
             return rc;
-        const size_t es = et == KIRI_GGUF_BOOL ? 1 : 4;
-        for (int l = 0; l < hp->n_layer; l++) {
-            uint32_t v = 0;
-            memcpy(&v, (const char *)data + (size_t)l * es, es);
-            m->layers[l].swa = v != 0;
-        }
+        for (int l = 0; l < hp->n_layer; l++)
+            m->layers[l].swa = swa[l];
         hp->swa_pattern = 0;
         return KIRI_OK;
     }
@@ -1121,6 +1199,94 @@ static int lfm2_shapes(struct kiri_model *m, struct kiri_status_info *info)
     return KIRI_OK;
 }
 
+/* Qwen3.5, before its weights (as llama.cpp's qwen35 loader reads it): the Gated DeltaNet layers
+ * are those attention.recurrent_layers marks, or without that array every layer but each
+ * full_attention_interval-th (4 unless the file says); their shapes come from ssm.conv_kernel,
+ * ssm.state_size (the head size of keys and values), ssm.group_count (key heads),
+ * ssm.time_step_rank (value heads, a multiple of the key heads) and ssm.inner_size (value heads
+ * times the head size). The attention layers' queries carry their output gate. Their RoPE is
+ * llama.cpp's interleaved multi-section one, which at text positions (the first three sections
+ * at the token's position, the fourth at 0) is NEOX RoPE over rope.dimension_count when every
+ * rotated pair falls to one of the first three sections; sections that leave pairs to the
+ * fourth are refused. */
+static int qwen35_shapes(struct kiri_model *m, struct kiri_status_info *info)
+{
+    const struct kiri_gguf *g = m->gguf;
+    struct kiri_hparams *hp = &m->hp;
+    const char *a = "qwen35";
+    uint32_t taps = 0, inner = 0, S = 0, Hv = 0, Hk = 0, interval = 4;
+    int rc;
+    if ((rc = get_u32_key(g, a, "ssm.conv_kernel", 1, &taps, info)) < 0 ||
+        (rc = get_u32_key(g, a, "ssm.inner_size", 1, &inner, info)) < 0 ||
+        (rc = get_u32_key(g, a, "ssm.state_size", 1, &S, info)) < 0 ||
+        (rc = get_u32_key(g, a, "ssm.time_step_rank", 1, &Hv, info)) < 0 ||
+        (rc = get_u32_key(g, a, "ssm.group_count", 1, &Hk, info)) < 0)
+        return rc;
+    if (taps < 2 || taps > 16)
+        return bad_hparam(info, g, a, "ssm.conv_kernel", "must be 2..16");
+    if (S < 1 || S > 256)
+        return bad_hparam(info, g, a, "ssm.state_size", "must be 1..256");
+    if (Hk < 1 || Hk > 4096)
+        return bad_hparam(info, g, a, "ssm.group_count", "must be 1..4096");
+    if (Hv < 1 || Hv > 4096 || Hv % Hk != 0)
+        return bad_hparam(info, g, a, "ssm.time_step_rank", "must be 1..4096 and a multiple of ssm.group_count");
+    if ((uint64_t)inner != (uint64_t)Hv * S)
+        return bad_hparam(info, g, a, "ssm.inner_size", "must be ssm.time_step_rank times ssm.state_size");
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", a);
+    if (kiri_gguf_find_key(g, key) >= 0) {
+        uint8_t rec[KIRI_MAX_LAYERS];
+        if ((rc = get_layer_flags(g, a, "attention.recurrent_layers", hp->n_layer + hp->n_layer_nextn, hp->n_layer,
+                                  rec, info)) < 0)
+            return rc;
+        for (int l = 0; l < hp->n_layer; l++)
+            m->layers[l].recurrent = rec[l];
+    } else {
+        if ((rc = get_u32_key(g, a, "full_attention_interval", 0, &interval, info)) < 0)
+            return rc;
+        if (interval < 1 || interval > KIRI_MAX_LAYERS)
+            return bad_hparam(info, g, a, "full_attention_interval", "must be 1..512");
+        for (int l = 0; l < hp->n_layer; l++)
+            m->layers[l].recurrent = (uint32_t)(l + 1) % interval != 0;
+    }
+    for (int l = 0; l < hp->n_layer; l++)
+        m->layers[l].attn_gated = !m->layers[l].recurrent;
+    /* rope.dimension_sections: four counts (llama.cpp reads 4, allowing a longer array). */
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
+    int et = 0;
+    uint64_t n_sec = 0;
+    const void *data = NULL;
+    if ((rc = kiri_gguf_get_arr(g, key, 1, &et, &n_sec, &data, info)) < 0)
+        return rc;
+    if ((et != KIRI_GGUF_INT32 && et != KIRI_GGUF_UINT32) || n_sec < 4)
+        return bad_hparam(info, g, a, "rope.dimension_sections", "must be at least four int32/uint32 counts");
+    int32_t sec[4];
+    memcpy(sec, data, sizeof sec);
+    int64_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        if (sec[i] < 0 || sec[i] > 4096)
+            return bad_hparam(info, g, a, "rope.dimension_sections", "must hold counts 0..4096");
+        total += sec[i];
+    }
+    if (total == 0)
+        return bad_hparam(info, g, a, "rope.dimension_sections", "must not all be 0");
+    for (int i = 0; i < hp->n_rot / 2; i++) {
+        const int sector = (int)(i % total);
+        const int by_pos = (sector % 3 == 0 && sector < 3 * sec[0]) || (sector % 3 == 1 && sector < 3 * sec[1]) ||
+                           (sector % 3 == 2 && sector < 3 * sec[2]);
+        if (!by_pos)
+            return kiri_error_at(info, KIRI_E_UNSUPPORTED, "qwen35.rope.dimension_sections", -1,
+                                 "qwen35.rope.dimension_sections [%d, %d, %d, %d] turn rotated pair %d by the "
+                                 "fourth (extra) position, which text tokens do not have: not supported",
+                                 sec[0], sec[1], sec[2], sec[3], i);
+    }
+    hp->n_conv_taps = (int32_t)taps;
+    hp->ssm_head_dim = (int32_t)S;
+    hp->ssm_k_heads = (int32_t)Hk;
+    hp->ssm_v_heads = (int32_t)Hv;
+    return KIRI_OK;
+}
+
 /* SmolLM3 leaves out RoPE on every fourth layer (3, 7, 11, ...: layer l when (l + 1) % 4 == 0). */
 static int smollm3_hparams(struct kiri_model *m, struct kiri_status_info *info)
 {
@@ -1241,29 +1407,63 @@ static int split_layers(struct kiri_model *m, const struct kiri_model_params *p,
     return KIRI_OK;
 }
 
-/* The backend that runs a recurrent layer must run its short convolution (KIRI_OP_SHORT_CONV);
- * a GPU backend without the op refuses the model here, before any request, naming it. The node
- * asked about has the shapes of the graph's (its scratch descriptors carry no data). */
-static int check_short_conv(struct kiri_model *m, struct kiri_status_info *info)
+/* The backend that runs a recurrent layer must run its ops: the short convolution
+ * (KIRI_OP_SHORT_CONV), and on qwen35 the delta rule (KIRI_OP_DELTA_NET; its gates come with
+ * it), and the one that runs a qwen35 attention layer its output gate (KIRI_OP_SIGMOID_MUL); a
+ * GPU backend without them refuses the model here, before any request, naming the op. The
+ * nodes asked about have the shapes of the graph's (their scratch descriptors carry no data). */
+static int check_recurrent_ops(struct kiri_model *m, struct kiri_status_info *info)
 {
-    for (int l = 0; l < m->hp.n_layer; l++) {
+    const struct kiri_hparams *hp = &m->hp;
+    const int qwen35 = hp->arch == KIRI_ARCH_QWEN35;
+    const int64_t S = hp->ssm_head_dim, Hk = hp->ssm_k_heads, Hv = hp->ssm_v_heads;
+    const int64_t C = qwen35 ? (2 * Hk + Hv) * S : hp->n_embd;
+    for (int l = 0; l < hp->n_layer; l++) {
         const struct kiri_layer *L = &m->layers[l];
-        if (!L->recurrent)
-            continue;
         const int off = l < m->n_offload;
         const struct kiri_backend_iface *fi = off ? m->off_iface : m->iface;
-        const int64_t E = m->hp.n_embd;
-        struct kiri_tensor u = {.type = KIRI_TYPE_F32, .ne = {E, 1, 1, 1}, .nb = {4, 4 * (size_t)E, 4 * (size_t)E,
-                                                                                 4 * (size_t)E}};
-        struct kiri_tensor st = {.type = KIRI_TYPE_F32, .ne = {(m->hp.n_conv_taps - 1) * E, 1, 1, 1}};
+        if (L->attn_gated) {
+            /* The attention output times its gate's sigmoid, the gate a strided view. */
+            const int64_t D = L->head_dim;
+            struct kiri_tensor att = {.type = KIRI_TYPE_F32, .ne = {D, L->n_head, 1, 1},
+                                      .nb = {4, 4 * (size_t)D, 4 * (size_t)D * (size_t)L->n_head,
+                                             4 * (size_t)D * (size_t)L->n_head}};
+            struct kiri_tensor gate = att;
+            gate.nb[1] = 8 * (size_t)D;
+            gate.nb[2] = gate.nb[3] = gate.nb[1] * (size_t)L->n_head;
+            const struct kiri_node nd = {.op = KIRI_OP_SIGMOID_MUL, .dst = &att, .src = {&att, &gate}};
+            if (fi->supports && !fi->supports(off ? m->off_be : m->be, &nd))
+                return kiri_error_set(info, KIRI_E_UNSUPPORTED,
+                                      "backend %s cannot run %s's gated attention (op sigmoid_mul, layer %d); run it "
+                                      "on the CPU (--backend cpu, or --gpu-layers %d)", fi->name, m->arch_name, l, l);
+        }
+        if (!L->recurrent)
+            continue;
+        struct kiri_tensor u = {.type = KIRI_TYPE_F32, .ne = {C, 1, 1, 1}, .nb = {4, 4 * (size_t)C, 4 * (size_t)C,
+                                                                                 4 * (size_t)C}};
+        struct kiri_tensor st = {.type = KIRI_TYPE_F32, .ne = {(hp->n_conv_taps - 1) * C, 1, 1, 1}};
         struct kiri_tensor ids = {.type = KIRI_TYPE_I32, .ne = {1, 1, 1, 1}, .nb = {4, 4, 4, 4}};
         st.nb[0] = 4;
         st.nb[1] = st.nb[2] = st.nb[3] = 4 * (size_t)st.ne[0];
-        const struct kiri_node nd = {.op = KIRI_OP_SHORT_CONV, .dst = &u, .src = {&u, L->sc_conv, &st, &ids, &ids}};
-        if (fi->supports && !fi->supports(off ? m->off_be : m->be, &nd))
+        struct kiri_node nd = {.op = KIRI_OP_SHORT_CONV, .dst = &u,
+                               .src = {&u, qwen35 ? L->dn_conv : L->sc_conv, &st, &ids, &ids}};
+        nd.p.conv_silu = qwen35;
+        const char *op = "short_conv";
+        int ok = !fi->supports || fi->supports(off ? m->off_be : m->be, &nd);
+        if (ok && qwen35) {
+            struct kiri_tensor y = u, gates = u, ds = st;
+            y.ne[0] = Hv * S;
+            gates.ne[0] = 2 * Hv;
+            ds.ne[0] = Hv * S * S;
+            struct kiri_node dn = {.op = KIRI_OP_DELTA_NET, .dst = &y, .src = {&u, &gates, &ds, &ids, &ids}};
+            dn.p.delta = (struct kiri_delta_params){(int)Hk, (int)Hv, (int)S, 1.0f / sqrtf((float)S)};
+            op = "delta_net";
+            ok = !fi->supports || fi->supports(off ? m->off_be : m->be, &dn);
+        }
+        if (!ok)
             return kiri_error_set(info, KIRI_E_UNSUPPORTED,
-                                  "backend %s cannot run lfm2's short convolution (op short_conv, layer %d); run it "
-                                  "on the CPU (--backend cpu, or --gpu-layers %d)", fi->name, l, l);
+                                  "backend %s cannot run %s's recurrent layers (op %s, layer %d); run it on the CPU "
+                                  "(--backend cpu, or --gpu-layers %d)", fi->name, m->arch_name, op, l, l);
     }
     return KIRI_OK;
 }
@@ -1290,7 +1490,7 @@ static int start_backend(struct kiri_model *m, const struct kiri_model_params *p
         return rc;
     if ((rc = split_layers(m, p, &cfg, info)) < 0)
         return rc;
-    if ((rc = check_short_conv(m, info)) < 0)
+    if ((rc = check_recurrent_ops(m, info)) < 0)
         return rc;
     /* Every weight must be runnable on the backend that runs it; ask before the first request.
      * Weights of CPU layers stay in the mapping (the CPU prepares nothing). */
@@ -1382,7 +1582,7 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         rc = kiri_error_at(info, KIRI_E_UNSUPPORTED, "general.architecture",
                            (int64_t)kiri_gguf_kv_offset(g, k),
                            "unsupported architecture '%.*s' (kiri runs llama, qwen2, qwen3, gemma3, gemma4, smollm3, "
-                           "granite, phi3, lfm2)",
+                           "granite, phi3, lfm2, qwen35)",
                            (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }
@@ -1395,6 +1595,9 @@ int kiri_model_load(struct kiri_gguf *g, const struct kiri_model_params *p, stru
         goto fail;
     if (ai->family && (rc = ai->family(m, info)) < 0)
         goto fail;
+    if (m->n_mtp_tensors)
+        fprintf(stderr, "kiri: %s: the file's multi-token-prediction head (%d layer%s, %d tensors) is loaded and not "
+                "run\n", ai->name, m->hp.n_layer_nextn, m->hp.n_layer_nextn == 1 ? "" : "s", m->n_mtp_tensors);
     if (m->n_tower_tensors)
         fprintf(stderr, "kiri: %s: running the text model; the file's %d vision/audio tensors (v.*, a.*, mm.*) are "
                 "not used\n", ai->name, m->n_tower_tensors);
@@ -1446,10 +1649,28 @@ int kiri_model_n_recurrent_layers(const struct kiri_model *m)
     return n;
 }
 
+int64_t kiri_model_delta_state_offset(const struct kiri_model *m)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    return (int64_t)(hp->n_conv_taps - 1) * (2 * (int64_t)hp->ssm_k_heads + hp->ssm_v_heads) * hp->ssm_head_dim;
+}
+
+int64_t kiri_model_state_dim(const struct kiri_model *m, int l)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    if (!m->layers || l < 0 || l >= hp->n_layer || !m->layers[l].recurrent)
+        return 0;
+    if (hp->arch == KIRI_ARCH_QWEN35)
+        return kiri_model_delta_state_offset(m) + (int64_t)hp->ssm_v_heads * hp->ssm_head_dim * hp->ssm_head_dim;
+    return (int64_t)(hp->n_conv_taps - 1) * hp->n_embd;
+}
+
 size_t kiri_model_state_bytes(const struct kiri_model *m)
 {
-    const int n = kiri_model_n_recurrent_layers(m);
-    return n ? (size_t)n * (size_t)(m->hp.n_conv_taps - 1) * (size_t)m->hp.n_embd * sizeof(float) : 0;
+    size_t n = 0;
+    for (int l = 0; l < m->hp.n_layer; l++)
+        n += (size_t)kiri_model_state_dim(m, l) * sizeof(float);
+    return n;
 }
 
 int kiri_model_n_swa_layers(const struct kiri_model *m)
@@ -1510,19 +1731,19 @@ int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_s
 int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
                                 int32_t n_swa_blocks, int32_t n_state_slots, struct kiri_kvcache **out)
 {
-    uint8_t layers[KIRI_MAX_LAYERS], recurrent[KIRI_MAX_LAYERS];
-    int64_t kv_dim[KIRI_MAX_LAYERS];
+    uint8_t layers[KIRI_MAX_LAYERS];
+    int64_t kv_dim[KIRI_MAX_LAYERS], state_dim[KIRI_MAX_LAYERS];
     int32_t source[KIRI_MAX_LAYERS];
     const int n_swa = n_swa_blocks > 0 ? kiri_model_n_swa_layers(m) : 0;
     for (int l = 0; l < m->hp.n_layer && l < KIRI_MAX_LAYERS; l++) {
         const struct kiri_layer *L = &m->layers[l];
         layers[l] = n_swa && L->swa;
-        recurrent[l] = L->recurrent != 0;
+        state_dim[l] = kiri_model_state_dim(m, l);
         kv_dim[l] = L->recurrent ? 0 : (int64_t)L->n_head_kv * L->head_dim;
         source[l] = L->kv_source;
     }
     const struct kiri_kvcache_window w = {layers, m->hp.swa_window, n_swa_blocks};
-    const struct kiri_kvcache_state st = {recurrent, (int64_t)(m->hp.n_conv_taps - 1) * m->hp.n_embd, n_state_slots};
+    const struct kiri_kvcache_state st = {state_dim, n_state_slots};
     const struct kiri_kvcache_layout lay = {kv_dim, source, kiri_model_n_recurrent_layers(m) ? &st : NULL};
     return kiri_kvcache_init_layers(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
                                     (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks,

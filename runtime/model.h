@@ -38,7 +38,8 @@ enum kiri_arch {
     KIRI_ARCH_GRANITE,
     KIRI_ARCH_PHI3,
     KIRI_ARCH_GEMMA4,
-    KIRI_ARCH_LFM2
+    KIRI_ARCH_LFM2,
+    KIRI_ARCH_QWEN35
 };
 
 #define KIRI_MAX_LAYERS 512
@@ -83,8 +84,14 @@ struct kiri_hparams {
                                  earlier layer's (gemma4's shared_kv_layers); n_layer otherwise */
     int32_t head_dim_swa;     /* gemma4's key_length_swa and rope.dimension_count_swa (else */
     int32_t n_rot_swa;        /* head_dim and n_rot) */
-    int32_t n_conv_taps;      /* lfm2's shortconv.l_cache: the taps of its short convolutions,
-                                 whose state keeps the last n_conv_taps - 1 inputs; 0: none */
+    int32_t n_conv_taps;      /* lfm2's shortconv.l_cache, qwen35's ssm.conv_kernel: the taps of
+                                 the recurrent layers' convolutions, whose state keeps the last
+                                 n_conv_taps - 1 inputs; 0: none */
+    /* qwen35's Gated DeltaNet layers (0 without): heads of ssm_head_dim (ssm.state_size), ssm_k_heads
+     * query/key heads (ssm.group_count) and ssm_v_heads value heads (ssm.time_step_rank). */
+    int32_t ssm_head_dim, ssm_k_heads, ssm_v_heads;
+    int32_t n_layer_nextn;    /* qwen35's nextn_predict_layers: multi-token-prediction blocks after
+                                 the n_layer layers of the trunk (loaded, not run) */
 };
 
 struct kiri_layer {
@@ -133,6 +140,17 @@ struct kiri_layer {
     struct kiri_tensor *sc_conv;     /* (n_conv_taps, n_embd) F32: each channel's taps, oldest
                                         input first */
     struct kiri_tensor *sc_out;      /* (n_embd, n_embd) */
+    /* qwen35's Gated DeltaNet block, in place of attention on its recurrent layers (S the head
+     * size, Hk/Hv the key/value heads, C = 2 Hk S + Hv S the convolution's channels): */
+    struct kiri_tensor *dn_qkv;      /* (n_embd, C): rows q, k, then v */
+    struct kiri_tensor *dn_z;        /* (n_embd, Hv S): the output gate (attn_gate) */
+    struct kiri_tensor *dn_conv;     /* (n_conv_taps, C) F32 */
+    struct kiri_tensor *dn_dt, *dn_a;/* (Hv) F32: the decay's bias and ssm_a (-exp(A_log)) */
+    struct kiri_tensor *dn_beta, *dn_alpha; /* (n_embd, Hv) */
+    struct kiri_tensor *dn_norm;     /* (S) F32: the gated norm's weight */
+    struct kiri_tensor *dn_out;      /* (Hv S, n_embd) */
+    int attn_gated;                  /* qwen35 attention: wq gives each head's query, then its output
+                                        gate (2 head_dim rows per head); out *= sigmoid(gate) */
 };
 
 struct kiri_model {
@@ -160,6 +178,8 @@ struct kiri_model {
      * (n_embd, n_embd_per_layer * n_layer) and its norm (n_embd_per_layer) F32. */
     struct kiri_tensor *pl_tok_embd, *pl_model_proj, *pl_proj_norm;
     float *ones;                         /* owned: the data of the layers' v_norm, or NULL */
+    int n_mtp_tensors;                   /* qwen35: tensors of the multi-token-prediction blocks
+                                            (blk.N past the trunk), left unused */
     int n_tower_tensors;                 /* gemma4: vision/audio tensors (v.*, a.*, mm.*) of the
                                             file, left unused: kiri runs the text model */
     struct kiri_layer *layers;           /* owned, n_layer */
@@ -217,6 +237,11 @@ int kiri_model_n_swa_layers(const struct kiri_model *m);
  * all of them: the last n_conv_taps - 1 inputs of each, F32 (0 without such layers). */
 int kiri_model_n_recurrent_layers(const struct kiri_model *m);
 size_t kiri_model_state_bytes(const struct kiri_model *m);
+/* F32 values of one sequence's state in layer l: lfm2's window of n_conv_taps - 1 inputs of
+ * n_embd; qwen35's window of n_conv_taps - 1 inputs of its C channels, then Hv S x S delta-rule
+ * states (kiri_model_delta_state_offset floats in); 0 for a layer without state. */
+int64_t kiri_model_state_dim(const struct kiri_model *m, int l);
+int64_t kiri_model_delta_state_offset(const struct kiri_model *m);
 
 /* kiri_model_describe_placement (kiri.h): which layers run on which backend. */
 

@@ -404,6 +404,23 @@ def finish_tiny(wr, tmp, path, vocab, tensors):
     os.replace(tmp, path)
 
 
+def tiny_extras(w, v):
+    """Adds a tiny variant's extra tensors (v.extra: name -> shape, a refusal case), small random
+    F32 from its own seed; returns w."""
+    extra = np.random.default_rng(v.seed + 1000)
+    for name, shape in v.extra.items():
+        w[name] = (0.1 * extra.standard_normal(shape)).astype(np.float32)
+    return w
+
+
+def tiny_typed(w, wtype, keep_f32):
+    """A tiny file's weights with every matrix in wtype but those whose name holds keep_f32 (the
+    convolution kernels llama.cpp reads as F32 only)."""
+    if wtype == "F32":
+        return w
+    return {name: quantize(a, wtype) if a.ndim == 2 and keep_f32 not in name else a for name, a in w.items()}
+
+
 def ensure_variants(out_dir, variants, write, script_mtime):
     """Writes the variants' files (write(v, path)) that are missing or older than script_mtime
     into out_dir; returns {name: path}."""

@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_tiny_models as mtm  # noqa: E402
 import tiny_gemma4 as tg  # noqa: E402
 import tiny_lfm2 as tl  # noqa: E402
+import tiny_qwen35 as tq  # noqa: E402
 from test_logits import _cpu_tiers, rel_err, top1_rate, worst  # noqa: E402
 
 REPO = mtm.REPO
@@ -231,6 +232,8 @@ def exact_logits(path, tokens, n_ctx):
         return tg.reference_logits(path, list(tokens))
     if arch == tl.ARCH:
         return tl.reference_logits(path, list(tokens))
+    if arch == tq.ARCH:
+        return tq.reference_logits(path, list(tokens))
     return mtm.family_reference_logits(path, list(tokens), n_ctx)
 
 

@@ -378,29 +378,32 @@ static void test_teardown(void)
     kiri_threadpool_free(tp);
 }
 
-/* lfm2's layout: layers 0 and 2 short convolutions (no keys, state of 24 floats per slot), 1 and
- * 3 attention; two state slots. A slot comes with the first reservation and goes back with the
- * blocks; a third sequence waits for one (nothing taken); no prefix is shared or published. */
+/* A hybrid layout: layers 0 and 2 recurrent (no keys; state of 24 and 40 floats per slot: each
+ * layer its own size, as qwen35's and lfm2's differ), 1 and 3 attention; two state slots. A slot
+ * comes with the first reservation and goes back with the blocks; a third sequence waits for one
+ * (nothing taken); no prefix is shared or published. */
 static void test_state(void)
 {
     const int64_t dims[4] = {0, 64, 0, 64};
     const int32_t src[4] = {0, 1, 2, 3};
-    const uint8_t rec[4] = {1, 0, 1, 0};
-    const struct kiri_kvcache_state st = {rec, 24, 2};
+    const int64_t rec[4] = {24, 0, 40, 0};
+    const struct kiri_kvcache_state st = {rec, 2};
     const struct kiri_kvcache_layout lay = {dims, src, &st};
     struct kiri_kvcache *c = NULL;
     CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 4, 0, KIRI_TYPE_F16, 4, 6,
                                           NULL, &lay, &c), 0);
     if (!c)
         return;
-    CHECK_EQ_INT(kiri_kvcache_state_bytes(c), 2 * 24 * 4 * 2);
-    CHECK_EQ_INT(kiri_kvcache_bytes(c), 2 * 2 * 64 * 2 * 24 + 2 * 24 * 4 * 2);
+    CHECK_EQ_INT(kiri_kvcache_state_bytes(c), (24 + 40) * 4 * 2);
+    CHECK_EQ_INT(kiri_kvcache_bytes(c), 2 * 2 * 64 * 2 * 24 + (24 + 40) * 4 * 2);
     CHECK(kiri_kvcache_state(c, 1) == NULL && kiri_kvcache_state(c, 0) && kiri_kvcache_state(c, 2));
-    CHECK_EQ_INT(kiri_kvcache_state(c, 2)->ne[0], 24);
+    CHECK_EQ_INT(kiri_kvcache_state(c, 0)->ne[0], 24);
+    CHECK_EQ_INT(kiri_kvcache_state(c, 2)->ne[0], 40);
     CHECK_EQ_INT(kiri_kvcache_state(c, 2)->ne[1], 2);
+    CHECK_EQ_INT(kiri_kvcache_state(c, 2)->nb[1], 40 * 4);
     CHECK(!kiri_kvcache_layer_has_kv(c, 0) && kiri_kvcache_layer_has_kv(c, 1));
     const char *s0 = kiri_kvcache_state(c, 0)->data, *s2 = kiri_kvcache_state(c, 2)->data;
-    CHECK(s0 && s2 && (s2 >= s0 + 24 * 4 * 2 || s0 >= s2 + 24 * 4 * 2));
+    CHECK(s0 && s2 && (s2 >= s0 + 24 * 4 * 2 || s0 >= s2 + 40 * 4 * 2));
 
     struct kiri_kv_seq a = {0}, b = {0}, d = {0};
     CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), -1);

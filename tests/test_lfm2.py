@@ -17,40 +17,24 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
   - LFM2's chat templates against jinja2, and its pre-tokenizer name against llama.cpp.
 """
 
-import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_families as tf  # noqa: E402
 import tiny_lfm2 as tl  # noqa: E402
+import hybrid_checks as hs  # noqa: E402
 from test_families import Case, batch_tool, check, chunk_positions, dump_tool, prompt, run_dump  # noqa: E402,F401
 from test_logits import _cpu_tiers, rel_err, worst  # noqa: E402
-from conftest import free_port  # noqa: E402
-from test_server import COMPL, post_raw  # noqa: E402
 
 MODELS_DIR = tf.MODELS_DIR
 N_CTX = tf.N_CTX
 
 
-class _LfmModel:
-    """A tiny_lfm2 variant in the shape Case and prompt() read."""
-
-    def __init__(self, v):
-        self.name, self.wtype, self.twin, self.v = f"{v.name}-{v.wtype}", v.wtype, "", v
-        self.path = os.path.join(MODELS_DIR, v.path_name)
-        self.fam = v
-
-
-CASES = [Case(_LfmModel(tl.variant(n)), N_CTX) for n in ("lfm2-a", "lfm2-b", "lfm2-q8")]
+CASES = [Case(hs.TinyModel(tl.variant(n)), N_CTX) for n in ("lfm2-a", "lfm2-b", "lfm2-q8")]
 F32_CASES = [c for c in CASES if c.wtype == "F32"]
 
 
@@ -171,132 +155,35 @@ def test_lfm2_info_shows_state(lfm2_files, kiri_bin):
 # kiri serve: batching, a repeated prompt, preemption, a cancelled request
 # ------------------------------------------------------------------------------------------------
 
-STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog. "
-OPENINGS = ["Lily saw a bird. ", "The sun was hot. ", "Her dog barked. ", "A cat sat down. ", "The rain fell. ",
-            "Tom had a kite. ", "The boat was red. ", "Sam ate a pie. ", "A frog jumped. "]
-
-
-def _complete(srv, text, n=12):
-    r = srv.post(COMPL, {"prompt": text, "max_tokens": n, "temperature": 0, "logprobs": 1})
-    assert r.status == 200, r
-    return r.json
-
-
-def _held_to_llama_cpp(path, text, res):
-    tf.held_to_llama_cpp(path, text, res, "lfm2-a", 1e-3)
-
-
-def _at_once(srv, prompts):
-    out = [None] * len(prompts)
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, _complete(srv, prompts[i])))
-               for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
-
-
-SERVE = ["--ctx", str(N_CTX), "--chunk", "16", "--kv-type", "f32"]
-
-
 def test_lfm2_server_batching_and_repeated_prompt(start_server, lfm2_files):
-    """Three requests at once (batched) give llama.cpp's greedy continuations, the same tokens as
-    one at a time; the same prompt alone again shares no prefix (cached_tokens 0) and gives the
-    same completion, logprobs and all."""
-    path = lfm2_files["lfm2-a"]
-    srv = start_server(["-m", path, "--parallel", "3"] + SERVE, model=False)
-    prompts = [s + STORY for s in OPENINGS[:3]]
-    alone = [_complete(srv, p) for p in prompts]
-    together = _at_once(srv, prompts)
-    for p, a, b in zip(prompts, alone, together):
-        _held_to_llama_cpp(path, p, b)
-        assert a["choices"][0]["text"] == b["choices"][0]["text"]
-        # A step of several tokens may take other product kernels: the same tokens, logprobs
-        # within float rounding.
-        err = np.abs(np.array(a["choices"][0]["logprobs"]["token_logprobs"]) -
-                     np.array(b["choices"][0]["logprobs"]["token_logprobs"])).max()
-        assert err <= 1e-5, err
-    again = _complete(srv, prompts[0])
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, again["usage"]
-    assert again["choices"][0] == alone[0]["choices"][0]
-    # /metrics: a state slot of 2 KiB (test_lfm2_info_shows_state) for each of the 3 sequences,
-    # none held once every request has ended.
-    m = srv.metrics()
-    assert (m["kiri_state_slots_capacity"], m["kiri_state_bytes"], m["kiri_state_slots_used"]) == (3, 3 * 2048, 0), m
+    """hybrid_checks.batching_and_repeated_prompt: batched equals alone equals llama.cpp; a
+    repeated prompt computed whole; a state slot of 2 KiB (test_lfm2_info_shows_state) for each
+    of the 3 sequences in /metrics."""
+    hs.batching_and_repeated_prompt(start_server, lfm2_files["lfm2-a"], "lfm2-a", 2048)
+
+
+# 2 attention layers x (K + V) x 32 floats x 4 bytes = 512 bytes a token, 8 KiB a block: 8 blocks
+# (one 128-token context) and 3 states.
+POOL = 8 * 8192 + 3 * 2048
 
 
 def test_lfm2_server_preemption(start_server, lfm2_files):
-    """Three requests at once in a pool of 8 blocks (one 128-token context; 2 KiB x 3 of state
-    come off the budget first): one is preempted, its blocks and state slot freed, and later
-    recomputed from its tokens; every completion is llama.cpp's. The round is sent again (at most
-    three times) until the server counts a preemption, as a late thread may miss the others."""
-    path = lfm2_files["lfm2-a"]
-    # 2 attention layers x (K + V) x 32 floats x 4 bytes = 512 bytes a token, 8 KiB a block.
-    srv = start_server(["-m", path, "--parallel", "3", "--kv-memory", str(8 * 8192 + 3 * 2048)] + SERVE,
-                       model=False)
-    for r in range(3):
-        p0 = srv.metrics()["kiri_preemptions_total"]
-        prompts = [s + STORY + STORY for s in OPENINGS[3 * r:3 * r + 3]]
-        for p, res in zip(prompts, _at_once(srv, prompts)):
-            _held_to_llama_cpp(path, p, res)
-        if srv.metrics()["kiri_preemptions_total"] > p0:
-            return
-    pytest.fail("the pool held all three in every round: no preemption to check")
+    """hybrid_checks.preemption in a pool of 8 blocks and 3 states of 2 KiB."""
+    hs.preemption(start_server, lfm2_files["lfm2-a"], "lfm2-a", POOL)
 
 
-@pytest.mark.parametrize("budget,named", [(8 * 8192 + 3 * 2048 - 1, "holds 112 tokens"),
+@pytest.mark.parametrize("budget,named", [(POOL - 1, "holds 112 tokens"),
                                           (3 * 2048 - 1, "the recurrent layers' state")])
 def test_lfm2_state_from_the_budget(budget, named, lfm2_files, kiri_bin):
     """The state comes off --kv-memory before the blocks: a byte less than the preemption test's
     budget (8 blocks and 3 states) leaves 7 blocks, less than one context; less than the 3
     states is refused naming them."""
-    r = subprocess.run([str(kiri_bin), "serve", "-m", lfm2_files["lfm2-a"], "--port", str(free_port()),
-                        "--parallel", "3", "--kv-memory", str(budget)] + SERVE, capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode != 0 and named in r.stderr, r.stderr
+    hs.refused_budget(kiri_bin, lfm2_files["lfm2-a"], budget, named)
 
 
 def test_lfm2_server_after_cancel(start_server, lfm2_files):
-    """One slot: a streamed request closed after three tokens is cancelled (its blocks and its
-    state slot come back), and the next request in that slot gives llama.cpp's continuation. The
-    tiny model may write all it was asked for before the server sees the close, so the round is
-    tried again (at most three times) until the server counts the disconnect early."""
-    path = lfm2_files["lfm2-a"]
-    srv = start_server(["-m", path, "--parallel", "1", "--ctx", "512", "--chunk", "16", "--kv-type", "f32"],
-                       model=False)
-    body = json.dumps({"prompt": OPENINGS[0] + STORY, "max_tokens": 440, "temperature": 0, "stream": True}).encode()
-    cancelled = False
-    for _ in range(3):
-        m0 = srv.metrics()
-        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-        s.sendall(post_raw(COMPL, body))
-        got = b""
-        while got.count(b"data: ") < 3:
-            part = s.recv(4096)
-            assert part, got.decode(errors="replace")
-            got += part
-        s.close()
-        # The HTTP thread counts the disconnect after the request's end: wait for both (a
-        # request that ran to its end before the close counts none).
-        deadline, idle_since = time.monotonic() + 10, None
-        while True:
-            m = srv.metrics()
-            idle = (m["kiri_requests_running"] == 0 and m["kiri_kv_blocks_used"] == 0 and
-                    m["kiri_state_slots_used"] == 0)
-            idle_since = (idle_since or time.monotonic()) if idle else None
-            if idle and (m["kiri_client_disconnects_total"] > m0["kiri_client_disconnects_total"] or
-                         time.monotonic() - idle_since > 1.0):
-                break
-            assert time.monotonic() < deadline, {k: v for k, v in m.items() if "running" in k or "blocks" in k}
-            time.sleep(0.01)
-        generated = m["kiri_generation_tokens_total"] - m0["kiri_generation_tokens_total"]
-        if m["kiri_client_disconnects_total"] > m0["kiri_client_disconnects_total"] and generated < 440:
-            cancelled = True
-            break
-    assert cancelled, "the server wrote every token before it saw the close, three times"
-    text = OPENINGS[1] + STORY
-    _held_to_llama_cpp(path, text, _complete(srv, text))
+    """hybrid_checks.after_cancel: a request after a cancelled one in the same slot."""
+    hs.after_cancel(start_server, lfm2_files["lfm2-a"], "lfm2-a")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
  * on random inputs: RMS norm, SwiGLU, GeGLU, scaling and soft-capping (also through the backend,
  * in place), RoPE (both layouts, partial rotation, frequency factors, the magnitude factor),
  * attention through block tables (F32, F16 and Q8_0 caches, GQA) with and without a sliding
- * window, the short convolution with per-sequence state, products of every weight type through
+ * window, the short convolution with per-sequence state (and qwen35's with SiLU), the sigmoid
+ * gate, the Gated DeltaNet gates and delta rule with per-sequence state, products of every weight type through
  * the backend with 1 and 3 worker threads, and the thread pool itself. Backend steps run on the reference kernels and on the kernels this CPU
  * offers (AVX2, NEON). */
 #include <math.h>
@@ -522,6 +523,15 @@ static void test_elementwise_nodes(void)
     env_free(&e);
 }
 
+/* Two sequences' tokens (9 and 6) in two steps, as the recurrent ops' tests feed them: (sequence,
+ * index) of each token; the first step the first's 5 tokens then the second's 2, the second step
+ * the rest interleaved. */
+static const int two_seq_steps[2][8][2] = {
+    {{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {1, 0}, {1, 1}, {-1, 0}},
+    {{1, 2}, {0, 5}, {0, 6}, {1, 3}, {1, 4}, {0, 7}, {1, 5}, {0, 8}},
+};
+static const int two_seq_n[2] = {7, 8};
+
 /* KIRI_OP_SHORT_CONV against the convolution written out: two sequences in state rows 2 and 0 of
  * three (filled with garbage, which a token at position 0 must not read), the first step the
  * first's 5 tokens then the second's 2, the second step the rest interleaved; 3 and 4 taps, in
@@ -534,12 +544,8 @@ static void test_short_conv(void)
     fill(&ua[0][0], (size_t)NA * E, 2.0f);
     fill(&ub[0][0], (size_t)NB * E, 2.0f);
     fill(&w[0][0], (size_t)E * MAXK, 1.0f);
-    /* The steps: (sequence, index) of each token. */
-    static const int steps[2][8][2] = {
-        {{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {1, 0}, {1, 1}, {-1, 0}},
-        {{1, 2}, {0, 5}, {0, 6}, {1, 3}, {1, 4}, {0, 7}, {1, 5}, {0, 8}},
-    };
-    const int n_step[2] = {7, 8};
+    const int(*steps)[8][2] = two_seq_steps;
+    const int *n_step = two_seq_n;
     const uint32_t features[2] = {0, kiri_platform_cpu_features()};
     for (int K = 3; K <= MAXK; K++)
         for (int fi = 0; fi < 2; fi++)
@@ -618,6 +624,231 @@ static void test_short_conv(void)
     CHECK(!kiri_cpu_backend_iface.supports(e.be, &nd));
     tensor2(&ts, KIRI_TYPE_F32, buf, 2 * E, 1);
     CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+    env_free(&e);
+}
+
+static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* KIRI_OP_SHORT_CONV with p.conv_silu (qwen35): one sequence's 6 tokens in one step from a zero
+ * state, 4 taps; each output is silu of the convolution written out in double. */
+static void test_short_conv_silu(void)
+{
+    enum { E = 24, N = 6, K = 4 };
+    static float x[N][E], y[N][E], w[E][K], state[(K - 1) * E];
+    fill(&x[0][0], sizeof x / 4, 2.0f);
+    fill(&w[0][0], sizeof w / 4, 1.0f);
+    fill(state, sizeof state / 4, 9.0f);
+    int32_t rows[N], pos[N];
+    for (int t = 0; t < N; t++) {
+        rows[t] = 0;
+        pos[t] = t;
+    }
+    struct kiri_tensor tx, ty, tw, ts, tr, tp;
+    tensor2(&tx, KIRI_TYPE_F32, x, E, N);
+    tensor2(&ty, KIRI_TYPE_F32, y, E, N);
+    tensor2(&tw, KIRI_TYPE_F32, w, K, E);
+    tensor2(&ts, KIRI_TYPE_F32, state, (K - 1) * E, 1);
+    tensor2(&tr, KIRI_TYPE_I32, rows, N, 1);
+    tensor2(&tp, KIRI_TYPE_I32, pos, N, 1);
+    struct kiri_node nd = {.op = KIRI_OP_SHORT_CONV, .dst = &ty, .src = {&tx, &tw, &ts, &tr, &tp}};
+    nd.p.conv_silu = 1;
+    struct env e;
+    CHECK_EQ_INT(env_init(&e, 2), 0);
+    CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+    CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
+    for (int t = 0; t < N; t++)
+        for (int c = 0; c < E; c++) {
+            double sum = 0.0;
+            for (int k = 0; k < K; k++) {
+                const int j = t - K + 1 + k;
+                sum += j >= 0 ? (double)x[j][c] * w[c][k] : 0.0;
+            }
+            CHECK_NEAR(y[t][c], sum * sigmoid_d(sum), 1e-6 * (1.0 + fabs(sum)));
+        }
+    env_free(&e);
+}
+
+/* KIRI_OP_SIGMOID_MUL: the attention output times sigmoid of its gate, read as qwen35's graph
+ * reads it: rows of D from a projection whose rows hold D queries then D gates (stride 2 D). */
+static void test_sigmoid_mul(void)
+{
+    enum { D = 12, R = 7 };
+    static float x[R][D], g[R][2 * D], y[R][D];
+    fill(&x[0][0], sizeof x / 4, 3.0f);
+    fill(&g[0][0], sizeof g / 4, 8.0f);
+    struct kiri_tensor tx, tg, ty;
+    tensor2(&tx, KIRI_TYPE_F32, x, D, R);
+    tensor2(&ty, KIRI_TYPE_F32, y, D, R);
+    tensor2(&tg, KIRI_TYPE_F32, &g[0][D], D, R);
+    tg.nb[1] = 2 * D * sizeof(float);
+    tg.nb[2] = tg.nb[3] = tg.nb[1] * R;
+    struct kiri_node nd = {.op = KIRI_OP_SIGMOID_MUL, .dst = &ty, .src = {&tx, &tg}};
+    struct env e;
+    CHECK_EQ_INT(env_init(&e, 3), 0);
+    CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+    CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < D; i++) {
+            const double want = (double)x[r][i] * sigmoid_d(g[r][D + i]);
+            CHECK_NEAR(y[r][i], want, 1e-6 * (1.0 + fabs(want)));
+        }
+    env_free(&e);
+}
+
+/* KIRI_OP_DELTA_GATES: beta = sigmoid(b), g = softplus(a + dt) * A (with arguments past 20, where
+ * softplus is the identity, among them), against the formulas in double. */
+static void test_delta_gates(void)
+{
+    enum { H = 5, N = 4 };
+    static float b[N][H], a[N][H], dt[H], A[H], y[N][2 * H];
+    fill(&b[0][0], sizeof b / 4, 6.0f);
+    fill(&a[0][0], sizeof a / 4, 6.0f);
+    fill(dt, H, 1.0f);
+    for (int h = 0; h < H; h++)
+        A[h] = -expf(frand());
+    a[1][2] = 24.0f;
+    a[3][0] = -30.0f;
+    struct kiri_tensor tb, ta, tdt, tA, ty;
+    tensor2(&tb, KIRI_TYPE_F32, b, H, N);
+    tensor2(&ta, KIRI_TYPE_F32, a, H, N);
+    tensor2(&tdt, KIRI_TYPE_F32, dt, H, 1);
+    tensor2(&tA, KIRI_TYPE_F32, A, H, 1);
+    tensor2(&ty, KIRI_TYPE_F32, y, 2 * H, N);
+    struct kiri_node nd = {.op = KIRI_OP_DELTA_GATES, .dst = &ty, .src = {&tb, &ta, &tdt, &tA}};
+    struct env e;
+    CHECK_EQ_INT(env_init(&e, 3), 0);
+    CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+    CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < H; h++) {
+            const double x = (double)a[t][h] + dt[h], g = log1p(exp(x)) * A[h];
+            CHECK_NEAR(y[t][h], sigmoid_d(b[t][h]), 1e-6);
+            CHECK_NEAR(y[t][H + h], g, 1e-5 * (1.0 + fabs(g)));
+        }
+    env_free(&e);
+}
+
+/* KIRI_OP_DELTA_NET against the gated delta rule written out in double: two sequences in state
+ * rows 2 and 0 of three (filled with garbage, which a token at position 0 must not read), 2 key
+ * heads and 4 value heads of 8 (value head j reads key head j % 2), the first step the first
+ * sequence's 5 tokens then the second's 2, the second step the rest interleaved; 1 and 3
+ * workers, both kernel sets. Outputs and final states within float rounding. */
+static void test_delta_net(void)
+{
+    enum { S = 8, HK = 2, HV = 4, C = (2 * HK + HV) * S, NA = 9, NB = 6, SLOTS = 3 };
+    static float xa[NA][C], xb[NB][C], ga[NA][2 * HV], gb[NB][2 * HV];
+    fill(&xa[0][0], sizeof xa / 4, 1.0f);
+    fill(&xb[0][0], sizeof xb / 4, 1.0f);
+    for (int t = 0; t < NA + NB; t++)
+        for (int h = 0; h < HV; h++) {
+            float *g = t < NA ? ga[t] : gb[t - NA];
+            g[h] = 0.5f + 0.5f * frand();        /* beta in (0, 1) */
+            g[HV + h] = -0.4f + 0.35f * frand(); /* log of the decay */
+        }
+    /* The reference: each sequence's outputs and final states. */
+    static double wa[NA][HV * S], wb[NB][HV * S], fa[HV][S][S], fb[HV][S][S];
+    for (int sq = 0; sq < 2; sq++) {
+        const int n = sq ? NB : NA;
+        double(*M)[S][S] = sq ? fb : fa;
+        memset(M, 0, sizeof fa);
+        for (int t = 0; t < n; t++) {
+            const float *x = sq ? xb[t] : xa[t], *g = sq ? gb[t] : ga[t];
+            double *out = sq ? wb[t] : wa[t];
+            for (int h = 0; h < HV; h++) {
+                const float *q = x + (h % HK) * S, *k = x + HK * S + (h % HK) * S, *v = x + 2 * HK * S + h * S;
+                const double decay = exp(g[HV + h]), beta = g[h];
+                for (int j = 0; j < S; j++)
+                    for (int i = 0; i < S; i++)
+                        M[h][j][i] *= decay;
+                double d[S];
+                for (int j = 0; j < S; j++) {
+                    double mk = 0.0;
+                    for (int i = 0; i < S; i++)
+                        mk += M[h][j][i] * k[i];
+                    d[j] = beta * (v[j] - mk);
+                }
+                for (int j = 0; j < S; j++)
+                    for (int i = 0; i < S; i++)
+                        M[h][j][i] += d[j] * k[i];
+                for (int j = 0; j < S; j++) {
+                    double o = 0.0;
+                    for (int i = 0; i < S; i++)
+                        o += M[h][j][i] * q[i];
+                    out[h * S + j] = o / sqrt((double)S);
+                }
+            }
+        }
+    }
+    const int(*steps)[8][2] = two_seq_steps;
+    const int *n_step = two_seq_n;
+    const uint32_t features[2] = {0, kiri_platform_cpu_features()};
+    for (int fi = 0; fi < 2; fi++)
+        for (int nt = 1; nt <= 3; nt += 2) {
+            static float state[SLOTS][HV * S * S], x[8][C], gates[8][2 * HV], y[8][HV * S];
+            fill(&state[0][0], sizeof state / sizeof(float), 9.0f);
+            struct env e;
+            CHECK_EQ_INT(env_init_features(&e, nt, features[fi]), 0);
+            int bad = 0;
+            for (int st = 0; st < 2; st++) {
+                const int n = n_step[st];
+                int32_t rows[8], pos[8];
+                for (int t = 0; t < n; t++) {
+                    const int sq = steps[st][t][0], i = steps[st][t][1];
+                    memcpy(x[t], sq ? xb[i] : xa[i], sizeof x[t]);
+                    memcpy(gates[t], sq ? gb[i] : ga[i], sizeof gates[t]);
+                    rows[t] = sq ? 0 : 2;
+                    pos[t] = i;
+                }
+                struct kiri_tensor tx, tg, ts, tr, tp, ty;
+                tensor2(&tx, KIRI_TYPE_F32, x, C, n);
+                tensor2(&tg, KIRI_TYPE_F32, gates, 2 * HV, n);
+                tensor2(&ts, KIRI_TYPE_F32, state, HV * S * S, SLOTS);
+                tensor2(&tr, KIRI_TYPE_I32, rows, n, 1);
+                tensor2(&tp, KIRI_TYPE_I32, pos, n, 1);
+                tensor2(&ty, KIRI_TYPE_F32, y, HV * S, n);
+                struct kiri_node nd = {.op = KIRI_OP_DELTA_NET, .dst = &ty, .src = {&tx, &tg, &ts, &tr, &tp}};
+                nd.p.delta = (struct kiri_delta_params){HK, HV, S, 1.0f / sqrtf((float)S)};
+                CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+                CHECK_EQ_INT(kiri_cpu_backend_iface.compute(e.be, &nd, 1), 0);
+                for (int t = 0; t < n; t++) {
+                    const int sq = steps[st][t][0], i = steps[st][t][1];
+                    const double *want = sq ? wb[i] : wa[i];
+                    for (int j = 0; j < HV * S; j++)
+                        if (fabs(y[t][j] - want[j]) > 1e-5 * (1.0 + fabs(want[j])) && bad++ < 3) {
+                            fprintf(stderr, "  features %d threads %d: step %d token %d value %d\n", fi, nt, st, t, j);
+                            CHECK_NEAR(y[t][j], want[j], 1e-5 * (1.0 + fabs(want[j])));
+                        }
+                }
+            }
+            for (int h = 0; h < HV; h++)
+                for (int j = 0; j < S; j++)
+                    for (int i = 0; i < S; i++) {
+                        bad += fabs(state[2][(h * S + j) * S + i] - fa[h][j][i]) > 1e-5;
+                        bad += fabs(state[0][(h * S + j) * S + i] - fb[h][j][i]) > 1e-5;
+                    }
+            CHECK(bad == 0);
+            env_free(&e);
+        }
+    /* Value heads that are no multiple of the key heads, and a state of the wrong width, are
+     * refused. */
+    static float buf[SLOTS * HV * S * S];
+    int32_t ids[1] = {0};
+    struct kiri_tensor tx, tg, ts, ti, ty;
+    tensor2(&tx, KIRI_TYPE_F32, buf, C, 1);
+    tensor2(&tg, KIRI_TYPE_F32, buf, 2 * HV, 1);
+    tensor2(&ts, KIRI_TYPE_F32, buf, HV * S * S, 1);
+    tensor2(&ti, KIRI_TYPE_I32, ids, 1, 1);
+    tensor2(&ty, KIRI_TYPE_F32, buf, HV * S, 1);
+    struct kiri_node nd = {.op = KIRI_OP_DELTA_NET, .dst = &ty, .src = {&tx, &tg, &ts, &ti, &ti}};
+    nd.p.delta = (struct kiri_delta_params){HK, HV, S, 1.0f};
+    struct env e;
+    CHECK_EQ_INT(env_init(&e, 1), 0);
+    CHECK(kiri_cpu_backend_iface.supports(e.be, &nd));
+    nd.p.delta.n_head_k = 3;
+    CHECK(!kiri_cpu_backend_iface.supports(e.be, &nd));
+    nd.p.delta.n_head_k = HK;
+    tensor2(&ts, KIRI_TYPE_F32, buf, HV * S * S - 1, 1);
+    CHECK(!kiri_cpu_backend_iface.supports(e.be, &nd));
     env_free(&e);
 }
 
@@ -714,4 +945,5 @@ static void test_threadpool(void)
 }
 
 TEST_MAIN(test_rms_norm, test_swiglu, test_geglu, test_scale_softcap, test_rope, test_attention,
-          test_attention_window, test_elementwise_nodes, test_short_conv, test_matmul_types, test_threadpool)
+          test_attention_window, test_elementwise_nodes, test_short_conv, test_short_conv_silu, test_sigmoid_mul,
+          test_delta_gates, test_delta_net, test_matmul_types, test_threadpool)

@@ -99,18 +99,7 @@ def _weights(v, n_vocab):
     w["token_embd_norm.weight"] = norm(E)
     if v.untied:
         w["output.weight"] = mat(n_vocab, E, gain=3.0)
-    extra = np.random.default_rng(v.seed + 1000)
-    for name, shape in v.extra.items():
-        w[name] = (0.1 * extra.standard_normal(shape)).astype(np.float32)
-    return w
-
-
-def _typed(v, w):
-    """The weights with every matrix but the convolution's kernel in the variant's type."""
-    if v.wtype == "F32":
-        return w
-    return {name: mtm.quantize(a, v.wtype) if a.ndim == 2 and "shortconv.conv" not in name else a
-            for name, a in w.items()}
+    return mtm.tiny_extras(w, v)
 
 
 def write(v, path):
@@ -135,7 +124,7 @@ def write(v, path):
         wr.add_uint32(f"{k}.{key}", val)
     for key, val in v.extra_bool.items():
         wr.add_bool(f"{k}.{key}", val)
-    mtm.finish_tiny(wr, tmp, path, vocab, _typed(v, _weights(v, n_vocab)))
+    mtm.finish_tiny(wr, tmp, path, vocab, mtm.tiny_typed(_weights(v, n_vocab), v.wtype, "shortconv.conv"))
 
 
 def reference_logits(path, tokens):

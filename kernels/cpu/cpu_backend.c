@@ -235,8 +235,10 @@ static void run_store_kv(struct kiri_backend *be, const struct kiri_node *nd, in
     }
 }
 
-/* The largest kernel KIRI_OP_SHORT_CONV runs (lfm2's is 3 taps). */
+/* The largest kernel KIRI_OP_SHORT_CONV runs (lfm2's is 3 taps, qwen35's 4), and the largest
+ * head KIRI_OP_DELTA_NET runs (Qwen3.5's are 128). */
 #define SHORT_CONV_MAX_TAPS 16
+#define DELTA_MAX_HEAD 512
 
 /* Causal depthwise convolution with per-sequence state (KIRI_OP_SHORT_CONV). Channels are
  * independent, so each worker takes a range of them and walks the step's tokens in order, each
@@ -249,6 +251,7 @@ static void run_short_conv(const struct kiri_node *nd, int ith, int nth)
     const struct kiri_tensor *u = nd->src[0], *w = nd->src[1], *st = nd->src[2];
     const int32_t *rows = nd->src[3]->data, *pos = nd->src[4]->data;
     const int64_t E = u->ne[0], n = u->ne[1], K = w->ne[0], slots = st->ne[1];
+    const int silu = nd->p.conv_silu;
     int64_t c0, c1;
     split_rows_aligned(E, 16, ith, nth, &c0, &c1);
     for (int64_t t = 0; t < n; t++) {
@@ -272,7 +275,96 @@ static void run_short_conv(const struct kiri_node *nd, int ith, int nth)
                 state[k * E + c] = state[(k + 1) * E + c];
             if (K > 1)
                 state[(K - 2) * E + c] = xc;
-            y[c] = sum;
+            y[c] = silu ? sum / (1.0f + expf(-sum)) : sum;
+        }
+    }
+}
+
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* dst = src[0] * sigmoid(src[1]), row by row (KIRI_OP_SIGMOID_MUL). */
+static void run_sigmoid_mul(const struct kiri_node *nd, int ith, int nth)
+{
+    const int64_t n = nd->src[0]->ne[0];
+    int64_t r0, r1;
+    split_rows(n_rows(nd->src[0]), ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = (const float *)row_ptr(nd->src[0], r), *g = (const float *)row_ptr(nd->src[1], r);
+        float *y = (float *)row_ptr(nd->dst, r);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x[i] * sigmoid(g[i]);
+    }
+}
+
+/* A Gated DeltaNet layer's gates (KIRI_OP_DELTA_GATES), token by token: beta = sigmoid(b), then
+ * g = softplus(a + dt) * A, softplus as llama.cpp writes it (the identity past 20). */
+static void run_delta_gates(const struct kiri_node *nd, int ith, int nth)
+{
+    const struct kiri_tensor *b = nd->src[0], *a = nd->src[1];
+    const float *dt = nd->src[2]->data, *A = nd->src[3]->data;
+    const int64_t H = b->ne[0];
+    int64_t t0, t1;
+    split_rows(b->ne[1], ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *bt = (const float *)row_ptr(b, t), *at = (const float *)row_ptr(a, t);
+        float *y = (float *)row_ptr(nd->dst, t);
+        for (int64_t h = 0; h < H; h++) {
+            const float x = at[h] + dt[h];
+            y[h] = sigmoid(bt[h]);
+            y[H + h] = (x > 20.0f ? x : logf(1.0f + expf(x))) * A[h];
+        }
+    }
+}
+
+/* A dot product in 8 running sums, which compilers turn into vector lanes (one sum would have
+ * to stay in order); the state's rows are as long as a head (128 on Qwen3.5). */
+static float dot_f32(const float *a, const float *b, int64_t n)
+{
+    float acc[8] = {0.0f};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++)
+            acc[u] += a[i + u] * b[i + u];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* The gated delta rule (KIRI_OP_DELTA_NET). Heads are independent, so each worker takes a range
+ * of value heads and walks the step's tokens in order, each token updating its sequence's state
+ * of those heads (row src[3][t]) in place: the state decays, takes the new value where its
+ * prediction for the key missed (by beta), and is read by the query. */
+static void run_delta_net(const struct kiri_node *nd, int ith, int nth)
+{
+    const struct kiri_tensor *x = nd->src[0], *gates = nd->src[1], *st = nd->src[2];
+    const int32_t *rows = nd->src[3]->data, *pos = nd->src[4]->data;
+    const int64_t Hk = nd->p.delta.n_head_k, Hv = nd->p.delta.n_head_v, S = nd->p.delta.head_dim;
+    const int64_t n = x->ne[1], slots = st->ne[1];
+    float d[DELTA_MAX_HEAD];
+    int64_t h0, h1;
+    split_rows(Hv, ith, nth, &h0, &h1);
+    for (int64_t t = 0; t < n; t++) {
+        const int32_t r = rows[t];
+        if (r < 0 || r >= slots)
+            continue; /* rows are validated by the runtime; never write outside the state */
+        const float *xt = (const float *)row_ptr(x, t), *gt = (const float *)row_ptr(gates, t);
+        float *y = (float *)row_ptr(nd->dst, t);
+        for (int64_t h = h0; h < h1; h++) {
+            float *M = (float *)((char *)st->data + (size_t)r * st->nb[1]) + h * S * S;
+            const float *q = xt + (h % Hk) * S, *k = xt + Hk * S + (h % Hk) * S, *v = xt + 2 * Hk * S + h * S;
+            const float beta = gt[h], decay = expf(gt[Hv + h]);
+            if (pos[t] == 0)
+                memset(M, 0, (size_t)(S * S) * sizeof(float));
+            for (int64_t i = 0; i < S * S; i++)
+                M[i] *= decay;
+            for (int64_t j = 0; j < S; j++)
+                d[j] = (v[j] - dot_f32(M + j * S, k, S)) * beta;
+            for (int64_t j = 0; j < S; j++)
+                for (int64_t i = 0; i < S; i++)
+                    M[j * S + i] += d[j] * k[i];
+            for (int64_t j = 0; j < S; j++)
+                y[h * S + j] = dot_f32(M + j * S, q, S) * nd->p.delta.scale;
         }
     }
 }
@@ -564,6 +656,9 @@ static void worker(void *arg, int ith, int nth)
         case KIRI_OP_ATTENTION: run_attention(be, nd, ith, nth); break;
         case KIRI_OP_MATMUL: run_matmul(be, nd, be->plan[i], ith, nth); break;
         case KIRI_OP_SHORT_CONV: run_short_conv(nd, ith, nth); break;
+        case KIRI_OP_SIGMOID_MUL: run_sigmoid_mul(nd, ith, nth); break;
+        case KIRI_OP_DELTA_GATES: run_delta_gates(nd, ith, nth); break;
+        case KIRI_OP_DELTA_NET: run_delta_net(nd, ith, nth); break;
         default: break;
         }
     }
@@ -773,6 +868,27 @@ static int cpu_supports(struct kiri_backend *be, const struct kiri_node *nd)
                w->ne[1] == u->ne[0] && nd->dst->ne[0] == u->ne[0] && nd->dst->ne[1] == u->ne[1] &&
                st->ne[0] == (w->ne[0] - 1) * u->ne[0] && u->ne[2] == 1 && u->ne[3] == 1 &&
                nd->src[3]->ne[0] >= u->ne[1] && nd->src[4]->ne[0] >= u->ne[1];
+    }
+    if (nd->op == KIRI_OP_SIGMOID_MUL)
+        return kiri_node_all_f32(nd, 2) && nd->src[1]->ne[0] == nd->src[0]->ne[0] &&
+               n_rows(nd->src[1]) == n_rows(nd->src[0]);
+    if (nd->op == KIRI_OP_DELTA_GATES) {
+        const int64_t H = nd->src[0]->ne[0];
+        return kiri_node_all_f32(nd, 4) && nd->src[1]->ne[0] == H && nd->src[1]->ne[1] == nd->src[0]->ne[1] &&
+               nd->src[2]->ne[0] == H && nd->src[3]->ne[0] == H && nd->dst->ne[0] == 2 * H &&
+               nd->dst->ne[1] == nd->src[0]->ne[1];
+    }
+    if (nd->op == KIRI_OP_DELTA_NET) {
+        const struct kiri_delta_params *p = &nd->p.delta;
+        const struct kiri_tensor *x = nd->src[0];
+        if (!kiri_node_all_f32(nd, 3) || !nd->src[3] || !nd->src[4] || nd->src[3]->type != KIRI_TYPE_I32 ||
+            nd->src[4]->type != KIRI_TYPE_I32 || p->n_head_k < 1 || p->n_head_v < 1 ||
+            p->n_head_v % p->n_head_k != 0 || p->head_dim < 1 || p->head_dim > DELTA_MAX_HEAD)
+            return 0;
+        const int64_t S = p->head_dim, Hk = p->n_head_k, Hv = p->n_head_v, n = x->ne[1];
+        return x->ne[0] == (2 * Hk + Hv) * S && nd->src[1]->ne[0] == 2 * Hv && nd->src[1]->ne[1] == n &&
+               nd->src[2]->ne[0] == Hv * S * S && nd->dst->ne[0] == Hv * S && nd->dst->ne[1] == n &&
+               nd->src[3]->ne[0] >= n && nd->src[4]->ne[0] >= n;
     }
     return nd->op >= 0 && nd->op < KIRI_OP_COUNT;
 }

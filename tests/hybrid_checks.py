@@ -1,0 +1,144 @@
+"""What the hybrid families' tests (test_lfm2.py, test_qwen35.py) share: models whose recurrent
+layers keep a per-sequence state beside the KV cache. TinyModel puts a tiny file's variant in
+the shape test_families' Case and prompt() read; the kiri serve checks take the tiny file, a tag
+for the log and the family's numbers (its state per sequence, a pool too small for three), and
+hold every completion to llama.cpp's greedy continuation (test_families.held_to_llama_cpp, an
+F32 cache, logprobs within 1e-3)."""
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import test_families as tf
+from conftest import free_port
+from test_server import COMPL, post_raw
+
+N_CTX = tf.N_CTX
+STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog. "
+OPENINGS = ["Lily saw a bird. ", "The sun was hot. ", "Her dog barked. ", "A cat sat down. ", "The rain fell. ",
+            "Tom had a kite. ", "The boat was red. ", "Sam ate a pie. ", "A frog jumped. "]
+SERVE = ["--ctx", str(N_CTX), "--chunk", "16", "--kv-type", "f32"]
+
+
+class TinyModel:
+    """A tiny file's variant v (tiny_lfm2, tiny_qwen35) in the shape Case and prompt() read."""
+
+    def __init__(self, v):
+        self.name, self.wtype, self.twin, self.v = f"{v.name}-{v.wtype}", v.wtype, "", v
+        self.path = os.path.join(tf.MODELS_DIR, v.path_name)
+        self.fam = v
+
+
+def complete(srv, text, n=12):
+    r = srv.post(COMPL, {"prompt": text, "max_tokens": n, "temperature": 0, "logprobs": 1})
+    assert r.status == 200, r
+    return r.json
+
+
+def at_once(srv, prompts):
+    out = [None] * len(prompts)
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, complete(srv, prompts[i])))
+               for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def batching_and_repeated_prompt(start_server, path, tag, state_bytes):
+    """Three requests at once (batched) give llama.cpp's greedy continuations, the same tokens as
+    one at a time; the same prompt alone again shares no prefix (cached_tokens 0) and gives the
+    same completion, logprobs and all; /metrics shows a state slot of state_bytes for each of the
+    3 sequences, none held once every request has ended (within 10 s of the last answer)."""
+    srv = start_server(["-m", path, "--parallel", "3"] + SERVE, model=False)
+    prompts = [s + STORY for s in OPENINGS[:3]]
+    alone = [complete(srv, p) for p in prompts]
+    together = at_once(srv, prompts)
+    for p, a, b in zip(prompts, alone, together):
+        tf.held_to_llama_cpp(path, p, b, tag, 1e-3)
+        assert a["choices"][0]["text"] == b["choices"][0]["text"]
+        # A step of several tokens may take other product kernels: the same tokens, logprobs
+        # within float rounding.
+        err = np.abs(np.array(a["choices"][0]["logprobs"]["token_logprobs"]) -
+                     np.array(b["choices"][0]["logprobs"]["token_logprobs"])).max()
+        assert err <= 1e-5, err
+    again = complete(srv, prompts[0])
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, again["usage"]
+    assert again["choices"][0] == alone[0]["choices"][0]
+    # The loop frees a sequence's slot after its last event reached the client: wait for it.
+    deadline = time.monotonic() + 10
+    while (m := srv.metrics())["kiri_state_slots_used"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (m["kiri_state_slots_capacity"], m["kiri_state_bytes"], m["kiri_state_slots_used"]) == \
+        (3, 3 * state_bytes, 0), m
+
+
+def preemption(start_server, path, tag, budget):
+    """Three requests at once in a pool of `budget` bytes (the states come off it first, then too
+    few blocks for three): one is preempted, its blocks and state slot freed, and later
+    recomputed from its tokens; every completion is llama.cpp's. The round is sent again (at most
+    three times) until the server counts a preemption, as a late thread may miss the others."""
+    srv = start_server(["-m", path, "--parallel", "3", "--kv-memory", str(budget)] + SERVE, model=False)
+    for r in range(3):
+        p0 = srv.metrics()["kiri_preemptions_total"]
+        prompts = [s + STORY + STORY for s in OPENINGS[3 * r:3 * r + 3]]
+        for p, res in zip(prompts, at_once(srv, prompts)):
+            tf.held_to_llama_cpp(path, p, res, tag, 1e-3)
+        if srv.metrics()["kiri_preemptions_total"] > p0:
+            return
+    pytest.fail("the pool held all three in every round: no preemption to check")
+
+
+def refused_budget(kiri_bin, path, budget, named):
+    """kiri serve with three sequences in `budget` bytes of KV memory fails, naming `named`."""
+    r = subprocess.run([str(kiri_bin), "serve", "-m", path, "--port", str(free_port()), "--parallel", "3",
+                        "--kv-memory", str(budget)] + SERVE, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and named in r.stderr, r.stderr
+
+
+def after_cancel(start_server, path, tag):
+    """One slot: a streamed request closed after three tokens is cancelled (its blocks and its
+    state slot come back), and the next request in that slot gives llama.cpp's continuation. The
+    tiny model may write all it was asked for before the server sees the close, so the round is
+    tried again (at most three times) until the server counts the disconnect early."""
+    srv = start_server(["-m", path, "--parallel", "1", "--ctx", "512", "--chunk", "16", "--kv-type", "f32"],
+                       model=False)
+    body = json.dumps({"prompt": OPENINGS[0] + STORY, "max_tokens": 440, "temperature": 0, "stream": True}).encode()
+    cancelled = False
+    for _ in range(3):
+        m0 = srv.metrics()
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        s.sendall(post_raw(COMPL, body))
+        got = b""
+        while got.count(b"data: ") < 3:
+            part = s.recv(4096)
+            assert part, got.decode(errors="replace")
+            got += part
+        s.close()
+        # The HTTP thread counts the disconnect after the request's end: wait for both (a
+        # request that ran to its end before the close counts none).
+        deadline, idle_since = time.monotonic() + 10, None
+        while True:
+            m = srv.metrics()
+            idle = (m["kiri_requests_running"] == 0 and m["kiri_kv_blocks_used"] == 0 and
+                    m["kiri_state_slots_used"] == 0)
+            idle_since = (idle_since or time.monotonic()) if idle else None
+            if idle and (m["kiri_client_disconnects_total"] > m0["kiri_client_disconnects_total"] or
+                         time.monotonic() - idle_since > 1.0):
+                break
+            assert time.monotonic() < deadline, {k: v for k, v in m.items() if "running" in k or "blocks" in k}
+            time.sleep(0.01)
+        generated = m["kiri_generation_tokens_total"] - m0["kiri_generation_tokens_total"]
+        if m["kiri_client_disconnects_total"] > m0["kiri_client_disconnects_total"] and generated < 440:
+            cancelled = True
+            break
+    assert cancelled, "the server wrote every token before it saw the close, three times"
+    text = OPENINGS[1] + STORY
+    tf.held_to_llama_cpp(path, text, complete(srv, text), tag, 1e-3)

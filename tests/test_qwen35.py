@@ -1,0 +1,261 @@
+"""qwen35 (Qwen3.5 dense, text: Gated DeltaNet layers among gated full-attention layers) on the tiny
+files of tiny_qwen35.py, held to llama.cpp (llama-cpp-python) and to tiny_qwen35's float64
+reference by test_families.py's criteria (its check(), whose docstring gives the bounds):
+
+  - logits at every position, one token a step, in prompt chunks of 2, 3, 5 and 16 and in one
+    batch (a chunk's tokens pass the convolution window and the delta-rule state along inside one
+    step), F32 and F16 KV, on four F32 files (3 of 4, 4 of 6 and 6 of 8 layers recurrent by the
+    interval, 3 of 5 listed by attention.recurrent_layers; 2 key heads for 4 value heads, and 1
+    for 3; one with Qwen3.5's head sizes and RoPE sections) and a Q8_0 one (held to llama.cpp within a tenth of llama.cpp's distance from exact);
+  - on every CPU kernel tier this machine runs (c, avx2, avx512);
+  - three sequences side by side in one batching loop (each step's recurrences walk several
+    sequences' states);
+  - through kiri serve: greedy completions unchanged by batching, a repeated prompt (computed
+    whole: no prefix is shared from a cache with recurrent state), preemption in a pool too small
+    for three, and a request after a cancelled one in the same slot; the state's bytes in
+    /metrics and taken from --kv-memory;
+  - the multi-token-prediction block of qwen35-b loaded and left unused, said so at load; a
+    vision tower's tensors likewise;
+  - refusals: a mixture of experts (expert_count), RoPE sections that turn pairs by the fourth
+    position, a tensor the graph does not read, a GPU backend without the delta rule; kiri
+    info's state line;
+  - Qwen3.5's chat template against jinja2, and its pre-tokenizer against llama.cpp.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_families as tf  # noqa: E402
+import tiny_qwen35 as tq  # noqa: E402
+import hybrid_checks as hs  # noqa: E402
+from test_families import Case, batch_tool, check, chunk_positions, dump_tool, prompt, run_dump  # noqa: E402,F401
+from test_logits import _cpu_tiers, rel_err, worst  # noqa: E402
+
+MODELS_DIR = tf.MODELS_DIR
+N_CTX = tf.N_CTX
+
+
+CASES = [Case(hs.TinyModel(tq.variant(n)), N_CTX) for n in ("qwen35-a", "qwen35-b", "qwen35-c", "qwen35-d", "qwen35-q8")]
+F32_CASES = [c for c in CASES if c.wtype == "F32"]
+
+
+@pytest.fixture(scope="session")
+def qwen35_files():
+    return tq.ensure(MODELS_DIR)
+
+
+@pytest.fixture
+def qc(request, qwen35_files):
+    c = request.param
+    assert qwen35_files[c.fam.name] == c.path
+    return c
+
+
+def qcheck(c, toks, K, at, kv, what):
+    """check(), and for the Q8_0 file with an F32 cache kiri held to llama.cpp within a tenth of
+    llama.cpp's distance from E: both quantize the activations of a Q8_0 product to Q8_0, which
+    puts llama.cpp 1e-1 from E (E takes the activations as they are), and which check()'s
+    quantized rule (against E only) would not see. Not at the F32 bound, as lfm2's Q8_0 file is:
+    the delta rule's sums run in another order in llama.cpp, and an activation that rounds to
+    the other Q8_0 step moves the logits by some 1e-3 (measured 5e-3 at most)."""
+    check(c, toks, K, at, kv, what)
+    if c.wtype == "Q8_0" and kv == "f32":
+        L_all = tf.llama_logits(c.path, toks, kv, c.n_ctx)
+        L, E = L_all[at], tf.exact_logits(c.path, toks, c.n_ctx)[at]
+        e, e_le = rel_err(K, L).max(), rel_err(L, E).max()
+        tf.log(f"kiri {c.name} {what}: Q8_0 activations vs llama.cpp {e:.2e} (llama.cpp vs exact {e_le:.2e})")
+        assert e <= 0.1 * e_le, f"{c.name} {what}: kiri vs llama.cpp {e:.2e}: " + worst(K, L, "kiri", "llama.cpp")
+
+
+@pytest.mark.parametrize("qc", F32_CASES, indirect=True, ids=repr)
+def test_qwen35_llama_cpp_vs_exact(qc):
+    """llama.cpp agrees with tiny_qwen35.reference_logits: the keys and tensors (which layers are
+    recurrent, q/k/v's order in attn_qkv, value head j reading key head j mod Hk, the decay's
+    sign, the gates, the queries' interleaved output gate, the text-position RoPE sections) mean
+    what E computes."""
+    toks = prompt(qc)
+    E = tf.exact_logits(qc.path, toks, qc.n_ctx)
+    L = tf.llama_logits(qc.path, toks, "f32", qc.n_ctx)
+    e = rel_err(L, E).max()
+    tf.log(f"llama.cpp-vs-exact {qc.name:28s} {e:.2e}")
+    assert e <= tf.LLAMA_CPP_EXACT_F32, f"{qc.name}: llama.cpp vs exact {e:.2e}: " + worst(L, E, "llama.cpp", "exact")
+
+
+@pytest.mark.parametrize("qc", CASES, indirect=True, ids=repr)
+def test_qwen35_every_position_and_chunks(qc, dump_tool):
+    """Token by token, in chunks of 2, 3, 5 and 16 and in one batch, F32 KV; token by token and
+    in chunks of 5 with the F16 KV cache."""
+    toks = prompt(qc)
+    K = run_dump(dump_tool, qc, toks, kv="f32")
+    qcheck(qc, toks, K, list(range(len(toks))), "f32", "token by token")
+    for chunk in (2, 3, 5, 16):
+        K = run_dump(dump_tool, qc, toks, kv="f32", chunk=chunk)
+        qcheck(qc, toks, K, chunk_positions(len(toks), chunk), "f32", f"--chunk {chunk}")
+    K = run_dump(dump_tool, qc, toks, kv="f32", batch=True)
+    qcheck(qc, toks, K, [len(toks) - 1], "f32", "--batch")
+    K = run_dump(dump_tool, qc, toks, kv="f16")
+    qcheck(qc, toks, K, list(range(len(toks))), "f16", "token by token")
+    K = run_dump(dump_tool, qc, toks, kv="f16", chunk=5)
+    qcheck(qc, toks, K, chunk_positions(len(toks), 5), "f16", "--chunk 5")
+
+
+@pytest.mark.parametrize("tier", _cpu_tiers())
+@pytest.mark.parametrize("qc", CASES, indirect=True, ids=repr)
+def test_qwen35_cpu_tiers(qc, tier, dump_tool):
+    """Each CPU kernel tier, token by token and in chunks of 3 and 16, F32 KV."""
+    toks = prompt(qc)
+    K = run_dump(dump_tool, qc, toks, kv="f32", cpu_kernels=tier)
+    qcheck(qc, toks, K, list(range(len(toks))), "f32", f"token by token, {tier} kernels")
+    for chunk in (3, 16):
+        K = run_dump(dump_tool, qc, toks, kv="f32", chunk=chunk, cpu_kernels=tier)
+        qcheck(qc, toks, K, chunk_positions(len(toks), chunk), "f32", f"--chunk {chunk}, {tier} kernels")
+
+
+@pytest.mark.parametrize("qc", CASES, indirect=True, ids=repr)
+def test_qwen35_batched_with_other_sequences(qc, batch_tool):
+    """Three sequences side by side in one batching loop, fed 1, 3 and 7 tokens a round: every
+    step's convolutions and delta rules read and update three sequences' states."""
+    tf.run_batched(qc, batch_tool)
+
+
+# ------------------------------------------------------------------------------------------------
+# The multi-token-prediction head, refusals and kiri info
+# ------------------------------------------------------------------------------------------------
+
+def test_qwen35_mtp_head_loaded_and_unused(qwen35_files, dump_tool):
+    """qwen35-b's block_count counts its multi-token-prediction block (nextn_predict_layers 1):
+    its tensors are loaded, not run (the logits above are the trunk's, as llama.cpp's), and the
+    load says so."""
+    r = subprocess.run([dump_tool, "--n-ctx", "32", "--out", os.devnull, qwen35_files["qwen35-b"], "1", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "multi-token-prediction head (1 layer, 15 tensors) is loaded and not run" in r.stderr, r.stderr
+
+
+def test_qwen35_vision_tensors_left_unused(qwen35_files, dump_tool):
+    """A file that carries a vision tower (v.*) and its projector (mm.*) runs as text, says so, and
+    gives qwen35-a's logits exactly (the same weights otherwise)."""
+    c = next(c for c in CASES if c.fam.name == "qwen35-a")
+    toks = prompt(c)
+    K = run_dump(dump_tool, c, toks, kv="f32", chunk=5)
+    with_tower = Case(hs.TinyModel(tq.variant("qwen35-vision")), N_CTX)
+    assert qwen35_files["qwen35-vision"] == with_tower.path
+    assert (run_dump(dump_tool, with_tower, toks, kv="f32", chunk=5) == K).all()
+    r = subprocess.run([dump_tool, "--n-ctx", "32", "--out", os.devnull, with_tower.path, "1", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "the file's 3 vision/audio tensors (v.*, a.*, mm.*) are not used" in r.stderr, \
+        r.stderr
+
+
+@pytest.mark.parametrize("name,named", [("qwen35-moe", "qwen35.expert_count"),
+                                        ("qwen35-sections", "qwen35.rope.dimension_sections"),
+                                        ("qwen35-extra", "blk.0.ssm_extra.weight"),
+                                        ("qwen35-heads", "qwen35.ssm.time_step_rank"),
+                                        ("qwen35-taps", "qwen35.ssm.conv_kernel"),
+                                        ("qwen35-nextn", "qwen35.nextn_predict_layers")])
+def test_qwen35_refused(name, named, qwen35_files, dump_tool):
+    """A mixture of experts (qwen35moe's key), RoPE sections that leave rotated pairs to the
+    fourth position (which text tokens hold at 0), a tensor no qwen35 graph reads, value heads
+    that are no multiple of the key heads, a one-tap convolution and a multi-token-prediction
+    count that leaves no trunk are load errors naming the key or the tensor."""
+    r = subprocess.run([dump_tool, "--n-ctx", "32", qwen35_files[name], "1", "2"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0, f"{name}: kiri ran it"
+    assert named in r.stderr, r.stderr
+
+
+def test_qwen35_gpu_without_the_op_refused(qwen35_files, dump_tool):
+    """Vulkan (lavapipe without a GPU) has no delta rule: the model is refused at load, naming
+    the op, rather than run with wrong results."""
+    if not tf._vulkan_device():
+        pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
+    r = subprocess.run([dump_tool, "--n-ctx", "32", qwen35_files["qwen35-a"], "1", "2"], capture_output=True,
+                       text=True, timeout=120, env=tf._env(backend="vulkan"))
+    assert r.returncode != 0, "kiri ran qwen35 on Vulkan"
+    assert ("short_conv" in r.stderr or "delta_net" in r.stderr) and "vulkan" in r.stderr, r.stderr
+
+
+# qwen35-a's state per sequence: 3 recurrent layers x (3 convolution inputs x 128 channels + 4
+# heads x 16 x 16) floats x 4 bytes = 16896 bytes (16.5 KiB).
+STATE_A = 3 * (3 * 128 + 4 * 16 * 16) * 4
+
+
+def test_qwen35_info_shows_state(qwen35_files, kiri_bin):
+    """kiri info names the Gated DeltaNet layers and their state per sequence."""
+    r = subprocess.run([str(kiri_bin), "info", "-m", qwen35_files["qwen35-a"]], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("delta net:")), "")
+    assert "3 of 4 layers" in line and "4 taps" in line and f"{STATE_A / 1024:.1f} KiB per sequence" in line, r.stdout
+    assert "in the 1 attention layers" in r.stdout, r.stdout
+    r = subprocess.run([str(kiri_bin), "info", "-m", qwen35_files["qwen35-b"]], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "mtp head:      1 multi-token-prediction layer" in r.stdout, r.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# kiri serve: batching, a repeated prompt, preemption, a cancelled request
+# ------------------------------------------------------------------------------------------------
+
+def test_qwen35_server_batching_and_repeated_prompt(start_server, qwen35_files):
+    """hybrid_checks.batching_and_repeated_prompt: batched equals alone equals llama.cpp; a
+    repeated prompt computed whole; a state slot of STATE_A for each of the 3 sequences in
+    /metrics."""
+    hs.batching_and_repeated_prompt(start_server, qwen35_files["qwen35-a"], "qwen35-a", STATE_A)
+
+
+# One attention layer x (K + V) x 64 floats x 4 bytes = 512 bytes a token, 8 KiB a block: 8 blocks
+# (one 128-token context) and 3 states.
+POOL = 8 * 8192 + 3 * STATE_A
+
+
+def test_qwen35_server_preemption(start_server, qwen35_files):
+    """hybrid_checks.preemption in a pool of 8 blocks and 3 states: a preempted sequence's delta-rule
+    state and convolution window are freed with its blocks and computed again from its tokens."""
+    hs.preemption(start_server, qwen35_files["qwen35-a"], "qwen35-a", POOL)
+
+
+@pytest.mark.parametrize("budget,named", [(POOL - 1, "holds 112 tokens"),
+                                          (3 * STATE_A - 1, "the recurrent layers' state")])
+def test_qwen35_state_from_the_budget(budget, named, qwen35_files, kiri_bin):
+    """The state comes off --kv-memory before the blocks: a byte less than the preemption test's
+    budget leaves 7 blocks, less than one context; less than the 3 states is refused naming
+    them."""
+    hs.refused_budget(kiri_bin, qwen35_files["qwen35-a"], budget, named)
+
+
+def test_qwen35_server_after_cancel(start_server, qwen35_files):
+    """hybrid_checks.after_cancel: the request after a cancelled one in the same slot starts from a
+    zero state and gives llama.cpp's continuation."""
+    hs.after_cancel(start_server, qwen35_files["qwen35-a"], "qwen35-a")
+
+
+# ------------------------------------------------------------------------------------------------
+# Qwen3.5's chat template (llama.cpp's tree) against jinja2, and its pre-tokenizer
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("conversation", ["user", "system_multi", "tool_round", "thinking"])
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_qwen35_chat_template(conversation, with_tools, tmp_path):
+    """Qwen3.5's template (ChatML turns, tools in the system prompt as XML-tagged JSON, thinking
+    kept only after the last user turn, enable_thinking) renders byte for byte as jinja2 renders
+    it, through test_chat_template.py's runner."""
+    import test_chat_template as tct
+    assert conversation in tct.JSON_CONVERSATIONS
+    tct.test_family_template("Qwen3.5-4B.jinja", conversation, with_tools, tmp_path)
+
+
+def test_qwen35_pre_tokenizer():
+    """The pre-tokenizer Qwen3.5 files name ("qwen35") tokenizes in kiri exactly as in llama.cpp,
+    over test_tokenizer_vectors.py's texts and llama.cpp's qwen35 vocabulary's test inputs."""
+    tv = pytest.importorskip("test_tokenizer_vectors")
+    d = tv.vocab_dir()
+    path = d / "ggml-vocab-qwen35.gguf"
+    header, _ = tv.kiri_tokenize(path, ["x"])
+    assert header[1] == "qwen35", header
+    inp = d / "ggml-vocab-qwen35.gguf.inp"
+    tv.compare_with_llama_cpp(path, tv.TEXTS + (tv.inp_texts(inp) if inp.exists() else []))
