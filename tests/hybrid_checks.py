@@ -128,6 +128,24 @@ def reused_prefix(start_server, path, tag):
     assert (m["kiri_state_snapshot_misses_total"], m["kiri_state_snapshot_hits_total"]) == (1, 2), m
 
 
+def shared_system_prompt(start_server, path, tag):
+    """Three prompts that share a long opening (a system prompt) and differ after it: the first
+    finds nothing; the second finds the shared blocks cached without a snapshot at their end (a
+    miss), so its prompt chunk stops there and keeps one; the third resumes from it (cached_tokens
+    at least 4 blocks, a hit). Prompt chunks of 40 tokens; every completion is llama.cpp's."""
+    srv = start_server(["-m", path, "--parallel", "2", "--ctx", str(N_CTX), "--chunk", "40", "--kv-type", "f32"],
+                       model=False)
+    system = OPENINGS[6] + STORY + STORY
+    cached = []
+    for user in OPENINGS[7:9] + OPENINGS[:1]:
+        res = complete(srv, system + user)
+        tf.held_to_llama_cpp(path, system + user, res, tag, 1e-3)
+        cached.append(res["usage"]["prompt_tokens_details"]["cached_tokens"])
+    m = srv.metrics()
+    assert cached[0] == cached[1] == 0 and cached[2] >= 4 * BLOCK, cached
+    assert (m["kiri_state_snapshot_misses_total"], m["kiri_state_snapshot_hits_total"]) == (2, 1), m
+
+
 def snapshots_in_budget(start_server, path, budget, snapshots, blocks):
     """With --kv-memory the snapshots come off what the budget holds beyond the 3 states and one
     context of blocks: `snapshots` of the 6 fit, and `blocks` blocks are left."""

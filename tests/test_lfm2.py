@@ -143,13 +143,16 @@ def test_lfm2_gpu_without_the_op_refused(lfm2_files, dump_tool):
 
 def test_lfm2_info_shows_state(lfm2_files, kiri_bin):
     """kiri info names the convolution layers and their state per sequence: 4 layers x 2 inputs
-    x 64 channels x 4 bytes = 2 KiB."""
+    x 64 channels x 4 bytes = 2 KiB; and the snapshots of it kept for prefix reuse, 2 KiB each,
+    2 per sequence."""
     r = subprocess.run([str(kiri_bin), "info", "-m", lfm2_files["lfm2-a"]], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("short conv:")), "")
     assert "4 of 6 layers" in line and "3 taps" in line and "2.0 KiB per sequence" in line, r.stdout
     assert "in the 2 attention layers" in r.stdout, r.stdout
+    snap = next((ln for ln in r.stdout.splitlines() if ln.startswith("snapshots:")), "")
+    assert "2.0 KiB each" in snap and "2 per sequence" in snap, r.stdout
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,6 +184,12 @@ def test_lfm2_server_preemption_resumes_from_snapshot(start_server, lfm2_files):
     its prompt's last whole block."""
     hs.preemption(start_server, lfm2_files["lfm2-a"], "lfm2-a", 11 * 8192 + 2 * 2048 + 4 * 2048, snapshots=4,
                   parallel=2)
+
+
+def test_lfm2_server_shared_system_prompt(start_server, lfm2_files):
+    """hybrid_checks.shared_system_prompt: the third of three prompts with one opening resumes
+    from the snapshot the second kept where they part."""
+    hs.shared_system_prompt(start_server, lfm2_files["lfm2-a"], "lfm2-a")
 
 
 def test_lfm2_server_reused_prefix(start_server, lfm2_files):

@@ -187,13 +187,16 @@ STATE_A = 3 * (3 * 128 + 4 * 16 * 16) * 4
 
 
 def test_qwen35_info_shows_state(qwen35_files, kiri_bin):
-    """kiri info names the Gated DeltaNet layers and their state per sequence."""
+    """kiri info names the Gated DeltaNet layers and their state per sequence, and the snapshots
+    of it kept for prefix reuse (as large, 2 per sequence)."""
     r = subprocess.run([str(kiri_bin), "info", "-m", qwen35_files["qwen35-a"]], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("delta net:")), "")
     assert "3 of 4 layers" in line and "4 taps" in line and f"{STATE_A / 1024:.1f} KiB per sequence" in line, r.stdout
     assert "in the 1 attention layers" in r.stdout, r.stdout
+    snap = next((ln for ln in r.stdout.splitlines() if ln.startswith("snapshots:")), "")
+    assert f"{STATE_A / 1024:.1f} KiB each" in snap and "2 per sequence" in snap, r.stdout
     r = subprocess.run([str(kiri_bin), "info", "-m", qwen35_files["qwen35-b"]], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "mtp head:      1 multi-token-prediction layer" in r.stdout, r.stdout
@@ -227,6 +230,12 @@ def test_qwen35_server_preemption_resumes_from_snapshot(start_server, qwen35_fil
     resumes from the snapshot of its delta-rule state kept at its prompt's last whole block."""
     hs.preemption(start_server, qwen35_files["qwen35-a"], "qwen35-a", 11 * 8192 + 2 * STATE_A + 4 * STATE_A,
                   snapshots=4, parallel=2)
+
+
+def test_qwen35_server_shared_system_prompt(start_server, qwen35_files):
+    """hybrid_checks.shared_system_prompt: the third of three prompts with one opening resumes
+    from the snapshot the second kept where they part."""
+    hs.shared_system_prompt(start_server, qwen35_files["qwen35-a"], "qwen35-a")
 
 
 def test_qwen35_server_reused_prefix(start_server, qwen35_files):
