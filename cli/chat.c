@@ -349,6 +349,8 @@ static int answer(struct chat *ch)
     r.n_stop = ch->p->n_stop;
     r.grammar = ch->p->grammar;
     r.grammar_len = ch->p->grammar_len;
+    r.speculative = ch->p->speculative;
+    r.spec_max = ch->p->spec_max;
     struct answer a;
     memset(&a, 0, sizeof a);
     kiri_buf_init(&a.text, 0);

@@ -26,6 +26,8 @@ struct kiri_chat_cli_params {
     int32_t n_batch;                 /* prompt tokens per step; 0: 512 */
     int kv_type;                     /* as kiri_batcher_params.kv_type */
     int show_stats;                  /* print the speed line after each answer */
+    int speculative;                 /* enum kiri_spec (0: off) */
+    int32_t spec_max;                /* most drafted tokens at once (0: the default) */
 };
 
 /* Runs the conversation on stdin and stdout until /exit or the end of input. Messages about the

@@ -57,6 +57,8 @@ struct options {
     const char *stop[MAX_STOP];
     int n_stop;
     const char *grammar_file;
+    char spec[8];               /* enum kiri_spec as spelled by kiri_spec_name */
+    int spec_max;
 };
 
 static void options_default(struct options *o)
@@ -71,6 +73,7 @@ static void options_default(struct options *o)
     o->backend = "auto";
     o->gpu_layers = -1;
     kiri_sampling_default(&o->sampling);
+    snprintf(o->spec, sizeof o->spec, "none");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -164,6 +167,14 @@ static const struct kiri_option chat_opts[] = {
     JSON_SCHEMA_OPTION,
 };
 
+static const struct kiri_option spec_opts[] = {
+    {.name = "spec", .type = KIRI_OPTION_ENUM, O(spec), .choices = "none|ngram", .arg = "KIND",
+     .help = "Speculative decoding: ngram drafts tokens by looking the text's last few tokens up in the "
+             "prompt and the text so far, and one step verifies them; the output is the same.", .def = "none"},
+    {.name = "spec-max", .type = KIRI_OPTION_INT, O(spec_max), .lo = 1, .hi = KIRI_SPEC_MAX_DRAFT, .arg = "N",
+     .help = "Most tokens drafted at once (the draft length adapts below it).", .def = "8"},
+};
+
 static const struct kiri_option grammar_opts[] = {
     GRAMMAR_OPTION,
     JSON_SCHEMA_OPTION,
@@ -193,12 +204,13 @@ static const struct kiri_option tokenize_opts[] = {
 #define GROUP(title, opts) {title, opts, sizeof opts / sizeof opts[0]}
 static const struct kiri_option_group run_groups[] = {
     GROUP(NULL, run_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
-    GROUP("sampling options", sampling_opts)};
+    GROUP("sampling options", sampling_opts), GROUP("speculative decoding", spec_opts)};
 static const struct kiri_option_group chat_groups[] = {
     GROUP(NULL, chat_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
-    GROUP("sampling options", sampling_opts)};
+    GROUP("sampling options", sampling_opts), GROUP("speculative decoding", spec_opts)};
 static const struct kiri_option_group bench_groups[] = {
-    GROUP(NULL, bench_opts), GROUP("model options", model_opts), GROUP("context options", context_opts)};
+    GROUP(NULL, bench_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
+    GROUP("speculative decoding", spec_opts)};
 static const struct kiri_option_group info_groups[] = {GROUP(NULL, model_opts)};
 static const struct kiri_option_group grammar_groups[] = {GROUP(NULL, grammar_opts)};
 static const struct kiri_option_group tokenize_groups[] = {GROUP(NULL, tokenize_opts)};
@@ -435,6 +447,8 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         gp.n_stop = o->n_stop;
         gp.grammar = grammar;
         gp.grammar_len = grammar_len;
+        gp.speculative = kiri_spec_parse(o->spec);
+        gp.spec_max = o->spec_max;
         struct kiri_generate_result res;
         struct kiri_status_info info;
         if (kiri_generate(c, ids, n, &gp, print_text, NULL, &res, &info) != KIRI_OK) {
@@ -483,6 +497,8 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
     p.show_stats = !o->no_stats;
     p.grammar = grammar;
     p.grammar_len = grammar_len;
+    p.speculative = kiri_spec_parse(o->spec);
+    p.spec_max = o->spec_max;
     rc = kiri_chat_cli_run(m, o->model, &p);
     kiri_mem_free(grammar);
     kiri_model_close(m);

@@ -181,7 +181,34 @@ struct kiri_generate_params {
     int n_stop;
     const char *grammar;        /* GBNF text constraining the output, or NULL */
     size_t grammar_len;
+    int speculative;            /* enum kiri_spec: how tokens are drafted for verification (0: off) */
+    int32_t spec_max;           /* most tokens drafted at once (0: KIRI_SPEC_DEFAULT_DRAFT) */
 };
+
+/* ---- speculative decoding ----
+ *
+ * A sequence may draft a few tokens ahead and have one forward step verify them all: the step
+ * computes the pending token and the drafts together, and the tokens the model itself would have
+ * produced are kept (greedy: the drafts that equal its argmax, then its own next token; sampling:
+ * each draft kept with its probability under the full sampling pipeline, else a token drawn from
+ * that distribution without the draft), so the output, or its distribution, is exactly that of
+ * decoding one token at a time. Rejected positions are dropped from the KV cache. The draft length
+ * follows the acceptance rate of each sequence, a sequence whose drafts are mostly rejected pauses
+ * drafting, and a step with many decoding sequences drafts nothing (verification is no longer
+ * free). A model with recurrent layers (lfm2) cannot drop positions yet: it never speculates. */
+enum kiri_spec {
+    KIRI_SPEC_NONE = 0,
+    KIRI_SPEC_NGRAM = 1        /* prompt lookup: the tokens that followed the latest earlier
+                                  occurrence of the sequence's last few tokens */
+};
+#define KIRI_SPEC_KINDS 2
+/* Drafted tokens at once: the default and the largest a request may ask for. */
+#define KIRI_SPEC_DEFAULT_DRAFT 8
+#define KIRI_SPEC_MAX_DRAFT 16
+/* "none", "ngram"; NULL for an unknown kind. */
+const char *kiri_spec_name(int kind);
+/* The kind named (as kiri_spec_name spells it), or -1. */
+int kiri_spec_parse(const char *name);
 
 /* Why generation ended (kiri_generate's result, the serving loop's final event). */
 enum kiri_finish {
@@ -245,6 +272,11 @@ struct kiri_batcher_params {
     int prefix_cache;         /* share full prompt blocks between sequences (default 1) */
     int swa_full;             /* sliding-window layers keep every token, as global ones do (more
                                  memory, for comparisons); default 0: only their window */
+    int32_t draft_rows;       /* drafted tokens one step may verify, over all its sequences (each
+                                 costs a row of logits, n_vocab * 4 bytes, on the host and the
+                                 backend); 0: no speculation. Default 16, at most chunk */
+    int32_t spec_max_seqs;    /* a step drafts only while it decodes at most this many sequences
+                                 (default 4) */
 };
 
 void kiri_batcher_params_default(struct kiri_batcher_params *p);
@@ -274,6 +306,8 @@ struct kiri_request {
     const int32_t *bias_tokens;
     const float *bias_values;
     int n_bias;
+    int speculative;              /* enum kiri_spec (0: off); not for a held sequence */
+    int32_t spec_max;             /* most tokens drafted at once, 0..KIRI_SPEC_MAX_DRAFT (0: default) */
 };
 
 struct kiri_token_event {
@@ -323,6 +357,8 @@ struct kiri_batcher_stats {
     int32_t state_slots_total;    /* recurrent-state slots (lfm2's convolutions; 0 without) */
     int32_t state_slots_used;     /* held by running sequences */
     uint64_t state_bytes;         /* the state store, all slots */
+    uint64_t spec_drafted[KIRI_SPEC_KINDS];  /* tokens drafted, by enum kiri_spec, since init */
+    uint64_t spec_accepted[KIRI_SPEC_KINDS]; /* of those, the ones the model kept */
 };
 
 int kiri_batcher_init(struct kiri_model *model, const struct kiri_batcher_params *params,

@@ -494,6 +494,8 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     r.n_stop = gp->n_stop;
     r.grammar = gp->grammar;
     r.grammar_len = gp->grammar_len;
+    r.speculative = gp->speculative;
+    r.spec_max = gp->spec_max;
     struct generation g = {c->model, on_token, user, 0, -1, KIRI_OK, 0, 0};
     uint64_t id;
     const double t0 = kiri_platform_now();
