@@ -59,6 +59,7 @@ struct options {
     const char *grammar_file;
     char spec[8];               /* enum kiri_spec as spelled by kiri_spec_name */
     int spec_max;
+    const char *bench_text;     /* kiri bench --spec: the prompt of the generation test */
 };
 
 static void options_default(struct options *o)
@@ -194,6 +195,9 @@ static const struct kiri_option bench_opts[] = {
     {.name = "no-warmup", .type = KIRI_OPTION_FLAG, O(no_warmup),
      .help = "Skips the untimed warm-up (one prefill of -p tokens and one decode step) before the timed runs."},
     {.name = "json", .type = KIRI_OPTION_FLAG, O(json), .help = "Prints one JSON object."},
+    {.name = "text", .type = KIRI_OPTION_STRING_REF, O(bench_text), .arg = "TEXT",
+     .help = "With --spec: the prompt of the generation test (tokenized as it is, with BOS).",
+     .def = "a passage and the request to copy it"},
 };
 
 static const struct kiri_option tokenize_opts[] = {
@@ -460,6 +464,9 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
                     res.n_prompt, res.prefill_seconds, res.prefill_seconds > 0 ? res.n_prompt / res.prefill_seconds : 0.0,
                     res.n_generated, res.decode_seconds,
                     res.decode_seconds > 0 ? res.n_generated / res.decode_seconds : 0.0);
+            if (gp.speculative)
+                fprintf(stderr, "kiri: speculative (%s): %d tokens drafted, %d kept\n", o->spec, res.n_drafted,
+                        res.n_accepted);
         }
     }
     kiri_mem_free(ids);
@@ -802,10 +809,107 @@ static void print_bench(const struct options *o, const struct bench_test *tests,
     printf("]}\n");
 }
 
+/* kiri bench --spec: greedy generation of -n tokens from a text, timed without and with the
+ * drafter in turn (-r times each, alternating, after an untimed warm-up of each), and the ratio. */
+static const char bench_spec_default_text[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball. "
+    "One day, she saw a big dog under a tree. The dog was sad because it was lost. Lily helped the dog find "
+    "its home, and they became best friends.\n\nThe same story, word for word:\n\nOnce upon a time, there";
+
+struct spec_run {
+    double seconds, tok_s;
+    int32_t n_generated, n_drafted, n_accepted;
+};
+
+static int bench_generate(struct kiri_context *c, const int32_t *ids, int n, int n_gen, int spec, int spec_max,
+                          struct spec_run *out)
+{
+    struct kiri_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_tokens = n_gen;
+    kiri_sampling_default(&gp.sampling);
+    gp.sampling.temperature = 0;
+    gp.speculative = spec;
+    gp.spec_max = spec_max;
+    struct kiri_generate_result res;
+    struct kiri_status_info info;
+    if (kiri_generate(c, ids, n, &gp, NULL, NULL, &res, &info) != KIRI_OK)
+        return fail("bench generate", &info);
+    out->seconds = res.decode_seconds;
+    out->n_generated = res.n_generated;
+    out->n_drafted = res.n_drafted;
+    out->n_accepted = res.n_accepted;
+    /* The first token comes from the prompt's step: decode speed counts the ones after it. */
+    out->tok_s = res.decode_seconds > 0 && res.n_generated > 1 ? (res.n_generated - 1) / res.decode_seconds : 0;
+    return 0;
+}
+
+static int bench_speculative(const struct options *o, int spec)
+{
+    const int n_g = o->n_gen_bench >= 1 ? o->n_gen_bench : 128;
+    const char *text = o->bench_text ? o->bench_text : bench_spec_default_text;
+    struct kiri_model *m = NULL;
+    struct kiri_context *c = NULL;
+    int rc = open_model(o, 0, &m);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (rc == 0) {
+        const int cap = (int)strlen(text) + 8;
+        ids = malloc((size_t)cap * sizeof *ids);
+        n = ids ? kiri_tokenize(m, text, strlen(text), -1, 0, ids, cap) : -1;
+        if (n < 1) {
+            fprintf(stderr, "kiri: error: cannot tokenize the --text prompt\n");
+            rc = 1;
+        }
+    }
+    struct options oc = *o;
+    if (rc == 0 && oc.n_ctx == 0)
+        oc.n_ctx = n + n_g + KIRI_SPEC_MAX_DRAFT + 1;
+    if (rc == 0)
+        rc = make_context(m, &oc, &c);
+    struct spec_run plain[100], drafted[100], warm;
+    const int kinds[2] = {KIRI_SPEC_NONE, spec};
+    for (int k = 0; rc == 0 && !o->no_warmup && k < 2; k++)
+        rc = bench_generate(c, ids, n, n_g, kinds[k], o->spec_max, &warm);
+    for (int r = 0; rc == 0 && r < o->repetitions; r++) {
+        rc = bench_generate(c, ids, n, n_g, KIRI_SPEC_NONE, 0, &plain[r]);
+        if (rc == 0)
+            rc = bench_generate(c, ids, n, n_g, spec, o->spec_max, &drafted[r]);
+    }
+    if (rc == 0) {
+        double a = 0, b = 0;
+        int32_t generated = 0, drafts = 0, kept = 0;
+        for (int r = 0; r < o->repetitions; r++) {
+            a += plain[r].tok_s;
+            b += drafted[r].tok_s;
+            generated += drafted[r].n_generated;
+            drafts += drafted[r].n_drafted;
+            kept += drafted[r].n_accepted;
+        }
+        a /= o->repetitions;
+        b /= o->repetitions;
+        if (o->json)
+            printf("{\"prompt_tokens\": %d, \"generated\": %d, \"repetitions\": %d, \"plain_tok_s\": %.2f, "
+                   "\"spec\": \"%s\", \"spec_tok_s\": %.2f, \"ratio\": %.3f, \"drafted\": %d, \"accepted\": %d}\n",
+                   n, generated / o->repetitions, o->repetitions, a, o->spec, b, a > 0 ? b / a : 0.0, drafts, kept);
+        else
+            printf("prompt %d tokens, greedy decode of %d tokens, %d runs each, alternating\n"
+                   "plain          %8.2f tok/s\n%-14s %8.2f tok/s  (%d of %d drafted tokens kept)\nratio          %8.3f\n",
+                   n, generated / o->repetitions, o->repetitions, a, o->spec, b, kept, drafts, a > 0 ? b / a : 0.0);
+    }
+    free(ids);
+    kiri_context_free(c);
+    kiri_model_close(m);
+    return rc;
+}
+
 static int cmd_bench(const struct options *o, const char **args, int n_args)
 {
     (void)args;
     (void)n_args;
+    const int spec = kiri_spec_parse(o->spec);
+    if (spec > KIRI_SPEC_NONE)
+        return bench_speculative(o, spec);
     int depths[BENCH_MAX_DEPTHS];
     char err[160];
     const int n_depths = parse_depths(o->depths, depths, err, sizeof err);

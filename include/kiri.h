@@ -226,6 +226,8 @@ struct kiri_generate_result {
     int32_t n_generated;
     double prefill_seconds;
     double decode_seconds;
+    int32_t n_drafted;          /* with speculative: tokens drafted, and of those the ones kept */
+    int32_t n_accepted;
 };
 
 /* Clears the context and generates a continuation of the prompt tokens. Returns KIRI_OK, or

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kiri.h"
 #include "options.h"
 #include "platform.h"
 #include "utf8.h"
@@ -123,6 +124,18 @@ static const struct kiri_option opts[] = {
     {.name = "chunk", .type = KIRI_OPTION_INT, F(chunk), .lo = 1, .hi = 65536, .arg = "N",
      .help = "Prompt tokens processed per batch step (chunked prefill); the compute scratch grows with it.",
      .def = "64"},
+    {.name = "spec", .type = KIRI_OPTION_ENUM, F(spec), .choices = "none|ngram", .arg = "KIND",
+     .help = "Speculative decoding for requests without a \"speculative\" field: ngram drafts tokens by looking "
+     "the text's last few tokens up in the prompt and the text so far, and one step verifies them (the "
+     "output is the same).",
+     .def = "none"},
+    {.name = "spec-max", .type = KIRI_OPTION_INT, F(spec_max), .lo = 1, .hi = KIRI_SPEC_MAX_DRAFT, .arg = "N",
+     .help = "Most tokens drafted at once for requests that do not say (the draft length adapts below it).",
+     .def = "8"},
+    {.name = "spec-max-seqs", .type = KIRI_OPTION_INT, F(spec_max_seqs), .lo = 0, .hi = 1024, .arg = "N",
+     .help = "Drafts are made only in steps that decode at most N sequences: past that, verifying them is no "
+     "longer free; 0 turns speculation off.",
+     .def = "4"},
     {.name = "queue", .type = KIRI_OPTION_INT, F(queue), .lo = 0, .hi = 65536, .arg = "N",
      .help = "Requests that may wait for a batch slot before new ones are refused with 429.",
      .def = "64"},
@@ -183,6 +196,9 @@ static void set_defaults(struct kiri_server_config *c)
     c->gpu_layers = -1;
     snprintf(c->kv_type, sizeof c->kv_type, "f16");
     c->parallel = 8;
+    snprintf(c->spec, sizeof c->spec, "none");
+    c->spec_max = KIRI_SPEC_DEFAULT_DRAFT;
+    c->spec_max_seqs = 4;
     c->chunk = 64;
     c->queue = 64;
     c->max_body = (uint64_t)4 << 20;

@@ -57,6 +57,7 @@ struct kiri_models_params {
     uint64_t kv_memory;       /* 0: n_ctx * max_seqs tokens */
     int kv_type;              /* enum kiri_kv_type */
     int32_t max_seqs, chunk, queue_cap;
+    int32_t spec_max_seqs;    /* as kiri_batcher_params (0: no drafts) */
     uint64_t memory_budget;   /* bytes for all loaded models together; 0: no limit */
     int warm_up;              /* run one token through a new model before it serves */
     void (*log)(void *user, const char *line);   /* may be NULL */

@@ -1,0 +1,131 @@
+"""Speculative decoding through `kiri serve` with the bundled stories260K model: speculative and
+plain requests batched together each return the greedy text `kiri run --raw` gives alone (the
+CLI without speculation, the reference from outside the server); /metrics counts the drafted and
+the kept tokens per drafter; the server default (--spec) applies to requests that do not say,
+and a request's "speculative" field overrides it; bad values are a 400 naming the field."""
+import json
+import subprocess
+import threading
+
+import pytest
+
+from conftest import MODEL, sse_events
+
+PROMPTS = [
+    "Lily went to the park. She saw a big dog. The dog was happy. Lily went to the park. She saw a big",
+    "Tom had a red ball. He liked to play with the ball. Tom had a red ball. He liked to",
+    "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
+    "Once upon a time",
+    "Sam and his mom went to the store. They bought milk and bread. Sam and his mom went to the",
+    "One day, Tom",
+]
+MAX_TOKENS = 48
+DRAFTED = 'kiri_spec_draft_tokens_total{drafter="ngram"}'
+KEPT = 'kiri_spec_accepted_tokens_total{drafter="ngram"}'
+
+
+def cli_text(kiri_bin, prompt):
+    """Greedy text from `kiri run` without speculation (the prompt tokenized as it is, with BOS,
+    as /v1/completions does)."""
+    r = subprocess.run([str(kiri_bin), "run", "-m", str(MODEL), "--raw", "-p", prompt, "-n", str(MAX_TOKENS),
+                        "--temp", "0", "-t", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("\n")
+    return r.stdout[:-1]
+
+
+@pytest.fixture(scope="module")
+def reference(kiri_bin):
+    return [cli_text(kiri_bin, p) for p in PROMPTS]
+
+
+def completion(srv, prompt, spec=None, **extra):
+    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+    if spec is not None:
+        body["speculative"] = spec
+    body.update(extra)
+    return srv.post("/v1/completions", body)
+
+
+def test_mixed_batch_equals_plain(start_server, reference):
+    """Six speculative and six plain requests at once, four sequences per batch: every text is the
+    plain CLI's, drafts were made and some kept, some rejected, and the batch held several."""
+    srv = start_server(["--parallel", "4"])
+    m0 = srv.metrics()
+    assert m0[DRAFTED] == 0 and m0[KEPT] == 0
+    jobs = [(i, spec) for i in range(len(PROMPTS)) for spec in ("ngram", "none")]
+    results = [None] * len(jobs)
+    barrier = threading.Barrier(len(jobs))
+
+    def run(j):
+        barrier.wait()
+        i, spec = jobs[j]
+        results[j] = completion(srv, PROMPTS[i], spec)
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (i, spec), r in zip(jobs, results):
+        assert r.status == 200, r
+        assert r.json["choices"][0]["text"] == reference[i], (i, spec)
+        assert r.json["usage"]["completion_tokens"] == MAX_TOKENS
+    m1 = srv.metrics()
+    assert m1[KEPT] > 0, m1
+    assert m1[DRAFTED] > m1[KEPT], m1
+    assert m1["kiri_batch_size_sequences_peak"] > 1
+    # Every block back once idle (cached prefix blocks count as free).
+    assert m1["kiri_kv_blocks_used"] == 0
+
+
+def test_alone_and_streamed(start_server, reference):
+    """One speculative request at a time, plain and streamed: the same text, and the drafts kept
+    make fewer steps than tokens."""
+    srv = start_server(["--parallel", "2"])
+    m0 = srv.metrics()
+    r = completion(srv, PROMPTS[0], {"type": "ngram", "max_draft": 12})
+    assert r.status == 200, r
+    assert r.json["choices"][0]["text"] == reference[0]
+    m1 = srv.metrics()
+    steps = m1["kiri_batch_steps_total"] - m0["kiri_batch_steps_total"]
+    assert m1[KEPT] > 0
+    assert steps < MAX_TOKENS, steps
+    s = completion(srv, PROMPTS[2], True, stream=True)
+    assert s.status == 200, s
+    events = [json.loads(e) for e in sse_events(s.body) if e != "[DONE]"]
+    text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+    assert text == reference[2]
+
+
+def test_server_default_and_override(start_server, reference):
+    """--spec ngram speculates for requests without the field; "speculative": false does not."""
+    srv = start_server(["--parallel", "2", "--spec", "ngram", "--spec-max", "6"])
+    m0 = srv.metrics()
+    r = completion(srv, PROMPTS[1], False)
+    assert r.status == 200 and r.json["choices"][0]["text"] == reference[1]
+    m1 = srv.metrics()
+    assert m1[DRAFTED] == m0[DRAFTED]
+    r = completion(srv, PROMPTS[1])
+    assert r.status == 200 and r.json["choices"][0]["text"] == reference[1]
+    m2 = srv.metrics()
+    assert m2[DRAFTED] > m1[DRAFTED]
+
+
+@pytest.mark.parametrize("value,param", [
+    ("eagle", "speculative"),
+    (3, "speculative"),
+    ({"max_draft": 4}, "speculative.type"),
+    ({"type": "lookahead"}, "speculative.type"),
+    ({"type": "ngram", "max_draft": 0}, "speculative.max_draft"),
+    ({"type": "ngram", "max_draft": 17}, "speculative.max_draft"),
+    ({"type": "ngram", "max_draft": 2.5}, "speculative.max_draft"),
+])
+def test_bad_values(server, value, param):
+    r = completion(server, PROMPTS[3], value)
+    assert r.status == 400, r
+    e = r.json["error"]
+    assert e["param"] == param, e
+    assert e["type"] == "invalid_request_error"
+    # The server goes on serving.
+    assert completion(server, PROMPTS[3], "ngram").status == 200
