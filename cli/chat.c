@@ -459,6 +459,7 @@ static int session_init(struct chat *ch, struct kiri_model *m, const struct kiri
     bp.chunk = p->n_batch > 0 ? p->n_batch : 512;
     bp.kv_type = p->kv_type;
     bp.prefix_cache = 1;
+    bp.draft_model = p->draft_model;
     if (kiri_batcher_init(m, &bp, &ch->batcher, &info) != KIRI_OK) {
         fprintf(stderr, "kiri: error: %s [%s]\n", info.message, kiri_status_name(info.code));
         return 1;

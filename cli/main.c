@@ -58,6 +58,7 @@ struct options {
     int n_stop;
     const char *grammar_file;
     char spec[8];               /* enum kiri_spec as spelled by kiri_spec_name */
+    const char *draft_model;    /* --draft-model FILE */
     int spec_max;
     const char *bench_text;     /* kiri bench --spec: the prompt of the generation test */
 };
@@ -169,9 +170,13 @@ static const struct kiri_option chat_opts[] = {
 };
 
 static const struct kiri_option spec_opts[] = {
-    {.name = "spec", .type = KIRI_OPTION_ENUM, O(spec), .choices = "none|ngram", .arg = "KIND",
+    {.name = "spec", .type = KIRI_OPTION_ENUM, O(spec), .choices = "none|ngram|draft", .arg = "KIND",
      .help = "Speculative decoding: ngram drafts tokens by looking the text's last few tokens up in the "
-             "prompt and the text so far, and one step verifies them; the output is the same.", .def = "none"},
+             "prompt and the text so far, draft has --draft-model guess them; one step verifies them, and "
+             "the output is the same.", .def = "none (draft with --draft-model)"},
+    {.name = "draft-model", .type = KIRI_OPTION_STRING_REF, O(draft_model), .arg = "FILE",
+     .help = "A smaller model with the same vocabulary (or a lower-precision copy of the model) that drafts "
+             "tokens for --spec draft."},
     {.name = "spec-max", .type = KIRI_OPTION_INT, O(spec_max), .lo = 1, .hi = KIRI_SPEC_MAX_DRAFT, .arg = "N",
      .help = "Most tokens drafted at once (the draft length adapts below it).", .def = "8"},
 };
@@ -283,10 +288,41 @@ static int kv_type_code(const struct options *o)
     return strcmp(o->kv_type, "f32") == 0 ? 0 : strcmp(o->kv_type, "q8_0") == 0 ? 8 : 1;
 }
 
-static int make_context(struct kiri_model *m, const struct options *o, struct kiri_context **c)
+/* --spec and --draft-model: the kind (--draft-model alone means draft), or -1 after saying why
+ * not. */
+static int spec_kind(const struct options *o)
+{
+    int kind = kiri_spec_parse(o->spec);
+    if (kind == KIRI_SPEC_NONE && o->draft_model)
+        kind = KIRI_SPEC_DRAFT;
+    if (kind == KIRI_SPEC_DRAFT && !o->draft_model) {
+        fprintf(stderr, "kiri: error: --spec draft needs --draft-model FILE\n");
+        return -1;
+    }
+    if (kind != KIRI_SPEC_DRAFT && o->draft_model) {
+        fprintf(stderr, "kiri: error: --draft-model drafts only for --spec draft, not --spec %s\n", o->spec);
+        return -1;
+    }
+    return kind;
+}
+
+/* The --draft-model, opened as the model is (NULL without one). */
+static int open_draft_model(const struct options *o, struct kiri_model **m)
+{
+    *m = NULL;
+    if (!o->draft_model)
+        return 0;
+    struct options d = *o;
+    d.model = o->draft_model;
+    return open_model(&d, 0, m);
+}
+
+static int make_context(struct kiri_model *m, const struct options *o, struct kiri_model *draft,
+                        struct kiri_context **c)
 {
     struct kiri_context_params cp;
     kiri_context_params_default(&cp);
+    cp.draft_model = draft;
     cp.n_ctx = o->n_ctx;
     if (o->n_batch)
         cp.n_batch = o->n_batch;
@@ -420,7 +456,10 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         fprintf(stderr, "kiri: error: -p PROMPT is required\n");
         return 2;
     }
-    struct kiri_model *m = NULL;
+    const int spec = spec_kind(o);
+    if (spec < 0)
+        return 2;
+    struct kiri_model *m = NULL, *dm = NULL;
     struct kiri_context *c = NULL;
     int32_t *ids = NULL;
     char *grammar = NULL;
@@ -429,6 +468,8 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
     if (rc != 0)
         return rc;
     rc = open_model(o, o->show_prompt, &m);
+    if (rc == 0 && !o->show_prompt)
+        rc = open_draft_model(o, &dm);
     if (rc == 0)
         rc = run_prompt(m, o, &ids, &n);
     if (rc == 0 && o->show_prompt) {
@@ -441,7 +482,7 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         rc = 1;
     }
     if (rc == 0)
-        rc = make_context(m, o, &c);
+        rc = make_context(m, o, dm, &c);
     if (rc == 0) {
         struct kiri_generate_params gp;
         memset(&gp, 0, sizeof gp);
@@ -451,7 +492,7 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         gp.n_stop = o->n_stop;
         gp.grammar = grammar;
         gp.grammar_len = grammar_len;
-        gp.speculative = kiri_spec_parse(o->spec);
+        gp.speculative = spec;
         gp.spec_max = o->spec_max;
         struct kiri_generate_result res;
         struct kiri_status_info info;
@@ -465,13 +506,14 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
                     res.n_generated, res.decode_seconds,
                     res.decode_seconds > 0 ? res.n_generated / res.decode_seconds : 0.0);
             if (gp.speculative)
-                fprintf(stderr, "kiri: speculative (%s): %d tokens drafted, %d kept\n", o->spec, res.n_drafted,
-                        res.n_accepted);
+                fprintf(stderr, "kiri: speculative (%s): %d tokens drafted, %d kept\n", kiri_spec_name(spec),
+                        res.n_drafted, res.n_accepted);
         }
     }
     kiri_mem_free(ids);
     kiri_mem_free(grammar);
     kiri_context_free(c);
+    kiri_model_close(dm);
     kiri_model_close(m);
     return rc;
 }
@@ -480,15 +522,21 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
 {
     (void)args;
     (void)n_args;
-    struct kiri_model *m = NULL;
+    const int spec = spec_kind(o);
+    if (spec < 0)
+        return 2;
+    struct kiri_model *m = NULL, *dm = NULL;
     char *grammar = NULL;
     size_t grammar_len = 0;
     int rc = load_grammar(o, &grammar, &grammar_len);
     if (rc != 0)
         return rc;
     rc = open_model(o, 0, &m);
+    if (rc == 0)
+        rc = open_draft_model(o, &dm);
     if (rc != 0) {
         kiri_mem_free(grammar);
+        kiri_model_close(m);
         return rc;
     }
     struct kiri_chat_cli_params p;
@@ -504,10 +552,12 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
     p.show_stats = !o->no_stats;
     p.grammar = grammar;
     p.grammar_len = grammar_len;
-    p.speculative = kiri_spec_parse(o->spec);
+    p.speculative = spec;
     p.spec_max = o->spec_max;
+    p.draft_model = dm;
     rc = kiri_chat_cli_run(m, o->model, &p);
     kiri_mem_free(grammar);
+    kiri_model_close(dm);
     kiri_model_close(m);
     return rc;
 }
@@ -848,9 +898,11 @@ static int bench_speculative(const struct options *o, int spec)
 {
     const int n_g = o->n_gen_bench >= 1 ? o->n_gen_bench : 128;
     const char *text = o->bench_text ? o->bench_text : bench_spec_default_text;
-    struct kiri_model *m = NULL;
+    struct kiri_model *m = NULL, *dm = NULL;
     struct kiri_context *c = NULL;
     int rc = open_model(o, 0, &m);
+    if (rc == 0)
+        rc = open_draft_model(o, &dm);
     int32_t *ids = NULL;
     int n = 0;
     if (rc == 0) {
@@ -866,7 +918,7 @@ static int bench_speculative(const struct options *o, int spec)
     if (rc == 0 && oc.n_ctx == 0)
         oc.n_ctx = n + n_g + KIRI_SPEC_MAX_DRAFT + 1;
     if (rc == 0)
-        rc = make_context(m, &oc, &c);
+        rc = make_context(m, &oc, dm, &c);
     struct spec_run plain[100], drafted[100], warm;
     const int kinds[2] = {KIRI_SPEC_NONE, spec};
     for (int k = 0; rc == 0 && !o->no_warmup && k < 2; k++)
@@ -891,14 +943,17 @@ static int bench_speculative(const struct options *o, int spec)
         if (o->json)
             printf("{\"prompt_tokens\": %d, \"generated\": %d, \"repetitions\": %d, \"plain_tok_s\": %.2f, "
                    "\"spec\": \"%s\", \"spec_tok_s\": %.2f, \"ratio\": %.3f, \"drafted\": %d, \"accepted\": %d}\n",
-                   n, generated / o->repetitions, o->repetitions, a, o->spec, b, a > 0 ? b / a : 0.0, drafts, kept);
+                   n, generated / o->repetitions, o->repetitions, a, kiri_spec_name(spec), b, a > 0 ? b / a : 0.0,
+                   drafts, kept);
         else
             printf("prompt %d tokens, greedy decode of %d tokens, %d runs each, alternating\n"
                    "plain          %8.2f tok/s\n%-14s %8.2f tok/s  (%d of %d drafted tokens kept)\nratio          %8.3f\n",
-                   n, generated / o->repetitions, o->repetitions, a, o->spec, b, kept, drafts, a > 0 ? b / a : 0.0);
+                   n, generated / o->repetitions, o->repetitions, a, kiri_spec_name(spec), b, kept, drafts,
+                   a > 0 ? b / a : 0.0);
     }
     free(ids);
     kiri_context_free(c);
+    kiri_model_close(dm);
     kiri_model_close(m);
     return rc;
 }
@@ -907,9 +962,12 @@ static int cmd_bench(const struct options *o, const char **args, int n_args)
 {
     (void)args;
     (void)n_args;
-    const int spec = kiri_spec_parse(o->spec);
+    const int spec = spec_kind(o);
+    if (spec < 0)
+        return 2;
     if (spec > KIRI_SPEC_NONE)
         return bench_speculative(o, spec);
+    struct kiri_model *dm = NULL; /* the plain tests run without one */
     int depths[BENCH_MAX_DEPTHS];
     char err[160];
     const int n_depths = parse_depths(o->depths, depths, err, sizeof err);
@@ -938,7 +996,7 @@ static int cmd_bench(const struct options *o, const char **args, int n_args)
     if (rc == 0 && oc.n_ctx == 0)
         oc.n_ctx = max_depth + (n_p > n_g ? n_p : n_g) + 1;
     if (rc == 0)
-        rc = make_context(m, &oc, &c);
+        rc = make_context(m, &oc, dm, &c);
     const int n_ids = max_depth > n_p ? max_depth : n_p;
     int32_t *ids = rc == 0 ? malloc((size_t)n_ids * sizeof *ids) : NULL;
     if (rc == 0 && !ids)

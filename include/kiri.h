@@ -141,6 +141,7 @@ struct kiri_context_params {
     int32_t n_ctx;          /* <= 0: the model's training context */
     int32_t n_batch;        /* prompt tokens per forward step; <= 0: 512 */
     int kv_type;            /* KV cache element type: 1 (F16, default), 0 (F32) or 8 (Q8_0) */
+    struct kiri_model *draft_model; /* borrowed, or NULL: lets kiri_generate use KIRI_SPEC_DRAFT */
 };
 
 void kiri_context_params_default(struct kiri_context_params *p);
@@ -198,14 +199,16 @@ struct kiri_generate_params {
  * free). A model with recurrent layers (lfm2) cannot drop positions yet: it never speculates. */
 enum kiri_spec {
     KIRI_SPEC_NONE = 0,
-    KIRI_SPEC_NGRAM = 1        /* prompt lookup: the tokens that followed the latest earlier
+    KIRI_SPEC_NGRAM = 1,       /* prompt lookup: the tokens that followed the latest earlier
                                   occurrence of the sequence's last few tokens */
+    KIRI_SPEC_DRAFT = 2        /* a draft model with the same vocabulary, greedy
+                                  (kiri_batcher_params.draft_model, kiri_context_params.draft_model) */
 };
-#define KIRI_SPEC_KINDS 2
+#define KIRI_SPEC_KINDS 3
 /* Drafted tokens at once: the default and the largest a request may ask for. */
 #define KIRI_SPEC_DEFAULT_DRAFT 8
 #define KIRI_SPEC_MAX_DRAFT 16
-/* "none", "ngram"; NULL for an unknown kind. */
+/* "none", "ngram", "draft"; NULL for an unknown kind. */
 const char *kiri_spec_name(int kind);
 /* The kind named (as kiri_spec_name spells it), or -1. */
 int kiri_spec_parse(const char *name);
@@ -279,6 +282,8 @@ struct kiri_batcher_params {
                                  backend); 0: no speculation. Default 16, at most chunk */
     int32_t spec_max_seqs;    /* a step drafts only while it decodes at most this many sequences
                                  (default 4) */
+    struct kiri_model *draft_model; /* borrowed, or NULL: the model of KIRI_SPEC_DRAFT (the same
+                                 vocabulary; its own KV cache of n_ctx tokens per sequence) */
 };
 
 void kiri_batcher_params_default(struct kiri_batcher_params *p);

@@ -66,7 +66,8 @@ struct seq {
     int status;                     /* what failed, for a KIRI_FINISH_ERROR */
     /* Speculation (enum kiri_spec; 0: off). While a step verifies drafts, n_draft > 0 and the
      * step's positions run past the pending token through draft[0..n_draft). */
-    const struct kiri_drafter *drafter; /* borrowed, or NULL */
+    struct kiri_drafter *drafter;   /* borrowed, or NULL */
+    int proposed;                   /* the drafter was asked (it may keep state for this sequence) */
     int32_t draft[KIRI_SPEC_MAX_DRAFT];
     int32_t n_draft;
     int32_t draft_len;              /* the length the next draft may have (adaptive) */
@@ -100,6 +101,7 @@ struct kiri_batcher {
     struct seq **b_out_seq;         /* (max_seqs) sequences sampled this step ... */
     int32_t *b_out_first;           /* (max_seqs) ... the first of their logit rows */
     int spec_ok;                    /* drafts can be verified (draft rows, no recurrent state) */
+    struct kiri_drafter *draft_model; /* owned, or NULL: the drafter of KIRI_SPEC_DRAFT */
     int spec_said;                  /* why not was logged */
     float *b_logits;                /* owned (n_vocab): logits after bias and grammar mask */
     struct kiri_grammar_vocab *gvocab; /* owned: the vocabulary trie, built at the first grammar */
@@ -214,6 +216,13 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
         p.draft_rows = KIRI_SPEC_MAX_DRAFT * p.max_seqs;
     b->p = p;
     b->spec_ok = p.draft_rows > 0 && kiri_model_n_recurrent_layers(m) == 0;
+    if (b->spec_ok && p.draft_model) {
+        const int rc = kiri_drafter_model_init(m, p.draft_model, p.max_seqs, p.n_ctx, p.chunk, &b->draft_model, info);
+        if (rc < 0) {
+            kiri_mem_free(b);
+            return rc;
+        }
+    }
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
     int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks,
                                          p.max_seqs, &b->kv);
@@ -268,6 +277,8 @@ static void seq_free(struct kiri_batcher *b, struct seq *s)
 {
     if (!s)
         return;
+    if (s->proposed && s->drafter->release)
+        s->drafter->release(s->drafter, s->id);
     kiri_kvcache_seq_free(b->kv, &s->kv);
     kiri_sampler_free(s->sampler);
     kiri_text_stream_free(&s->text);
@@ -346,7 +357,7 @@ static void start_speculation(struct kiri_batcher *b, struct seq *s)
                                     : "the serving loop was made without draft rows");
         return;
     }
-    s->drafter = kiri_drafter_get(s->req.speculative);
+    s->drafter = s->req.speculative == KIRI_SPEC_DRAFT ? b->draft_model : kiri_drafter_ngram();
     if (s->req.spec_max == 0)
         s->req.spec_max = KIRI_SPEC_DEFAULT_DRAFT;
     s->draft_len = s->req.spec_max < SPEC_START_DRAFT ? s->req.spec_max : SPEC_START_DRAFT;
@@ -387,6 +398,9 @@ static int submit(struct kiri_batcher *b, const struct kiri_request *r, int held
     if (r->speculative < 0 || r->speculative >= KIRI_SPEC_KINDS)
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "speculative", -1, "unknown speculation kind %d",
                              r->speculative);
+    if (r->speculative == KIRI_SPEC_DRAFT && b->spec_ok && !b->draft_model)
+        return kiri_error_at(info, KIRI_E_INVALID_ARG, "speculative", -1,
+                             "speculative \"draft\" needs a draft model, and none is loaded");
     if (r->spec_max < 0 || r->spec_max > KIRI_SPEC_MAX_DRAFT)
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "spec_max", -1, "spec_max must be 0..%d (0: %d), got %d",
                              KIRI_SPEC_MAX_DRAFT, KIRI_SPEC_DEFAULT_DRAFT, r->spec_max);
@@ -493,6 +507,27 @@ int kiri_batcher_append(struct kiri_batcher *b, uint64_t id, const int32_t *toke
     if (rc == KIRI_OK) {
         memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof *tokens);
         s->n_tokens += n;
+    }
+    kiri_platform_mutex_unlock(b->lock);
+    return rc;
+}
+
+int kiri_batcher_truncate(struct kiri_batcher *b, uint64_t id, int32_t n, struct kiri_status_info *info)
+{
+    kiri_error_clear(info);
+    kiri_platform_mutex_lock(b->lock);
+    struct seq *s = find(b, id);
+    int rc = KIRI_OK;
+    if (!s || !s->held)
+        rc = kiri_error_set(info, KIRI_E_INVALID_ARG, "no held sequence %llu", (unsigned long long)id);
+    else if (n < 1 || n > s->n_tokens)
+        rc = kiri_error_set(info, KIRI_E_INVALID_ARG, "cannot cut a sequence of %d tokens to %d", s->n_tokens, n);
+    else if (s->kv.n_tokens >= n && (n - 1) / BLOCK_SIZE < s->n_published)
+        rc = kiri_error_set(info, KIRI_E_INVALID_ARG, "position %d lies in a block shared for prefix reuse", n - 1);
+    if (rc == KIRI_OK) {
+        s->n_tokens = n;
+        if (s->kv.n_tokens >= n)
+            rc = kiri_kvcache_seq_truncate(b->kv, &s->kv, n - 1);
     }
     kiri_platform_mutex_unlock(b->lock);
     return rc;
@@ -717,15 +752,19 @@ static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *t
         struct seq *s = planned[j];
         if (!s->drafter || take[j] != 1 || s->n_tokens - s->kv.n_tokens != 1 || s->n_generated < s->spec_resume)
             continue;
-        /* Room for the drafts and the token after them: the context, and max_tokens. */
+        /* Room for the drafts and the token after them: the context, and max_tokens; and a step
+         * of at most chunk tokens for the sequence, which the windowed pool is sized for. */
         int32_t k = s->draft_len < budget ? s->draft_len : budget;
+        if (k > b->p.chunk - 1)
+            k = b->p.chunk - 1;
         if (k > b->p.n_ctx - s->n_tokens)
             k = b->p.n_ctx - s->n_tokens;
         if (s->req.max_tokens >= 0 && k > s->req.max_tokens - s->n_generated - 1)
             k = s->req.max_tokens - s->n_generated - 1;
         if (k < 1)
             continue;
-        k = s->drafter->propose(s->drafter, s->tokens, s->n_tokens, s->draft, k);
+        s->proposed = 1;
+        k = s->drafter->propose(s->drafter, s->id, s->tokens, s->n_tokens, s->draft, k);
         if (k < 1 || kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
             continue;
         s->n_draft = k;
@@ -1282,6 +1321,8 @@ void kiri_batcher_free(struct kiri_batcher *b)
         return;
     if (b->lock && b->wake && b->idle)
         kiri_batcher_stop(b, 0);
+    if (b->draft_model) /* after the sequences that used it ended */
+        b->draft_model->free(b->draft_model);
     kiri_graph_free(b->graph);
     kiri_kvcache_free(b->kv);
     kiri_mem_free(b->running);

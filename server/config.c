@@ -5,7 +5,8 @@
  *   Bare words are errors. The config file comes from --config or KIRI_CONFIG; an explicit
  *   --config "" reads none. Unknown KIRI_* variables are ignored, since other parts of kiri read
  *   their own; an empty one counts as unset (systemd's Environment=KIRI_PORT= gives those).
- * - After all sources: --model or --models-dir is required (not both); --fleet needs --models-dir,
+ * - After all sources: --model or --models-dir is required (not both); --draft-model goes with
+ *   --model only, and --spec draft needs it; --fleet needs --models-dir,
  *   --fleet-key and an https:// URL; --upstream-key-file, --upstream-ca and --route need --upstream
  *   or --fleet, and --upstream an http(s):// URL; --tls-cert and --tls-key go together; a non-zero
  *   --max-prompt-tokens must be below a non-zero --ctx; an empty --alias becomes the model's file
@@ -124,10 +125,14 @@ static const struct kiri_option opts[] = {
     {.name = "chunk", .type = KIRI_OPTION_INT, F(chunk), .lo = 1, .hi = 65536, .arg = "N",
      .help = "Prompt tokens processed per batch step (chunked prefill); the compute scratch grows with it.",
      .def = "64"},
-    {.name = "spec", .type = KIRI_OPTION_ENUM, F(spec), .choices = "none|ngram", .arg = "KIND",
+    {.name = "spec", .type = KIRI_OPTION_ENUM, F(spec), .choices = "none|ngram|draft", .arg = "KIND",
      .help = "Speculative decoding for requests without a \"speculative\" field: ngram drafts tokens by looking "
-     "the text's last few tokens up in the prompt and the text so far, and one step verifies them (the "
-     "output is the same).",
+     "the text's last few tokens up in the prompt and the text so far, draft has --draft-model guess them; "
+     "one step verifies them (the output is the same).",
+     .def = "none"},
+    {.name = "draft-model", .type = KIRI_OPTION_STRING, F(draft_model), .arg = "FILE",
+     .help = "A smaller model with the same vocabulary as --model (or a lower-precision copy of it) that drafts "
+     "tokens for speculative decoding (\"speculative\": \"draft\", or --spec draft).",
      .def = "none"},
     {.name = "spec-max", .type = KIRI_OPTION_INT, F(spec_max), .lo = 1, .hi = KIRI_SPEC_MAX_DRAFT, .arg = "N",
      .help = "Most tokens drafted at once for requests that do not say (the draft length adapts below it).",
@@ -242,6 +247,10 @@ int kiri_server_config_load(struct kiri_server_config *cfg, int argc, char **arg
                         "in the config file), or --models-dir DIR");
     if (c.model[0] && c.models_dir[0])
         return FAIL("--model and --models-dir exclude each other: serve one file or a directory");
+    if (c.draft_model[0] && !c.model[0])
+        return FAIL("--draft-model drafts for the one model of --model, not for --models-dir");
+    if (strcmp(c.spec, "draft") == 0 && !c.draft_model[0])
+        return FAIL("--spec draft needs --draft-model FILE");
     if (c.fleet_url[0] && (!c.models_dir[0] || !c.fleet_key[0]))
         return FAIL("--fleet needs --models-dir DIR (where the fleet's models live) and --fleet-key FILE "
                         "(the pinned public key)");

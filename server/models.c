@@ -71,6 +71,7 @@ static void slot_free(struct kiri_served_model *m)
         kiri_batcher_free(m->batcher);
     }
     kiri_chat_prompt_free(m->chat);
+    kiri_model_close(m->draft); /* after the batcher that drafted with it */
     kiri_model_close(m->model);
     kiri_mem_free(m);
 }
@@ -167,6 +168,11 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
     bp.spec_max_seqs = r->p.spec_max_seqs;
     if (!bp.spec_max_seqs)
         bp.draft_rows = 0;
+    if (r->p.draft_model && r->p.draft_model[0]) {
+        if ((rc = kiri_model_open(r->p.draft_model, &mp, &m->draft, info)) != KIRI_OK)
+            goto fail;
+        bp.draft_model = m->draft;
+    }
     if ((rc = kiri_batcher_init(m->model, &bp, &m->batcher, info)) != KIRI_OK)
         goto fail;
     m->n_ctx = kiri_batcher_n_ctx(m->batcher);

@@ -25,6 +25,10 @@
 #define MAX_OUT 256
 
 static struct kiri_model *model;
+/* Draft models: stories260K itself (another instance), and stories260K in Q4_0, whose guesses
+ * sometimes differ from the F32 model's. */
+static struct kiri_model *self_draft, *q4_draft;
+#define Q4_PATH "test_draft_stories260K-Q4_0.gguf"
 
 /* Prompts: stories, then text that repeats itself, where lookup drafts are often right. */
 static const char *const prompts[] = {
@@ -79,6 +83,8 @@ struct options {
     int logprobs;
 };
 
+static struct kiri_model *draft_model; /* the next make_batcher's, or NULL */
+
 static struct kiri_batcher *make_batcher(int32_t max_seqs, int32_t n_ctx, int prefix, int32_t draft_rows)
 {
     struct kiri_batcher_params p;
@@ -88,6 +94,7 @@ static struct kiri_batcher *make_batcher(int32_t max_seqs, int32_t n_ctx, int pr
     p.chunk = 64;
     p.prefix_cache = prefix;
     p.draft_rows = draft_rows;
+    p.draft_model = draft_model;
     struct kiri_batcher *b = NULL;
     struct kiri_status_info info;
     CHECK_EQ_INT(kiri_batcher_init(model, &p, &b, &info), 0);
@@ -172,10 +179,13 @@ static void test_ngram_lookup(void)
     CHECK_EQ_INT(kiri_draft_ngram(f, 4, d, 4), 0);
     CHECK_EQ_INT(kiri_draft_ngram(a, 9, d, 0), 0);
     CHECK_EQ_INT(kiri_draft_ngram(a, 0, d, 4), 0);
-    CHECK(kiri_drafter_get(KIRI_SPEC_NGRAM) && !kiri_drafter_get(KIRI_SPEC_NONE) && !kiri_drafter_get(7));
+    CHECK_STR(kiri_drafter_ngram()->name, "ngram");
+    CHECK_STR(kiri_spec_name(KIRI_SPEC_DRAFT), "draft");
+    CHECK(kiri_spec_name(KIRI_SPEC_KINDS) == NULL);
     CHECK_EQ_INT(kiri_spec_parse("ngram"), KIRI_SPEC_NGRAM);
     CHECK_EQ_INT(kiri_spec_parse("none"), KIRI_SPEC_NONE);
-    CHECK_EQ_INT(kiri_spec_parse("draft"), -1);
+    CHECK_EQ_INT(kiri_spec_parse("draft"), KIRI_SPEC_DRAFT);
+    CHECK_EQ_INT(kiri_spec_parse("eagle"), -1);
     CHECK_EQ_INT(kiri_spec_parse(NULL), -1);
 }
 
@@ -367,6 +377,24 @@ static void test_cancel_frees_blocks(void)
     kiri_batcher_free(b);
 }
 
+/* A request with these speculation settings is refused at submit, naming field. */
+static void refused(struct kiri_batcher *b, int spec, int32_t spec_max, const char *field)
+{
+    int32_t ids[4] = {1, 2, 3, 4};
+    struct kiri_request req;
+    memset(&req, 0, sizeof req);
+    req.tokens = ids;
+    req.n_tokens = 4;
+    kiri_sampling_default(&req.sampling);
+    req.speculative = spec;
+    req.spec_max = spec_max;
+    uint64_t id;
+    struct kiri_status_info info;
+    struct result r;
+    CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r, &id, &info), KIRI_E_INVALID_ARG);
+    CHECK_STR(info.field, field);
+}
+
 /* Requests that ask for speculation where the loop cannot verify, and bad values. */
 static void test_off_and_bad(void)
 {
@@ -382,25 +410,10 @@ static void test_off_and_bad(void)
     kiri_batcher_get_stats(b, &st);
     CHECK(same_tokens(&r, &plain[6]));
     CHECK_EQ_INT(st.spec_drafted[KIRI_SPEC_NGRAM], 0);
-    int32_t ids[4] = {1, 2, 3, 4};
-    struct kiri_request req;
-    memset(&req, 0, sizeof req);
-    req.tokens = ids;
-    req.n_tokens = 4;
-    kiri_sampling_default(&req.sampling);
-    uint64_t id;
-    struct kiri_status_info info;
-    req.speculative = KIRI_SPEC_KINDS;
-    CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r, &id, &info), KIRI_E_INVALID_ARG);
-    CHECK_STR(info.field, "speculative");
-    req.speculative = -1;
-    CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r, &id, &info), KIRI_E_INVALID_ARG);
-    req.speculative = KIRI_SPEC_NGRAM;
-    req.spec_max = KIRI_SPEC_MAX_DRAFT + 1;
-    CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r, &id, &info), KIRI_E_INVALID_ARG);
-    CHECK_STR(info.field, "spec_max");
-    req.spec_max = -3;
-    CHECK_EQ_INT(kiri_batcher_submit(b, &req, on_event, &r, &id, &info), KIRI_E_INVALID_ARG);
+    refused(b, KIRI_SPEC_KINDS, 0, "speculative");
+    refused(b, -1, 0, "speculative");
+    refused(b, KIRI_SPEC_NGRAM, KIRI_SPEC_MAX_DRAFT + 1, "spec_max");
+    refused(b, KIRI_SPEC_NGRAM, -3, "spec_max");
     kiri_batcher_free(b);
 }
 
@@ -504,6 +517,28 @@ static void top_k_dist(const float *logits, int32_t n_vocab, int32_t *ids, doubl
         p[k] = exp(((double)logits[ids[k]] - (double)logits[ids[0]]) / TEMP) / z;
 }
 
+static const float *held_logits;
+
+static int on_held(void *user, const struct kiri_token_event *ev)
+{
+    (void)user;
+    if (ev->logits)
+        held_logits = ev->logits;
+    return 0;
+}
+
+/* A context of 128 tokens on the model, for reference logits. */
+static struct kiri_context *reference_context(void)
+{
+    struct kiri_context *c = NULL;
+    struct kiri_context_params cp;
+    kiri_context_params_default(&cp);
+    cp.n_ctx = 128;
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_context_init(model, &cp, &c, &info), 0);
+    return c;
+}
+
 /* Logits after tokens[0..n) from a fresh context, copied to out. */
 static void eval_logits(struct kiri_context *c, const int32_t *tokens, int n, float *out)
 {
@@ -515,7 +550,7 @@ static void eval_logits(struct kiri_context *c, const int32_t *tokens, int n, fl
         memcpy(out, lg, (size_t)kiri_model_n_vocab(model) * sizeof *out);
 }
 
-static void test_sampling_distribution(void)
+static void sampling_distribution(int kind)
 {
     const char *prompt = prompts[4];
     int32_t ids[160];
@@ -538,7 +573,7 @@ static void test_sampling_distribution(void)
         req.sampling.top_p = 1.0f;
         req.sampling.min_p = 0.0f;
         req.sampling.seed = (uint64_t)i + 1;
-        req.speculative = KIRI_SPEC_NGRAM;
+        req.speculative = kind;
         req.spec_max = 4;
         uint64_t id;
         if (kiri_batcher_submit(b, &req, on_draw, draw[i], &id, NULL) != KIRI_OK) {
@@ -568,20 +603,15 @@ static void test_sampling_distribution(void)
         CHECK(first >= 0);
         return;
     }
-    fprintf(stderr, "sampling: %d of %d draws begin with token %d; %llu drafted, %llu kept\n", count[first],
-            N_DRAWS, first, (unsigned long long)st.spec_drafted[KIRI_SPEC_NGRAM],
-            (unsigned long long)st.spec_accepted[KIRI_SPEC_NGRAM]);
+    fprintf(stderr, "sampling (%s): %d of %d draws begin with token %d; %llu drafted, %llu kept\n",
+            kiri_spec_name(kind), count[first], N_DRAWS, first, (unsigned long long)st.spec_drafted[kind],
+            (unsigned long long)st.spec_accepted[kind]);
     CHECK(count[first] > N_DRAWS / 10);
-    CHECK(st.spec_accepted[KIRI_SPEC_NGRAM] > 0);
-    CHECK(st.spec_drafted[KIRI_SPEC_NGRAM] > st.spec_accepted[KIRI_SPEC_NGRAM]);
+    CHECK(st.spec_accepted[kind] > 0);
+    CHECK(st.spec_drafted[kind] > st.spec_accepted[kind]);
 
     /* The exact joint distribution of the second and third tokens after the prompt and `first`. */
-    struct kiri_context *c = NULL;
-    struct kiri_context_params cp;
-    kiri_context_params_default(&cp);
-    cp.n_ctx = 128;
-    struct kiri_status_info info;
-    CHECK_EQ_INT(kiri_context_init(model, &cp, &c, &info), 0);
+    struct kiri_context *c = reference_context();
     float *lg = malloc((size_t)V * sizeof *lg);
     if (!c || !lg) {
         kiri_context_free(c);
@@ -643,18 +673,171 @@ static void test_sampling_distribution(void)
     CHECK(chi2 < crit);
 }
 
+static void test_sampling_distribution(void) { sampling_distribution(KIRI_SPEC_NGRAM); }
+
+/* The same with a draft model (stories260K's Q4_0 copy drafting for it). */
+static void test_sampling_distribution_draft_model(void)
+{
+    draft_model = q4_draft;
+    sampling_distribution(KIRI_SPEC_DRAFT);
+    draft_model = NULL;
+}
+
+/* ---- a draft model ---- */
+
+/* Greedy with a draft model: the plain tokens; the model drafting for itself is nearly always
+ * right, its Q4_0 copy often and not always; batched with lookup and plain sequences; a
+ * cancelled stream and the loop's end release the draft model's sequences. */
+static void test_draft_model_greedy(void)
+{
+    struct kiri_model *drafts[2] = {self_draft, q4_draft};
+    uint64_t drafted[2] = {0}, kept[2] = {0};
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < N_PROMPTS; i++) {
+            draft_model = drafts[d];
+            struct result r;
+            struct kiri_batcher_stats st;
+            const struct options o = {KIRI_SPEC_DRAFT, d ? 6 : 16, 96, NULL, NULL, 0};
+            run_one(prompts[i], &o, 256, &r, &st);
+            draft_model = NULL;
+            if (!same_tokens(&r, &plain[i]))
+                fprintf(stderr, "prompt %d with draft model %d: tokens differ from plain decoding\n", i, d);
+            CHECK(same_tokens(&r, &plain[i]));
+            CHECK_EQ_INT(st.kv_blocks_used, 0);
+            CHECK_EQ_INT(st.spec_drafted[KIRI_SPEC_NGRAM], 0);
+            drafted[d] += st.spec_drafted[KIRI_SPEC_DRAFT];
+            kept[d] += st.spec_accepted[KIRI_SPEC_DRAFT];
+        }
+    fprintf(stderr, "draft model: itself %llu of %llu kept, Q4_0 %llu of %llu\n", (unsigned long long)kept[0],
+            (unsigned long long)drafted[0], (unsigned long long)kept[1], (unsigned long long)drafted[1]);
+    CHECK(kept[0] * 10 >= drafted[0] * 9 && drafted[0] > 0);
+    CHECK(kept[1] > 0 && drafted[1] > kept[1]);
+
+    /* Batched: draft model, lookup and plain requests side by side. */
+    draft_model = q4_draft;
+    struct kiri_batcher *b = make_batcher(4, 256, 1, 16);
+    draft_model = NULL;
+    if (!b)
+        return;
+    static struct result r[2 * N_PROMPTS];
+    memset(r, 0, sizeof r);
+    const int kinds[3] = {KIRI_SPEC_DRAFT, KIRI_SPEC_NGRAM, KIRI_SPEC_NONE};
+    for (int i = 0; i < 2 * N_PROMPTS; i++) {
+        const struct options o = {kinds[i % 3], 8, 96, NULL, NULL, 0};
+        submit(b, prompts[i % N_PROMPTS], &o, &r[i]);
+    }
+    kiri_batcher_run(b, NULL);
+    for (int i = 0; i < 2 * N_PROMPTS; i++)
+        CHECK(same_tokens(&r[i], &plain[i % N_PROMPTS]));
+    struct kiri_batcher_stats st;
+    kiri_batcher_get_stats(b, &st);
+    CHECK(st.spec_accepted[KIRI_SPEC_DRAFT] > 0 && st.spec_accepted[KIRI_SPEC_NGRAM] > 0);
+    CHECK_EQ_INT(st.kv_blocks_used, 0);
+    /* Again on the same loop: the draft model's sequences of the first round were released, so
+     * its slots are free for these. */
+    memset(r, 0, sizeof r);
+    r[0].stop_after = 5;
+    for (int i = 0; i < 4; i++) {
+        const struct options o = {KIRI_SPEC_DRAFT, 8, 96, NULL, NULL, 0};
+        submit(b, prompts[4 + i], &o, &r[i]);
+    }
+    kiri_batcher_run(b, NULL);
+    CHECK_EQ_INT(r[0].finish, KIRI_FINISH_CANCELLED);
+    CHECK_EQ_INT(r[0].n, 5);
+    for (int i = 1; i < 4; i++)
+        CHECK(same_tokens(&r[i], &plain[4 + i]));
+    struct kiri_batcher_stats st2;
+    kiri_batcher_get_stats(b, &st2);
+    CHECK(st2.spec_accepted[KIRI_SPEC_DRAFT] > st.spec_accepted[KIRI_SPEC_DRAFT]);
+    CHECK_EQ_INT(st2.kv_blocks_used, 0);
+    kiri_batcher_free(b);
+
+    /* Asking for a draft model where none is loaded. */
+    b = make_batcher(1, 256, 0, 16);
+    if (b)
+        refused(b, KIRI_SPEC_DRAFT, 0, "speculative");
+    kiri_batcher_free(b);
+}
+
+/* A held sequence cut back and extended gives the logits of the sequence it now is. */
+static void test_truncate_held(void)
+{
+    struct kiri_batcher *b = make_batcher(1, 128, 0, 0);
+    if (!b)
+        return;
+    int32_t ids[64];
+    const int n = kiri_tokenize(model, prompts[4], strlen(prompts[4]), -1, 0, ids, 64);
+    struct kiri_context *c = reference_context();
+    struct kiri_status_info info;
+    const int32_t V = kiri_model_n_vocab(model);
+    float *want = malloc((size_t)V * sizeof *want);
+    if (!c || !want || n < 30) {
+        kiri_context_free(c);
+        free(want);
+        kiri_batcher_free(b);
+        return;
+    }
+    /* Logits after the first 20 tokens, computed alone. */
+    eval_logits(c, ids, 20, want);
+    struct kiri_request req;
+    memset(&req, 0, sizeof req);
+    req.tokens = ids;
+    req.n_tokens = n; /* all of them, past a block boundary */
+    uint64_t id;
+    static struct result r;
+    CHECK_EQ_INT(kiri_batcher_submit_held(b, &req, on_held, NULL, &id, &info), 0);
+    kiri_batcher_run(b, NULL);
+    /* Cut to 20 and nothing appended: token 19 is computed again. */
+    CHECK_EQ_INT(kiri_batcher_truncate(b, id, 20, &info), 0);
+    held_logits = NULL;
+    kiri_batcher_run(b, NULL);
+    CHECK(held_logits != NULL);
+    double err = 0;
+    for (int32_t v = 0; held_logits && v < V; v++)
+        err = fmax(err, fabs((double)held_logits[v] - want[v]));
+    CHECK(err < 1e-3);
+    /* Cut to 12, then the rest appended again: the logits after all n tokens, as at first. */
+    eval_logits(c, ids, n, want);
+    CHECK_EQ_INT(kiri_batcher_truncate(b, id, 12, &info), 0);
+    CHECK_EQ_INT(kiri_batcher_append(b, id, ids + 12, n - 12, &info), 0);
+    held_logits = NULL;
+    kiri_batcher_run(b, NULL);
+    err = 0;
+    for (int32_t v = 0; held_logits && v < V; v++)
+        err = fmax(err, fabs((double)held_logits[v] - want[v]));
+    CHECK(held_logits != NULL && err < 1e-3);
+    /* Bad cuts. */
+    CHECK_EQ_INT(kiri_batcher_truncate(b, id, 0, &info), KIRI_E_INVALID_ARG);
+    CHECK_EQ_INT(kiri_batcher_truncate(b, id, n + 1, &info), KIRI_E_INVALID_ARG);
+    CHECK_EQ_INT(kiri_batcher_truncate(b, id + 1, 5, &info), KIRI_E_INVALID_ARG);
+    (void)r;
+    kiri_context_free(c);
+    free(want);
+    kiri_batcher_free(b);
+}
+
 static void test_setup(void)
 {
     struct kiri_model_params mp;
     kiri_model_params_default(&mp);
-    mp.n_threads = 2;
+    mp.n_threads = 1; /* a pool waiting for descheduled workers on a busy machine slows every step */
     struct kiri_status_info info;
     CHECK_EQ_INT(kiri_model_open(KIRI_SOURCE_DIR "/models/stories260K.gguf", &mp, &model, &info), 0);
-    if (!model)
+    CHECK_EQ_INT(kiri_model_open(KIRI_SOURCE_DIR "/models/stories260K.gguf", &mp, &self_draft, &info), 0);
+    CHECK_EQ_INT(kiri_quantize(KIRI_SOURCE_DIR "/models/stories260K.gguf", Q4_PATH, "Q4_0", NULL, NULL, &info), 0);
+    CHECK_EQ_INT(kiri_model_open(Q4_PATH, &mp, &q4_draft, &info), 0);
+    if (!model || !self_draft || !q4_draft)
         exit(1);
 }
 
-static void test_teardown(void) { kiri_model_close(model); }
+static void test_teardown(void)
+{
+    kiri_model_close(model);
+    kiri_model_close(self_draft);
+    kiri_model_close(q4_draft);
+    remove(Q4_PATH);
+}
 
 TEST_MAIN(test_setup, test_ngram_lookup, test_greedy_same, test_mixed_batch, test_grammar_same, test_limits,
-          test_cancel_frees_blocks, test_off_and_bad, test_verify_rule, test_sampling_distribution, test_teardown)
+          test_cancel_frees_blocks, test_off_and_bad, test_verify_rule, test_sampling_distribution,
+          test_truncate_held, test_draft_model_greedy, test_sampling_distribution_draft_model, test_teardown)

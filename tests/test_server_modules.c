@@ -1050,6 +1050,10 @@ static void test_config_errors(void)
         {{"-m", "x", "-"}, {0}, NULL, "unexpected argument '-'"},
         {{"-m", "x", "--"}, {0}, NULL, "unexpected argument '--'"},
         {{"-m", "x", "--threads", "0"}, {0}, NULL, "--threads 0: must be 1..1024"},
+        {{"-m", "x", "--spec", "eagle"}, {0}, NULL, "--spec eagle"},
+        {{"-m", "x", "--spec", "draft"}, {0}, NULL, "--spec draft needs --draft-model FILE"},
+        {{"-m", "x", "--spec-max", "17"}, {0}, NULL, "--spec-max 17: must be 1..16"},
+        {{"--models-dir", "d", "--draft-model", "y"}, {0}, NULL, "--draft-model drafts for the one model of --model"},
         {{"-m", "x", "-t", "2000"}, {0}, NULL, "--threads 2000: must be 1..1024"},
         {{"-m", "x", "--ctx", "-1"}, {0}, NULL, "--ctx -1: must be 0..16777216"},
         {{"-m", "x", "--parallel", "abc"}, {0}, NULL, "--parallel abc: not an integer"},
@@ -1178,7 +1182,7 @@ static void test_config_usage(void)
         "--models-dir DIR", "--models-memory BYTES", "--fleet URL", "--fleet-key FILE", "--fleet-ca FILE",
         "--fleet-interval SECONDS", "--node-name NAME", "--upstream URL", "--upstream-key-file FILE",
         "--upstream-ca FILE", "--route POLICY", "--route-queue N", "--upstream-timeout SECONDS", "--gpu-layers N",
-        "--cpu-kernels TIER", "--spec KIND", "--spec-max N", "--spec-max-seqs N",
+        "--cpu-kernels TIER", "--spec KIND", "--spec-max N", "--spec-max-seqs N", "--draft-model FILE",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         CHECK(strstr(buf, flags[i]) != NULL);
