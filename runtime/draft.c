@@ -6,6 +6,7 @@
 #include "error.h"
 #include "kiri.h"
 #include "mem.h"
+#include "model.h"
 
 int32_t kiri_draft_ngram(const int32_t *tokens, int32_t n, int32_t *draft, int32_t max)
 {
@@ -221,6 +222,9 @@ int kiri_drafter_model_init(const struct kiri_model *target, struct kiri_model *
     int rc = same_vocabulary(target, draft, info);
     if (rc < 0)
         return rc;
+    if (kiri_model_n_recurrent_layers(draft))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG,
+                              "the draft model has recurrent layers, whose state cannot drop rejected tokens yet");
     struct model_drafter *d = kiri_mem_calloc(1, sizeof *d);
     if (!d)
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");

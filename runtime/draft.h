@@ -35,7 +35,7 @@ struct kiri_drafter *kiri_drafter_ngram(void);
  * chunk prompt tokens a step) driven from the caller's thread. Each sequence keeps its keys and
  * values there between proposals; what the target rejected is cut away before the next one, and
  * only the tokens the draft model has not seen are computed. KIRI_E_INVALID_ARG when the
- * vocabularies differ, KIRI_E_NOMEM. */
+ * vocabularies differ or the draft model has recurrent layers (lfm2), KIRI_E_NOMEM. */
 int kiri_drafter_model_init(const struct kiri_model *target, struct kiri_model *draft, int32_t max_seqs,
                             int32_t n_ctx, int32_t chunk, struct kiri_drafter **out, struct kiri_status_info *info);
 
