@@ -273,3 +273,16 @@ def test_every_architecture_greedy_same(kiri_bin, tiny_files):
             kept += int(m.group(2))
     # Random weights repeat themselves often enough for lookup to draft, and to miss.
     assert kept > 0 and drafted > kept, (drafted, kept)
+
+
+def test_responses_api(start_server):
+    """/v1/responses passes "speculative" on: drafts are made, and a bad value is a 400 naming it."""
+    srv = start_server(["--parallel", "2"])
+    body = {"input": PROMPTS[2], "max_output_tokens": MAX_TOKENS, "temperature": 0, "speculative": "ngram"}
+    r = srv.post("/v1/responses", body)
+    assert r.status == 200, r
+    assert idle_metrics(srv)[DRAFTED] > 0
+    body["speculative"] = "eagle"
+    r = srv.post("/v1/responses", body)
+    assert r.status == 400, r
+    assert r.json["error"]["param"] == "speculative"
