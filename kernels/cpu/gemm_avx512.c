@@ -1,6 +1,7 @@
 /* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0 and Q8_0
- * weights against Q8_0 activations and Q4_K and Q6_K weights against Q8_K activations: the same
- * contract as gemm_avx2.c, for CPUs that have them.
+ * weights against Q8_0 activations and Q4_K, Q5_K and Q6_K weights against Q8_K activations: the
+ * same contract as gemm_avx2.c, for CPUs that have them. Q5_K has octets only: its one to four
+ * tokens (decode, small batches) take the AVX2 kernels.
  *
  * The AVX2 kernels fold the partial sums of several (row, token) pairs with horizontal adds; here
  * the rows of a group of 16 go in the 16 int32 lanes of a register instead, so one VNNI
@@ -23,8 +24,8 @@
  *
  * Integer ranges: vpdpbusd multiplies unsigned by signed bytes. Q4_0 quants enter as their
  * nibbles 0..15 and the term 8 sum a is subtracted afterwards; Q8_0 quants w enter as w + 128
- * (0..255) and the term 128 sum a is subtracted; Q4_K (0..15) and Q6_K (0..63) quants are
- * unsigned already. Sums of 32 products stay far inside int32 (the instruction does not
+ * (0..255) and the term 128 sum a is subtracted; Q4_K (0..15), Q5_K (0..31) and Q6_K (0..63)
+ * quants are unsigned already. Sums of 32 products stay far inside int32 (the instruction does not
  * saturate), and so do the K-quants' sums scaled by their 6- or 8-bit scales (vpmulld). As
  * everywhere, the activations hold -127..127.
  *
@@ -78,15 +79,21 @@ static inline int32_t load_i32(const void *p)
     return v;
 }
 
-/* Sum of the 32 activation values of a Q8_0 block. */
-AVX512 static inline int32_t sum_q8(const struct kiri_block_q8_0 *y)
+/* Sum of 32 int8 values. */
+AVX512 static inline int32_t sum_i8x32(const int8_t *qs)
 {
-    const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)qs);
     const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
     __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm_cvtsi128_si32(h);
+}
+
+/* Sum of the 32 activation values of a Q8_0 block. */
+AVX512 static inline int32_t sum_q8(const struct kiri_block_q8_0 *y)
+{
+    return sum_i8x32(y->qs);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -370,17 +377,22 @@ AVX512 static void gemm_q8_0_avx512(int64_t k, const void *w, size_t ws, const v
  * ------------------------------------------------------------------------------------------- */
 
 struct sb16 {
-    __m512i q[64];   /* transposed quants, unsigned: Q4_K 0..15, Q6_K 0..63 */
+    __m512i q[64];   /* transposed quants, unsigned: Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 */
     __m512i sc[16];  /* int32 scale of each row: Q4_K per sub-block of 32 (8), Q6_K per group of 16 */
     __m512i mp[8];   /* int16 pairs for the bsums term */
     __m512 d, dmin;  /* per row; dmin unused for Q6_K */
 };
 
 /* Q4_K block layout: d, dmin (F16), 12 bytes of scales and mins, 128 bytes of nibbles (chunk j of
- * 32 bytes: low nibbles values 64j .. 64j + 31, high nibbles 64j + 32 ..). The scales of u. */
-AVX512 static inline void scales16_q4_K(const char *const rows[16], int64_t b, struct sb16 *u)
+ * 32 bytes: low nibbles values 64j .. 64j + 31, high nibbles 64j + 32 ..). Q5_K has the same
+ * header, then 32 bytes of fifth bits before the nibbles. The scales of u from the header at
+ * byte base of each row. */
+_Static_assert(offsetof(struct kiri_block_q5_K, scales) == offsetof(struct kiri_block_q4_K, scales) &&
+                   offsetof(struct kiri_block_q5_K, dmin) == offsetof(struct kiri_block_q4_K, dmin),
+               "Q4_K and Q5_K share their header");
+
+AVX512 static inline void scales16_k4(const char *const rows[16], size_t base, struct sb16 *u)
 {
-    const size_t base = (size_t)b * sizeof(struct kiri_block_q4_K);
     __m512i g[4];
     /* Bytes 0..15: [d dmin] [scales 0-3] [4-7] [8-11], one dword each. */
     transpose16(rows, base, g);
@@ -406,10 +418,11 @@ AVX512 static inline void scales16_q4_K(const char *const rows[16], int64_t b, s
     }
 }
 
-/* The quants of chunk j (values 64j .. 64j + 63) into q[0..15] (vector v: values 64j + 4v ..). */
-AVX512 static inline void quants16_q4_K(const char *const rows[16], int64_t b, int j, __m512i q[16])
+/* The nibbles of the 32 bytes at qs (a chunk of values 64j .. 64j + 63) into q[0..15]: q[m] and
+ * q[4 + m] are the low nibbles of bytes 4m .. 4m + 3 and 16 + 4m .., q[8 + m] and q[12 + m] the
+ * high nibbles of the same bytes (vector v: values 64j + 4v ..). */
+AVX512 static inline void nibbles16_k(const char *const rows[16], size_t qs, __m512i q[16])
 {
-    const size_t qs = (size_t)b * sizeof(struct kiri_block_q4_K) + offsetof(struct kiri_block_q4_K, qs) + 32 * (size_t)j;
     const __m512i m4b = _mm512_set1_epi8(0x0F);
     __m512i g[4];
     transpose16(rows, qs, g);
@@ -428,10 +441,40 @@ AVX512 static inline void quants16_q4_K(const char *const rows[16], int64_t b, i
 
 AVX512 static inline void unpack16_q4_K(const char *const rows[16], int64_t b, struct sb16 *u)
 {
-    scales16_q4_K(rows, b, u);
+    const size_t base = (size_t)b * sizeof(struct kiri_block_q4_K);
+    scales16_k4(rows, base, u);
     UNROLL
     for (int j = 0; j < 4; j++)
-        quants16_q4_K(rows, b, j, u->q + 16 * j);
+        nibbles16_k(rows, base + offsetof(struct kiri_block_q4_K, qs) + 32 * (size_t)j, u->q + 16 * j);
+}
+
+/* Bit `bit` of each byte of h moved to bit 4 (the other bits unspecified). */
+AVX512 static inline __m512i bit_to_4(__m512i h, int bit)
+{
+    return bit <= 4 ? _mm512_slli_epi16(h, (unsigned)(4 - bit)) : _mm512_srli_epi16(h, (unsigned)(bit - 4));
+}
+
+/* Q5_K: the Q4_K nibbles with the fifth bits, quants 0..31. Value 64j + l (l < 32) takes bit 2j
+ * of qh[l], value 64j + 32 + l bit 2j + 1; qh transposed like the nibbles (h[m]: bytes 4m ..
+ * 4m + 3, the l of q[16j + m] and q[16j + 8 + m]). */
+AVX512 static inline void unpack16_q5_K(const char *const rows[16], int64_t b, struct sb16 *u)
+{
+    const size_t base = (size_t)b * sizeof(struct kiri_block_q5_K);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    scales16_k4(rows, base, u);
+    __m512i h[8];
+    transpose16(rows, base + offsetof(struct kiri_block_q5_K, qh), h);
+    transpose16(rows, base + offsetof(struct kiri_block_q5_K, qh) + 16, h + 4);
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+        __m512i *q = u->q + 16 * j;
+        nibbles16_k(rows, base + offsetof(struct kiri_block_q5_K, qs) + 32 * (size_t)j, q);
+        UNROLL
+        for (int m = 0; m < 8; m++) {
+            q[m] = _mm512_or_si512(q[m], _mm512_and_si512(bit_to_4(h[m], 2 * j), b4));
+            q[8 + m] = _mm512_or_si512(q[8 + m], _mm512_and_si512(bit_to_4(h[m], 2 * j + 1), b4));
+        }
+    }
 }
 
 /* Q6_K block layout: ql (128), qh (64), scales (16 int8), d (F16). Half h of 128 values: value
@@ -1117,6 +1160,17 @@ AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const v
         q4_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr);
 }
 
+/* Q5_K: the Q4_K octets on its unpacked quants; up to four tokens (decode, small batches) and
+ * the one or two tokens the octets leave take the AVX2 kernels. */
+AVX512 static void gemm_q5_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    const int64_t t = gemm16_k(k, w, ws, unpack16_q5_K, 0, a, as, dst, ds, nr, nt);
+    if (t < nt)
+        kiri_cpu_gemm_small_q5_K_avx2(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,
+                                      nt - t);
+}
+
 AVX512 static void gemm_q6_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
@@ -1138,11 +1192,13 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx512;
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx512;
+    k->gemm[KIRI_TYPE_Q5_K] = gemm_q5_K_avx512;
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx512;
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* gemm16: tile_rows_m */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
     k->gemm_stream[KIRI_TYPE_Q4_K] = 4; /* q4_K_rows_small */
     k->gemm_stream[KIRI_TYPE_Q6_K] = 4; /* q6_K_rows_small */
+    k->gemm_stream[KIRI_TYPE_Q5_K] = 4; /* the AVX2 small batches */
     k->path = "avx2+avx512vnni";
 }
 
