@@ -242,7 +242,8 @@ static void test_gemm_avx512(void)
     kiri_cpu_kernels_init_ref(&ref);
     kiri_cpu_kernels_init_ref(&fast);
     kiri_cpu_kernels_init_gemm_avx512(&fast);
-    static const int types[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q5_K, KIRI_TYPE_Q6_K};
+    static const int types[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q4_1, KIRI_TYPE_Q5_0, KIRI_TYPE_Q5_1,
+                                KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q5_K, KIRI_TYPE_Q6_K};
     static const int64_t ks[] = {256, 2048, 32 * 136};
     for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
         const kiri_gemm_fn gemm = fast.gemm[types[c]];

@@ -1,7 +1,7 @@
-/* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0 and Q8_0
- * weights against Q8_0 activations and Q4_K, Q5_K and Q6_K weights against Q8_K activations: the
- * same contract as gemm_avx2.c, for CPUs that have them. Q5_K has octets only: its one to four
- * tokens (decode, small batches) take the AVX2 kernels.
+/* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0, Q5_0 and Q8_0
+ * weights against Q8_0 activations, Q4_1 and Q5_1 against Q8_1, and Q4_K, Q5_K and Q6_K against
+ * Q8_K: the same contract as gemm_avx2.c, for CPUs that have them. Q4_1, Q5_0, Q5_1 and Q5_K have
+ * octets only (prefill): their one to four tokens (decode, small batches) take the AVX2 kernels.
  *
  * The AVX2 kernels fold the partial sums of several (row, token) pairs with horizontal adds; here
  * the rows of a group of 16 go in the 16 int32 lanes of a register instead, so one VNNI
@@ -23,11 +23,12 @@
  * the same floats alone or in a small batch.
  *
  * Integer ranges: vpdpbusd multiplies unsigned by signed bytes. Q4_0 quants enter as their
- * nibbles 0..15 and the term 8 sum a is subtracted afterwards; Q8_0 quants w enter as w + 128
- * (0..255) and the term 128 sum a is subtracted; Q4_K (0..15), Q5_K (0..31) and Q6_K (0..63)
- * quants are unsigned already. Sums of 32 products stay far inside int32 (the instruction does not
- * saturate), and so do the K-quants' sums scaled by their 6- or 8-bit scales (vpmulld). As
- * everywhere, the activations hold -127..127.
+ * nibbles 0..15 and the term 8 sum a is subtracted afterwards, Q5_0's as 0..31 and 16 sum a;
+ * Q8_0 quants w enter as w + 128 (0..255) and the term 128 sum a is subtracted; Q4_1 (0..15) and
+ * Q5_1 (0..31) quants are unsigned, their offset added as m s per block, and so are Q4_K
+ * (0..15), Q5_K (0..31) and Q6_K (0..63) quants. Sums of 32 products stay far inside int32 (the
+ * instruction does not saturate), and so do the K-quants' sums scaled by their 6- or 8-bit
+ * scales (vpmulld). As everywhere, the activations hold -127..127.
  *
  * What must stay true: the integer block sums are exactly those of the reference vec_dot
  * (quants.c); only the order of float additions across blocks differs (tests/test_gemm.c).
@@ -123,18 +124,69 @@ AVX512 static inline void transpose16(const char *const p[16], size_t off, __m51
 }
 
 /* The 32 quants of block b of 16 rows as 8 registers of unsigned bytes: q[j] lane i holds row i's
- * values 4j .. 4j + 3. Q4_0: the nibbles (values 0..15 are the low nibbles of bytes 0..15, values
- * 16..31 the high ones). */
-AVX512 static inline void quants16_q4_0(const char *const rows[16], int64_t b, __m512i q[8])
+ * values 4j .. 4j + 3. The 4-bit types: the nibbles of the 16 bytes at qs (values 0..15 are the
+ * low nibbles of bytes 0..15, values 16..31 the high ones). */
+AVX512 static inline void nibbles16(const char *const rows[16], size_t qs, __m512i q[8])
 {
     __m512i g[4];
-    transpose16(rows, (size_t)b * sizeof(struct kiri_block_q4_0) + offsetof(struct kiri_block_q4_0, qs), g);
+    transpose16(rows, qs, g);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     UNROLL
     for (int j = 0; j < 4; j++) {
         q[j] = _mm512_and_si512(g[j], m4);
         q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(g[j], 4), m4);
     }
+}
+
+AVX512 static inline void quants16_q4_0(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    nibbles16(rows, (size_t)b * sizeof(struct kiri_block_q4_0) + offsetof(struct kiri_block_q4_0, qs), q);
+}
+
+AVX512 static inline void quants16_q4_1(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    nibbles16(rows, (size_t)b * sizeof(struct kiri_block_q4_1) + offsetof(struct kiri_block_q4_1, qs), q);
+}
+
+/* The 32-bit word at byte off of 16 rows, row i in lane i. */
+AVX512 static inline __m512i words16(const char *const rows[16], size_t off)
+{
+    return _mm512_setr_epi32(load_i32(rows[0] + off), load_i32(rows[1] + off), load_i32(rows[2] + off),
+                             load_i32(rows[3] + off), load_i32(rows[4] + off), load_i32(rows[5] + off),
+                             load_i32(rows[6] + off), load_i32(rows[7] + off), load_i32(rows[8] + off),
+                             load_i32(rows[9] + off), load_i32(rows[10] + off), load_i32(rows[11] + off),
+                             load_i32(rows[12] + off), load_i32(rows[13] + off), load_i32(rows[14] + off),
+                             load_i32(rows[15] + off));
+}
+
+/* Q5_0, Q5_1: the nibbles plus 16 times the fifth bits, quants 0..31. Value v's bit is bit v of
+ * the block's qh, so q[j] (values 4j .. 4j + 3, and 16 + 4(j - 4) .. for j >= 4: again 4j ..)
+ * takes bits 4j .. 4j + 3: nibble j % 2 of byte j / 2 of qh (h, a row per lane), copied to the
+ * lane's four bytes and tested against each byte's bit. */
+AVX512 static inline void fifth_bits16(__m512i h, __m512i q[8])
+{
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    UNROLL
+    for (int j = 0; j < 8; j++) {
+        const int c = 0x01010101 * (j / 2); /* byte j / 2 of each 32-bit lane, within 128 bits */
+        const __m512i spread = _mm512_shuffle_epi8(h, _mm512_set4_epi32(0x0C0C0C0C + c, 0x08080808 + c, 0x04040404 + c, c));
+        const __mmask64 set = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x08040201 << (4 * (j % 2))));
+        q[j] = _mm512_mask_add_epi8(q[j], set, q[j], b4);
+    }
+}
+
+AVX512 static inline void quants16_q5_0(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    const size_t o = (size_t)b * sizeof(struct kiri_block_q5_0);
+    nibbles16(rows, o + offsetof(struct kiri_block_q5_0, qs), q);
+    fifth_bits16(words16(rows, o + offsetof(struct kiri_block_q5_0, qh)), q);
+}
+
+AVX512 static inline void quants16_q5_1(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    const size_t o = (size_t)b * sizeof(struct kiri_block_q5_1);
+    nibbles16(rows, o + offsetof(struct kiri_block_q5_1, qs), q);
+    fifth_bits16(words16(rows, o + offsetof(struct kiri_block_q5_1, qh)), q);
 }
 
 /* Q8_0: the quants plus 128. */
@@ -149,11 +201,9 @@ AVX512 static inline void quants16_q8_0(const char *const rows[16], int64_t b, _
         q[j] = _mm512_xor_si512(q[j], flip);
 }
 
-/* The scales of block b of 16 rows (blocks of `size` bytes whose first field is the F16 scale),
- * as floats, one row per lane. */
-AVX512 static inline __m512 scales16(const char *const rows[16], int64_t b, size_t size)
+/* The F16 values at byte o of 16 rows as floats, one row per lane. */
+AVX512 static inline __m512 halves16(const char *const rows[16], size_t o)
 {
-    const size_t o = (size_t)b * size;
     const __m256i h = _mm256_setr_epi16(
         (short)load_u16(rows[0] + o), (short)load_u16(rows[1] + o), (short)load_u16(rows[2] + o),
         (short)load_u16(rows[3] + o), (short)load_u16(rows[4] + o), (short)load_u16(rows[5] + o),
@@ -162,6 +212,20 @@ AVX512 static inline __m512 scales16(const char *const rows[16], int64_t b, size
         (short)load_u16(rows[12] + o), (short)load_u16(rows[13] + o), (short)load_u16(rows[14] + o),
         (short)load_u16(rows[15] + o));
     return _mm512_cvtph_ps(h);
+}
+
+/* The scales of block b of 16 rows (blocks of `size` bytes whose first field is the F16 scale). */
+AVX512 static inline __m512 scales16(const char *const rows[16], int64_t b, size_t size)
+{
+    return halves16(rows, (size_t)b * size);
+}
+
+/* The offsets m of Q4_1 and Q5_1 blocks (the second field, after d). */
+_Static_assert(offsetof(struct kiri_block_q4_1, m) == 2 && offsetof(struct kiri_block_q5_1, m) == 2,
+               "Q4_1 and Q5_1 hold m after d");
+AVX512 static inline __m512 mins16(const char *const rows[16], int64_t b, size_t size)
+{
+    return halves16(rows, (size_t)b * size + 2);
 }
 
 /* The integer sums of 16 rows' block (q from quants16_*) with one activation block: lane i is
@@ -194,24 +258,43 @@ AVX512 static inline void put16(float *out, __m512 v, int64_t n, int first)
 
 typedef void (*quants16_fn)(const char *const rows[16], int64_t b, __m512i q[8]);
 
+/* Activation blocks of 32 values: Q8_0 (d, qs) against Q4_0, Q5_0 and Q8_0 weights, Q8_1 (d, s,
+ * qs) against Q4_1 and Q5_1 (q81), whose offsets m enter as m s per block. */
+_Static_assert(offsetof(struct kiri_block_q8_0, d) == 0 && offsetof(struct kiri_block_q8_1, d) == 0,
+               "Q8_0 and Q8_1 start with d");
+static inline size_t act_size(int q81)
+{
+    return q81 ? sizeof(struct kiri_block_q8_1) : sizeof(struct kiri_block_q8_0);
+}
+static inline size_t act_qs(int q81)
+{
+    return q81 ? offsetof(struct kiri_block_q8_1, qs) : offsetof(struct kiri_block_q8_0, qs);
+}
+
 /* tt tokens (8 or 16; those past nt repeat the last) from token t against up to MAX_GROUPS groups
- * of 16 rows, over blocks b0 .. b0 + bn - 1 with the rows' scales in dw: per block and group the
- * weights are transposed once and used for the tt tokens (tt accumulators of 16 rows). */
-AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quants16_fn quants, int bias,
+ * of 16 rows, over blocks b0 .. b0 + bn - 1 with the rows' scales in dw (and offsets in dm for
+ * q81): per block and group the weights are transposed once and used for the tt tokens (tt
+ * accumulators of 16 rows). */
+AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quants16_fn quants, int bias, int q81,
                                                  const void *a, size_t as, float *dst, size_t ds, int64_t nr,
                                                  int64_t nt, int64_t t, int tt, int64_t b0, int64_t bn,
-                                                 __m512 dw[MAX_GROUPS][CHUNK])
+                                                 __m512 dw[MAX_GROUPS][CHUNK], __m512 dm[MAX_GROUPS][CHUNK])
 {
     const int64_t ng = (nr + 15) / 16;
+    const size_t asz = act_size(q81), aqs = act_qs(q81);
     float dy[CHUNK][16];   /* the tokens' scales */
+    float sy[CHUNK][16];   /* q81: the tokens' s */
     int32_t cy[CHUNK][16]; /* the tokens' bias * sum a */
-    const struct kiri_block_q8_0 *y[16];
+    const char *y[16];
     for (int i = 0; i < tt; i++)
-        y[i] = (const struct kiri_block_q8_0 *)tile_row(a, as, t + i, nt) + b0;
+        y[i] = tile_row(a, as, t + i, nt) + (size_t)b0 * asz;
     for (int64_t b = 0; b < bn; b++)
         for (int i = 0; i < tt; i++) {
-            dy[b][i] = _cvtsh_ss(y[i][b].d);
-            cy[b][i] = bias * sum_q8(&y[i][b]);
+            const char *yb = y[i] + (size_t)b * asz;
+            dy[b][i] = _cvtsh_ss(load_u16(yb));
+            cy[b][i] = bias ? bias * sum_i8x32((const int8_t *)(yb + aqs)) : 0;
+            if (q81)
+                sy[b][i] = _cvtsh_ss(load_u16(yb + offsetof(struct kiri_block_q8_1, s)));
         }
     for (int64_t g = 0; g < ng; g++) {
         const char *rows[16];
@@ -226,9 +309,12 @@ AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quant
             quants(rows, b0 + b, q);
             _Pragma("GCC unroll 16")
             for (int i = 0; i < tt; i++) {
-                const __m512i s = _mm512_sub_epi32(dot16(q, y[i][b].qs), _mm512_set1_epi32(cy[b][i]));
+                const int8_t *aq = (const int8_t *)(y[i] + (size_t)b * asz + aqs);
+                const __m512i s = _mm512_sub_epi32(dot16(q, aq), _mm512_set1_epi32(cy[b][i]));
                 const __m512 d = _mm512_mul_ps(dw[g][b], _mm512_set1_ps(dy[b][i]));
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[i]);
+                if (q81)
+                    acc[i] = _mm512_fmadd_ps(dm[g][b], _mm512_set1_ps(sy[b][i]), acc[i]);
             }
         }
         for (int i = 0; i < tt && t + i < nt; i++)
@@ -237,28 +323,32 @@ AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quant
 }
 
 /* Up to MAX_GROUPS groups of 16 rows against every token of the tile: per pass over CHUNK blocks,
- * the rows' scales are tabled once, then the tokens go 16 at a time (8 for a rest). */
+ * the rows' scales (and offsets) are tabled once, then the tokens go 16 at a time (8 for a rest). */
 AVX512 SPECIALIZE static inline void tile_octets(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
-                                                 int bias, const void *a, size_t as, float *dst, size_t ds,
+                                                 int bias, int q81, const void *a, size_t as, float *dst, size_t ds,
                                                  int64_t nr, int64_t nt)
 {
     const int64_t nb = k / KIRI_QK8_0;
     const int64_t ng = (nr + 15) / 16;
     __m512 dw[MAX_GROUPS][CHUNK]; /* the rows' scales of one pass */
+    __m512 dm[MAX_GROUPS][CHUNK]; /* q81: their offsets */
     for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
         const int64_t bn = min64(nb - b0, CHUNK);
         for (int64_t g = 0; g < ng; g++) {
             const char *rows[16];
             for (int i = 0; i < 16; i++)
                 rows[i] = tile_row(w, ws, 16 * g + i, nr);
-            for (int64_t b = 0; b < bn; b++)
+            for (int64_t b = 0; b < bn; b++) {
                 dw[g][b] = scales16(rows, b0 + b, bsize);
+                if (q81)
+                    dm[g][b] = mins16(rows, b0 + b, bsize);
+            }
         }
         int64_t t = 0;
         for (; nt - t >= 16; t += 16)
-            tile_tokens(w, ws, quants, bias, a, as, dst, ds, nr, nt, t, 16, b0, bn, dw);
+            tile_tokens(w, ws, quants, bias, q81, a, as, dst, ds, nr, nt, t, 16, b0, bn, dw, dm);
         for (; t < nt; t += 8)
-            tile_tokens(w, ws, quants, bias, a, as, dst, ds, nr, nt, t, 8, b0, bn, dw);
+            tile_tokens(w, ws, quants, bias, q81, a, as, dst, ds, nr, nt, t, 8, b0, bn, dw, dm);
     }
 }
 
@@ -336,19 +426,28 @@ AVX512 SPECIALIZE static inline void tile_rows_m(int64_t k, const void *w, size_
     }
 }
 
-/* A tile: octets of tokens (the last one padded when it would carry 5 to 7), then the rest of
- * 1 to 4 tokens streamed over the rows once (tile_rows, tile_rows_m); the octets' rows in pieces
- * of MAX_GROUPS groups of 16. */
-AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants, int bias,
-                                 const void *a, size_t as, float *dst, size_t ds, int64_t nr, int64_t nt)
+/* The octets of tokens of a tile (the last one padded when it would carry 5 to 7), the rows in
+ * pieces of MAX_GROUPS groups of 16; returns the first token not done (1 to 4 left, or none). */
+AVX512 SPECIALIZE static inline int64_t octets16(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
+                                                 int bias, int q81, const void *a, size_t as, float *dst, size_t ds,
+                                                 int64_t nr, int64_t nt)
 {
     int64_t t = nt - nt % 8;
     if (nt - t > 4)
         t = nt;
     if (t > 0)
         for (int64_t r = 0; r < nr; r += 16 * MAX_GROUPS)
-            tile_octets(k, (const char *)w + (size_t)r * ws, ws, bsize, quants, bias, a, as, dst + r, ds,
+            tile_octets(k, (const char *)w + (size_t)r * ws, ws, bsize, quants, bias, q81, a, as, dst + r, ds,
                         min64(nr - r, 16 * MAX_GROUPS), t);
+    return t;
+}
+
+/* A tile: octets of tokens, then the rest of 1 to 4 tokens streamed over the rows once
+ * (tile_rows, tile_rows_m). */
+AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants, int bias,
+                                 const void *a, size_t as, float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    const int64_t t = octets16(k, w, ws, bsize, quants, bias, 0, a, as, dst, ds, nr, nt);
     const void *at = (const char *)a + (size_t)t * as;
     float *dt = dst + (size_t)t * ds;
     switch (nt - t) {
@@ -365,6 +464,22 @@ AVX512 static void gemm_q8_0_avx512(int64_t k, const void *w, size_t ws, const v
 {
     gemm16(k, w, ws, sizeof(struct kiri_block_q8_0), quants16_q8_0, 128, a, as, dst, ds, nr, nt);
 }
+
+/* Q4_1, Q5_0, Q5_1: octets only; one to four tokens (decode, small batches, the rest of a tile)
+ * take the AVX2 kernels. Q4_1 and Q5_1 add m s per block (Q8_1 activations); Q5_0's zero point 16
+ * enters as 16 sum a. */
+#define GEMM_OCTETS16(name, block, quants, bias, q81, small)                                               \
+    AVX512 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,     \
+                            size_t ds, int64_t nr, int64_t nt)                                           \
+    {                                                                                                    \
+        const int64_t t = octets16(k, w, ws, sizeof(block), quants, bias, q81, a, as, dst, ds, nr, nt);  \
+        if (t < nt)                                                                                      \
+            small(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr, nt - t); \
+    }
+
+GEMM_OCTETS16(gemm_q4_1_avx512, struct kiri_block_q4_1, quants16_q4_1, 0, 1, kiri_cpu_gemm_small_q4_1_avx2)
+GEMM_OCTETS16(gemm_q5_0_avx512, struct kiri_block_q5_0, quants16_q5_0, 16, 0, kiri_cpu_gemm_small_q5_0_avx2)
+GEMM_OCTETS16(gemm_q5_1_avx512, struct kiri_block_q5_1, quants16_q5_1, 0, 1, kiri_cpu_gemm_small_q5_1_avx2)
 
 /* ---------------------------------------------------------------------------------------------
  * K-quants (Q4_K, Q6_K) against Q8_K activations. A super-block of 16 rows is unpacked once into
@@ -1193,12 +1308,18 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx512;
     k->gemm[KIRI_TYPE_Q5_K] = gemm_q5_K_avx512;
+    k->gemm[KIRI_TYPE_Q4_1] = gemm_q4_1_avx512;
+    k->gemm[KIRI_TYPE_Q5_0] = gemm_q5_0_avx512;
+    k->gemm[KIRI_TYPE_Q5_1] = gemm_q5_1_avx512;
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx512;
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* gemm16: tile_rows_m */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
     k->gemm_stream[KIRI_TYPE_Q4_K] = 4; /* q4_K_rows_small */
     k->gemm_stream[KIRI_TYPE_Q6_K] = 4; /* q6_K_rows_small */
     k->gemm_stream[KIRI_TYPE_Q5_K] = 4; /* the AVX2 small batches */
+    k->gemm_stream[KIRI_TYPE_Q4_1] = 4;
+    k->gemm_stream[KIRI_TYPE_Q5_0] = 4;
+    k->gemm_stream[KIRI_TYPE_Q5_1] = 4;
     k->path = "avx2+avx512vnni";
 }
 
