@@ -169,7 +169,8 @@ AVX512 static inline void fifth_bits16(__m512i h, __m512i q[8])
     UNROLL
     for (int j = 0; j < 8; j++) {
         const int c = 0x01010101 * (j / 2); /* byte j / 2 of each 32-bit lane, within 128 bits */
-        const __m512i spread = _mm512_shuffle_epi8(h, _mm512_set4_epi32(0x0C0C0C0C + c, 0x08080808 + c, 0x04040404 + c, c));
+        const __m512i idx = _mm512_set4_epi32(0x0C0C0C0C + c, 0x08080808 + c, 0x04040404 + c, c);
+        const __m512i spread = _mm512_shuffle_epi8(h, idx);
         const __mmask64 set = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x08040201 << (4 * (j % 2))));
         q[j] = _mm512_mask_add_epi8(q[j], set, q[j], b4);
     }
@@ -690,14 +691,14 @@ AVX512 static inline __m512 finish_k(const struct sb16 *u, const struct kiri_blo
     return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_mul_ps(u->dmin, dy), acc);
 }
 
-/* n tokens (8 or 16) against an unpacked super-block: for each group of quants (held in
- * registers) every token's sum, so the quants are loaded once per group, not once per token. */
+/* 8 tokens against an unpacked super-block: for each group of quants (held in registers) every
+ * token's sum, so the quants are loaded once per group, not once per token. */
 AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct kiri_block_q8_K *const *y, int64_t b,
-                                              int n, int q6, __m512 *acc)
+                                              int q6, __m512 acc[8])
 {
-    __m512i isum[16];
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < n; i++)
+    __m512i isum[8];
+    UNROLL
+    for (int i = 0; i < 8; i++)
         isum[i] = _mm512_setzero_si512();
     const int ng = q6 ? 16 : 8, per = q6 ? 4 : 8;
     UNROLL
@@ -706,12 +707,12 @@ AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct
         UNROLL
         for (int v = 0; v < per; v++)
             q[v] = u->q[per * g + v];
-        _Pragma("GCC unroll 16")
-        for (int i = 0; i < n; i++)
+        UNROLL
+        for (int i = 0; i < 8; i++)
             isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(dot_k(q, y[i][b].qs + 4 * per * g, per), u->sc[g]));
     }
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < n; i++)
+    UNROLL
+    for (int i = 0; i < 8; i++)
         acc[i] = finish_k(u, &y[i][b], q6, isum[i], acc[i]);
 }
 
@@ -722,8 +723,9 @@ typedef void (*unpack16_fn)(const char *const rows[16], int64_t b, struct sb16 *
 #define K_CHUNK 8
 
 /* The octets of tokens of a tile of K-quant rows: per group of 16 rows, up to K_CHUNK super-blocks
- * are unpacked once, then serve every token, 16 (or 8) at a time; the partial sums of a chunk are
- * added to dst. Returns the first token not done (the single tokens left over, 1 or 2, or all of
+ * are unpacked once, then serve every token, 8 at a time (16 at a time, the accumulators and
+ * sums no longer fit in the 32 registers: one thread, 2048 x 2048 against 512 tokens, Q6_K 24.8
+ * -> 14.4 ms, Q4_K and Q5_K 4% faster); the partial sums of a chunk are added to dst. Returns the first token not done (the single tokens left over, 1 or 2, or all of
  * them when nt <= 4), which the one-token kernels below take: up to four tokens, one streaming pass
  * each costs less than a padded octet, whose transposition runs far below the memory's speed
  * (bench_vec_dot's small-batch table). */
@@ -744,21 +746,7 @@ AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_
             const int64_t b1 = nb - b0 < K_CHUNK ? nb : b0 + K_CHUNK;
             for (int64_t b = b0; b < b1; b++)
                 unpack(rows, b, &u[b - b0]);
-            int64_t t = 0;
-            for (; t_oct - t >= 16; t += 16) { /* 16 tokens at a time while they last */
-                const struct kiri_block_q8_K *y[16];
-                for (int i = 0; i < 16; i++)
-                    y[i] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t + i) * as);
-                __m512 acc[16];
-                UNROLL
-                for (int i = 0; i < 16; i++)
-                    acc[i] = _mm512_setzero_ps();
-                for (int64_t b = b0; b < b1; b++)
-                    tokens_k(&u[b - b0], y, b, 16, q6, acc);
-                for (int i = 0; i < 16; i++)
-                    put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, b0 == 0);
-            }
-            for (; t < t_oct; t += 8) {
+            for (int64_t t = 0; t < t_oct; t += 8) {
                 const struct kiri_block_q8_K *y[8];
                 for (int i = 0; i < 8; i++)
                     y[i] = (const struct kiri_block_q8_K *)tile_row(a, as, t + i, t_oct);
@@ -767,7 +755,7 @@ AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_
                 for (int i = 0; i < 8; i++)
                     acc[i] = _mm512_setzero_ps();
                 for (int64_t b = b0; b < b1; b++)
-                    tokens_k(&u[b - b0], y, b, 8, q6, acc);
+                    tokens_k(&u[b - b0], y, b, q6, acc);
                 for (int i = 0; i < 8 && t + i < t_oct; i++)
                     put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, b0 == 0);
             }
