@@ -12,8 +12,13 @@
  * serving step, and one octet of prefill), again as GB/s of weights: a tile that reads each
  * weight once for all its tokens keeps the one-token figure.
  *
- * Usage: bench_vec_dot [n] [milliseconds per measurement] [gemm]   (defaults 4096, 200; with
- * "gemm", only the gemm tables)
+ * The prefill table (mode "prefill" only) times whole products as a prefill step makes them: a
+ * matrix of PREFILL_ROWS rows of n values against PREFILL_TOKENS tokens, called in tiles of 64
+ * rows as the CPU backend calls the kernels, in milliseconds per product (best of several), for
+ * the AVX2 table and the best table of this CPU (AVX-512 where it has it). One thread.
+ *
+ * Usage: bench_vec_dot [n] [milliseconds per measurement] [gemm|prefill]   (defaults 4096, 200;
+ * with "gemm", only the gemm tables; with "prefill", only the prefill table)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,11 +102,83 @@ static double time_quant(kiri_from_float_fn fn, const float *x, void *dst, int64
     return (t1 - t0) * 1e9 / (double)calls;
 }
 
+enum { PREFILL_ROWS = 2048, PREFILL_TOKENS = 512, PREFILL_TILE = 64 };
+
+/* Milliseconds of one product of rows x n against PREFILL_TOKENS tokens in tiles of
+ * PREFILL_TILE rows, the best of the runs that fit in `ms` (at least three). */
+static double time_prefill(kiri_gemm_fn fn, int64_t n, const unsigned char *w, size_t rb, int64_t rows,
+                           const void *act, size_t as, float *out, double ms)
+{
+    double best = 1e30, t_all = kiri_platform_now();
+    for (int run = 0; run < 3 || (kiri_platform_now() - t_all) * 1e3 < ms; run++) {
+        const double t0 = kiri_platform_now();
+        for (int64_t r = 0; r < rows; r += PREFILL_TILE)
+            fn(n, w + (size_t)r * rb, rb, act, as, out + r, (size_t)rows, PREFILL_TILE, PREFILL_TOKENS);
+        const double t = (kiri_platform_now() - t0) * 1e3;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+/* The prefill table (see the top of the file). Returns 0 when out of memory. */
+static int bench_prefill(int64_t n, double ms, uint32_t features)
+{
+    struct kiri_cpu_kernels ref, g2, best;
+    kiri_cpu_kernels_init_ref(&ref);
+    kiri_cpu_kernels_init_ref(&g2);
+    kiri_cpu_kernels_init_ref(&best);
+#if defined(__x86_64__)
+    if (features & KIRI_CPU_AVX2) {
+        kiri_cpu_kernels_init_gemm_avx2(&g2);
+        kiri_cpu_kernels_init_gemm_avx2(&best);
+        const uint32_t vnni = KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI;
+        if ((features & vnni) == vnni)
+            kiri_cpu_kernels_init_gemm_avx512(&best);
+    }
+#endif
+    const size_t as = (size_t)n * sizeof(float) + 4096; /* > any activation row of n values */
+    float *x = malloc((size_t)n * PREFILL_ROWS * sizeof(float));
+    unsigned char *w = malloc((size_t)n * PREFILL_ROWS * sizeof(float));
+    unsigned char *act = malloc(as * PREFILL_TOKENS);
+    float *out = malloc(sizeof(float) * PREFILL_ROWS * PREFILL_TOKENS);
+    int ok = x && w && act && out;
+    if (!ok)
+        fprintf(stderr, "bench_vec_dot: out of memory\n");
+    uint64_t seed = 7;
+    for (int64_t i = 0; ok && i < n * PREFILL_ROWS; i++)
+        x[i] = rnd_val(&seed);
+    static const int types[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q4_1, KIRI_TYPE_Q5_0, KIRI_TYPE_Q5_1,
+                                KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q5_K, KIRI_TYPE_Q6_K};
+    if (ok)
+        printf("%-6s %12s %12s %9s   (prefill: %d rows of %lld against %d tokens, ms per product, 1 thread)\n",
+               "gemm", "avx2 ms", "best ms", "speedup", PREFILL_ROWS, (long long)n, PREFILL_TOKENS);
+    for (size_t c = 0; ok && c < sizeof types / sizeof types[0]; c++) {
+        const int t = types[c], vt = kiri_cpu_vec_dot_type(t);
+        if (!g2.gemm[t])
+            continue;
+        const size_t rb = kiri_row_bytes(t, n);
+        for (int64_t r = 0; r < PREFILL_ROWS; r++)
+            kiri_cpu_quantize_row(t, x + (size_t)r * (size_t)n, w + (size_t)r * rb, n);
+        for (int64_t i = 0; i < PREFILL_TOKENS; i++) /* distinct tokens: rows of x */
+            ref.from_float[vt](x + (size_t)i * (size_t)n, act + (size_t)i * as, n);
+        const double ta = time_prefill(g2.gemm[t], n, w, rb, PREFILL_ROWS, act, as, out, ms);
+        const double tb = time_prefill(best.gemm[t], n, w, rb, PREFILL_ROWS, act, as, out, ms);
+        printf("%-6s %12.2f %12.2f %8.2fx%s\n", kiri_type_name(t), ta, tb, ta / tb,
+               best.gemm[t] == g2.gemm[t] ? "  (same kernel)" : "");
+    }
+    free(x);
+    free(w);
+    free(act);
+    free(out);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     int64_t n = argc > 1 ? atoll(argv[1]) : 4096;
     double ms = argc > 2 ? atof(argv[2]) : 200.0;
     const int only_gemm = argc > 3 && strcmp(argv[3], "gemm") == 0;
+    const int only_prefill = argc > 3 && strcmp(argv[3], "prefill") == 0;
     if (n <= 0 || n % 256 != 0) {
         fprintf(stderr, "bench_vec_dot: n must be a positive multiple of 256\n");
         return 2;
@@ -132,6 +209,8 @@ int main(int argc, char **argv)
                                 KIRI_TYPE_Q4_1, KIRI_TYPE_Q5_0, KIRI_TYPE_Q5_1, KIRI_TYPE_Q8_0,
                                 KIRI_TYPE_Q4_K, KIRI_TYPE_Q5_K, KIRI_TYPE_Q6_K};
     float sink = 0;
+    if (only_prefill)
+        return bench_prefill(n, ms, features) ? 0 : 1;
     printf("%-6s %12s %12s %9s %12s\n", "type", "ref ns/row", "best ns/row", "speedup", "best GB/s");
     for (size_t c = 0; c < (only_gemm ? 0 : sizeof types / sizeof types[0]); c++) {
         const int t = types[c], vt = kiri_cpu_vec_dot_type(t);

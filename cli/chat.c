@@ -349,6 +349,8 @@ static int answer(struct chat *ch)
     r.n_stop = ch->p->n_stop;
     r.grammar = ch->p->grammar;
     r.grammar_len = ch->p->grammar_len;
+    r.speculative = ch->p->speculative;
+    r.spec_max = ch->p->spec_max;
     struct answer a;
     memset(&a, 0, sizeof a);
     kiri_buf_init(&a.text, 0);
@@ -457,6 +459,7 @@ static int session_init(struct chat *ch, struct kiri_model *m, const struct kiri
     bp.chunk = p->n_batch > 0 ? p->n_batch : 512;
     bp.kv_type = p->kv_type;
     bp.prefix_cache = 1;
+    bp.draft_model = p->draft_model;
     if (kiri_batcher_init(m, &bp, &ch->batcher, &info) != KIRI_OK) {
         fprintf(stderr, "kiri: error: %s [%s]\n", info.message, kiri_status_name(info.code));
         return 1;

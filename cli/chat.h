@@ -26,6 +26,9 @@ struct kiri_chat_cli_params {
     int32_t n_batch;                 /* prompt tokens per step; 0: 512 */
     int kv_type;                     /* as kiri_batcher_params.kv_type */
     int show_stats;                  /* print the speed line after each answer */
+    int speculative;                 /* enum kiri_spec (0: off) */
+    int32_t spec_max;                /* most drafted tokens at once (0: the default) */
+    struct kiri_model *draft_model;  /* borrowed, or NULL: the model of KIRI_SPEC_DRAFT */
 };
 
 /* Runs the conversation on stdin and stdout until /exit or the end of input. Messages about the

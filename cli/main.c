@@ -57,6 +57,10 @@ struct options {
     const char *stop[MAX_STOP];
     int n_stop;
     const char *grammar_file;
+    char spec[8];               /* enum kiri_spec as spelled by kiri_spec_name */
+    const char *draft_model;    /* --draft-model FILE */
+    int spec_max;
+    const char *bench_text;     /* kiri bench --spec: the prompt of the generation test */
 };
 
 static void options_default(struct options *o)
@@ -71,6 +75,7 @@ static void options_default(struct options *o)
     o->backend = "auto";
     o->gpu_layers = -1;
     kiri_sampling_default(&o->sampling);
+    snprintf(o->spec, sizeof o->spec, "none");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -164,6 +169,18 @@ static const struct kiri_option chat_opts[] = {
     JSON_SCHEMA_OPTION,
 };
 
+static const struct kiri_option spec_opts[] = {
+    {.name = "spec", .type = KIRI_OPTION_ENUM, O(spec), .choices = "none|ngram|draft", .arg = "KIND",
+     .help = "Speculative decoding: ngram drafts tokens by looking the text's last few tokens up in the "
+             "prompt and the text so far, draft has --draft-model guess them; one step verifies them, and "
+             "the output is the same.", .def = "none (draft with --draft-model)"},
+    {.name = "draft-model", .type = KIRI_OPTION_STRING_REF, O(draft_model), .arg = "FILE",
+     .help = "A smaller model with the same vocabulary (or a lower-precision copy of the model) that drafts "
+             "tokens for --spec draft."},
+    {.name = "spec-max", .type = KIRI_OPTION_INT, O(spec_max), .lo = 1, .hi = KIRI_SPEC_MAX_DRAFT, .arg = "N",
+     .help = "Most tokens drafted at once (the draft length adapts below it).", .def = "8"},
+};
+
 static const struct kiri_option grammar_opts[] = {
     GRAMMAR_OPTION,
     JSON_SCHEMA_OPTION,
@@ -183,6 +200,9 @@ static const struct kiri_option bench_opts[] = {
     {.name = "no-warmup", .type = KIRI_OPTION_FLAG, O(no_warmup),
      .help = "Skips the untimed warm-up (one prefill of -p tokens and one decode step) before the timed runs."},
     {.name = "json", .type = KIRI_OPTION_FLAG, O(json), .help = "Prints one JSON object."},
+    {.name = "text", .type = KIRI_OPTION_STRING_REF, O(bench_text), .arg = "TEXT",
+     .help = "With --spec: the prompt of the generation test (tokenized as it is, with BOS).",
+     .def = "a passage and the request to copy it"},
 };
 
 static const struct kiri_option tokenize_opts[] = {
@@ -193,12 +213,13 @@ static const struct kiri_option tokenize_opts[] = {
 #define GROUP(title, opts) {title, opts, sizeof opts / sizeof opts[0]}
 static const struct kiri_option_group run_groups[] = {
     GROUP(NULL, run_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
-    GROUP("sampling options", sampling_opts)};
+    GROUP("sampling options", sampling_opts), GROUP("speculative decoding", spec_opts)};
 static const struct kiri_option_group chat_groups[] = {
     GROUP(NULL, chat_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
-    GROUP("sampling options", sampling_opts)};
+    GROUP("sampling options", sampling_opts), GROUP("speculative decoding", spec_opts)};
 static const struct kiri_option_group bench_groups[] = {
-    GROUP(NULL, bench_opts), GROUP("model options", model_opts), GROUP("context options", context_opts)};
+    GROUP(NULL, bench_opts), GROUP("model options", model_opts), GROUP("context options", context_opts),
+    GROUP("speculative decoding", spec_opts)};
 static const struct kiri_option_group info_groups[] = {GROUP(NULL, model_opts)};
 static const struct kiri_option_group grammar_groups[] = {GROUP(NULL, grammar_opts)};
 static const struct kiri_option_group tokenize_groups[] = {GROUP(NULL, tokenize_opts)};
@@ -267,10 +288,41 @@ static int kv_type_code(const struct options *o)
     return strcmp(o->kv_type, "f32") == 0 ? 0 : strcmp(o->kv_type, "q8_0") == 0 ? 8 : 1;
 }
 
-static int make_context(struct kiri_model *m, const struct options *o, struct kiri_context **c)
+/* --spec and --draft-model: the kind (--draft-model alone means draft), or -1 after saying why
+ * not. */
+static int spec_kind(const struct options *o)
+{
+    int kind = kiri_spec_parse(o->spec);
+    if (kind == KIRI_SPEC_NONE && o->draft_model)
+        kind = KIRI_SPEC_DRAFT;
+    if (kind == KIRI_SPEC_DRAFT && !o->draft_model) {
+        fprintf(stderr, "kiri: error: --spec draft needs --draft-model FILE\n");
+        return -1;
+    }
+    if (kind != KIRI_SPEC_DRAFT && o->draft_model) {
+        fprintf(stderr, "kiri: error: --draft-model drafts only for --spec draft, not --spec %s\n", o->spec);
+        return -1;
+    }
+    return kind;
+}
+
+/* The --draft-model, opened as the model is (NULL without one). */
+static int open_draft_model(const struct options *o, struct kiri_model **m)
+{
+    *m = NULL;
+    if (!o->draft_model)
+        return 0;
+    struct options d = *o;
+    d.model = o->draft_model;
+    return open_model(&d, 0, m);
+}
+
+static int make_context(struct kiri_model *m, const struct options *o, struct kiri_model *draft,
+                        struct kiri_context **c)
 {
     struct kiri_context_params cp;
     kiri_context_params_default(&cp);
+    cp.draft_model = draft;
     cp.n_ctx = o->n_ctx;
     if (o->n_batch)
         cp.n_batch = o->n_batch;
@@ -404,7 +456,10 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         fprintf(stderr, "kiri: error: -p PROMPT is required\n");
         return 2;
     }
-    struct kiri_model *m = NULL;
+    const int spec = spec_kind(o);
+    if (spec < 0)
+        return 2;
+    struct kiri_model *m = NULL, *dm = NULL;
     struct kiri_context *c = NULL;
     int32_t *ids = NULL;
     char *grammar = NULL;
@@ -413,6 +468,8 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
     if (rc != 0)
         return rc;
     rc = open_model(o, o->show_prompt, &m);
+    if (rc == 0 && !o->show_prompt)
+        rc = open_draft_model(o, &dm);
     if (rc == 0)
         rc = run_prompt(m, o, &ids, &n);
     if (rc == 0 && o->show_prompt) {
@@ -425,7 +482,7 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         rc = 1;
     }
     if (rc == 0)
-        rc = make_context(m, o, &c);
+        rc = make_context(m, o, dm, &c);
     if (rc == 0) {
         struct kiri_generate_params gp;
         memset(&gp, 0, sizeof gp);
@@ -435,6 +492,8 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
         gp.n_stop = o->n_stop;
         gp.grammar = grammar;
         gp.grammar_len = grammar_len;
+        gp.speculative = spec;
+        gp.spec_max = o->spec_max;
         struct kiri_generate_result res;
         struct kiri_status_info info;
         if (kiri_generate(c, ids, n, &gp, print_text, NULL, &res, &info) != KIRI_OK) {
@@ -446,11 +505,15 @@ static int cmd_run(const struct options *o, const char **args, int n_args)
                     res.n_prompt, res.prefill_seconds, res.prefill_seconds > 0 ? res.n_prompt / res.prefill_seconds : 0.0,
                     res.n_generated, res.decode_seconds,
                     res.decode_seconds > 0 ? res.n_generated / res.decode_seconds : 0.0);
+            if (gp.speculative)
+                fprintf(stderr, "kiri: speculative (%s): %d tokens drafted, %d kept\n", kiri_spec_name(spec),
+                        res.n_drafted, res.n_accepted);
         }
     }
     kiri_mem_free(ids);
     kiri_mem_free(grammar);
     kiri_context_free(c);
+    kiri_model_close(dm);
     kiri_model_close(m);
     return rc;
 }
@@ -459,15 +522,21 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
 {
     (void)args;
     (void)n_args;
-    struct kiri_model *m = NULL;
+    const int spec = spec_kind(o);
+    if (spec < 0)
+        return 2;
+    struct kiri_model *m = NULL, *dm = NULL;
     char *grammar = NULL;
     size_t grammar_len = 0;
     int rc = load_grammar(o, &grammar, &grammar_len);
     if (rc != 0)
         return rc;
     rc = open_model(o, 0, &m);
+    if (rc == 0)
+        rc = open_draft_model(o, &dm);
     if (rc != 0) {
         kiri_mem_free(grammar);
+        kiri_model_close(m);
         return rc;
     }
     struct kiri_chat_cli_params p;
@@ -483,8 +552,12 @@ static int cmd_chat(const struct options *o, const char **args, int n_args)
     p.show_stats = !o->no_stats;
     p.grammar = grammar;
     p.grammar_len = grammar_len;
+    p.speculative = spec;
+    p.spec_max = o->spec_max;
+    p.draft_model = dm;
     rc = kiri_chat_cli_run(m, o->model, &p);
     kiri_mem_free(grammar);
+    kiri_model_close(dm);
     kiri_model_close(m);
     return rc;
 }
@@ -786,10 +859,115 @@ static void print_bench(const struct options *o, const struct bench_test *tests,
     printf("]}\n");
 }
 
+/* kiri bench --spec: greedy generation of -n tokens from a text, timed without and with the
+ * drafter in turn (-r times each, alternating, after an untimed warm-up of each), and the ratio. */
+static const char bench_spec_default_text[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball. "
+    "One day, she saw a big dog under a tree. The dog was sad because it was lost. Lily helped the dog find "
+    "its home, and they became best friends.\n\nThe same story, word for word:\n\nOnce upon a time, there";
+
+struct spec_run {
+    double seconds, tok_s;
+    int32_t n_generated, n_drafted, n_accepted;
+};
+
+static int bench_generate(struct kiri_context *c, const int32_t *ids, int n, int n_gen, int spec, int spec_max,
+                          struct spec_run *out)
+{
+    struct kiri_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_tokens = n_gen;
+    kiri_sampling_default(&gp.sampling);
+    gp.sampling.temperature = 0;
+    gp.speculative = spec;
+    gp.spec_max = spec_max;
+    struct kiri_generate_result res;
+    struct kiri_status_info info;
+    if (kiri_generate(c, ids, n, &gp, NULL, NULL, &res, &info) != KIRI_OK)
+        return fail("bench generate", &info);
+    out->seconds = res.decode_seconds;
+    out->n_generated = res.n_generated;
+    out->n_drafted = res.n_drafted;
+    out->n_accepted = res.n_accepted;
+    /* The first token comes from the prompt's step: decode speed counts the ones after it. */
+    out->tok_s = res.decode_seconds > 0 && res.n_generated > 1 ? (res.n_generated - 1) / res.decode_seconds : 0;
+    return 0;
+}
+
+static int bench_speculative(const struct options *o, int spec)
+{
+    const int n_g = o->n_gen_bench >= 1 ? o->n_gen_bench : 128;
+    const char *text = o->bench_text ? o->bench_text : bench_spec_default_text;
+    struct kiri_model *m = NULL, *dm = NULL;
+    struct kiri_context *c = NULL;
+    int rc = open_model(o, 0, &m);
+    if (rc == 0)
+        rc = open_draft_model(o, &dm);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (rc == 0) {
+        const int cap = (int)strlen(text) + 8;
+        ids = malloc((size_t)cap * sizeof *ids);
+        n = ids ? kiri_tokenize(m, text, strlen(text), -1, 0, ids, cap) : -1;
+        if (n < 1) {
+            fprintf(stderr, "kiri: error: cannot tokenize the --text prompt\n");
+            rc = 1;
+        }
+    }
+    struct options oc = *o;
+    if (rc == 0 && oc.n_ctx == 0)
+        oc.n_ctx = n + n_g + KIRI_SPEC_MAX_DRAFT + 1;
+    if (rc == 0)
+        rc = make_context(m, &oc, dm, &c);
+    struct spec_run plain[100], drafted[100], warm;
+    const int kinds[2] = {KIRI_SPEC_NONE, spec};
+    for (int k = 0; rc == 0 && !o->no_warmup && k < 2; k++)
+        rc = bench_generate(c, ids, n, n_g, kinds[k], o->spec_max, &warm);
+    for (int r = 0; rc == 0 && r < o->repetitions; r++) {
+        rc = bench_generate(c, ids, n, n_g, KIRI_SPEC_NONE, 0, &plain[r]);
+        if (rc == 0)
+            rc = bench_generate(c, ids, n, n_g, spec, o->spec_max, &drafted[r]);
+    }
+    if (rc == 0) {
+        double a = 0, b = 0;
+        int32_t generated = 0, drafts = 0, kept = 0;
+        for (int r = 0; r < o->repetitions; r++) {
+            a += plain[r].tok_s;
+            b += drafted[r].tok_s;
+            generated += drafted[r].n_generated;
+            drafts += drafted[r].n_drafted;
+            kept += drafted[r].n_accepted;
+        }
+        a /= o->repetitions;
+        b /= o->repetitions;
+        if (o->json)
+            printf("{\"prompt_tokens\": %d, \"generated\": %d, \"repetitions\": %d, \"plain_tok_s\": %.2f, "
+                   "\"spec\": \"%s\", \"spec_tok_s\": %.2f, \"ratio\": %.3f, \"drafted\": %d, \"accepted\": %d}\n",
+                   n, generated / o->repetitions, o->repetitions, a, kiri_spec_name(spec), b, a > 0 ? b / a : 0.0,
+                   drafts, kept);
+        else
+            printf("prompt %d tokens, greedy decode of %d tokens, %d runs each, alternating\n"
+                   "plain          %8.2f tok/s\n%-14s %8.2f tok/s  (%d of %d drafted tokens kept)\nratio          %8.3f\n",
+                   n, generated / o->repetitions, o->repetitions, a, kiri_spec_name(spec), b, kept, drafts,
+                   a > 0 ? b / a : 0.0);
+    }
+    free(ids);
+    kiri_context_free(c);
+    kiri_model_close(dm);
+    kiri_model_close(m);
+    return rc;
+}
+
 static int cmd_bench(const struct options *o, const char **args, int n_args)
 {
     (void)args;
     (void)n_args;
+    const int spec = spec_kind(o);
+    if (spec < 0)
+        return 2;
+    if (spec > KIRI_SPEC_NONE)
+        return bench_speculative(o, spec);
+    struct kiri_model *dm = NULL; /* the plain tests run without one */
     int depths[BENCH_MAX_DEPTHS];
     char err[160];
     const int n_depths = parse_depths(o->depths, depths, err, sizeof err);
@@ -818,7 +996,7 @@ static int cmd_bench(const struct options *o, const char **args, int n_args)
     if (rc == 0 && oc.n_ctx == 0)
         oc.n_ctx = max_depth + (n_p > n_g ? n_p : n_g) + 1;
     if (rc == 0)
-        rc = make_context(m, &oc, &c);
+        rc = make_context(m, &oc, dm, &c);
     const int n_ids = max_depth > n_p ? max_depth : n_p;
     int32_t *ids = rc == 0 ? malloc((size_t)n_ids * sizeof *ids) : NULL;
     if (rc == 0 && !ids)

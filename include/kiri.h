@@ -141,6 +141,7 @@ struct kiri_context_params {
     int32_t n_ctx;          /* <= 0: the model's training context */
     int32_t n_batch;        /* prompt tokens per forward step; <= 0: 512 */
     int kv_type;            /* KV cache element type: 1 (F16, default), 0 (F32) or 8 (Q8_0) */
+    struct kiri_model *draft_model; /* borrowed, or NULL: lets kiri_generate use KIRI_SPEC_DRAFT */
 };
 
 void kiri_context_params_default(struct kiri_context_params *p);
@@ -181,7 +182,36 @@ struct kiri_generate_params {
     int n_stop;
     const char *grammar;        /* GBNF text constraining the output, or NULL */
     size_t grammar_len;
+    int speculative;            /* enum kiri_spec: how tokens are drafted for verification (0: off) */
+    int32_t spec_max;           /* most tokens drafted at once (0: KIRI_SPEC_DEFAULT_DRAFT) */
 };
+
+/* ---- speculative decoding ----
+ *
+ * A sequence may draft a few tokens ahead and have one forward step verify them all: the step
+ * computes the pending token and the drafts together, and the tokens the model itself would have
+ * produced are kept (greedy: the drafts that equal its argmax, then its own next token; sampling:
+ * each draft kept with its probability under the full sampling pipeline, else a token drawn from
+ * that distribution without the draft), so the output, or its distribution, is exactly that of
+ * decoding one token at a time. Rejected positions are dropped from the KV cache. The draft length
+ * follows the acceptance rate of each sequence, a sequence whose drafts are mostly rejected pauses
+ * drafting, and a step with many decoding sequences drafts nothing (verification is no longer
+ * free). A model with recurrent layers (lfm2) cannot drop positions yet: it never speculates. */
+enum kiri_spec {
+    KIRI_SPEC_NONE = 0,
+    KIRI_SPEC_NGRAM = 1,       /* prompt lookup: the tokens that followed the latest earlier
+                                  occurrence of the sequence's last few tokens */
+    KIRI_SPEC_DRAFT = 2        /* a draft model with the same vocabulary, greedy
+                                  (kiri_batcher_params.draft_model, kiri_context_params.draft_model) */
+};
+#define KIRI_SPEC_KINDS 3
+/* Drafted tokens at once: the default and the largest a request may ask for. */
+#define KIRI_SPEC_DEFAULT_DRAFT 8
+#define KIRI_SPEC_MAX_DRAFT 16
+/* "none", "ngram", "draft"; NULL for an unknown kind. */
+const char *kiri_spec_name(int kind);
+/* The kind named (as kiri_spec_name spells it), or -1. */
+int kiri_spec_parse(const char *name);
 
 /* Why generation ended (kiri_generate's result, the serving loop's final event). */
 enum kiri_finish {
@@ -199,6 +229,8 @@ struct kiri_generate_result {
     int32_t n_generated;
     double prefill_seconds;
     double decode_seconds;
+    int32_t n_drafted;          /* with speculative: tokens drafted, and of those the ones kept */
+    int32_t n_accepted;
 };
 
 /* Clears the context and generates a continuation of the prompt tokens. Returns KIRI_OK, or
@@ -245,6 +277,13 @@ struct kiri_batcher_params {
     int prefix_cache;         /* share full prompt blocks between sequences (default 1) */
     int swa_full;             /* sliding-window layers keep every token, as global ones do (more
                                  memory, for comparisons); default 0: only their window */
+    int32_t draft_rows;       /* drafted tokens one step may verify, over all its sequences (each
+                                 costs a row of logits, n_vocab * 4 bytes, on the host and the
+                                 backend); 0: no speculation. Default 16, at most chunk */
+    int32_t spec_max_seqs;    /* a step drafts only while it decodes at most this many sequences
+                                 (default 4) */
+    struct kiri_model *draft_model; /* borrowed, or NULL: the model of KIRI_SPEC_DRAFT (the same
+                                 vocabulary; its own KV cache of n_ctx tokens per sequence) */
 };
 
 void kiri_batcher_params_default(struct kiri_batcher_params *p);
@@ -274,6 +313,8 @@ struct kiri_request {
     const int32_t *bias_tokens;
     const float *bias_values;
     int n_bias;
+    int speculative;              /* enum kiri_spec (0: off); not for a held sequence */
+    int32_t spec_max;             /* most tokens drafted at once, 0..KIRI_SPEC_MAX_DRAFT (0: default) */
 };
 
 struct kiri_token_event {
@@ -328,6 +369,8 @@ struct kiri_batcher_stats {
     uint64_t snapshot_bytes;      /* the snapshot store, all of them */
     uint64_t snapshot_hits;       /* admissions that resumed a prefix from a snapshot */
     uint64_t snapshot_misses;     /* admissions with a whole prompt block that found none */
+    uint64_t spec_drafted[KIRI_SPEC_KINDS];  /* tokens drafted, by enum kiri_spec, since init */
+    uint64_t spec_accepted[KIRI_SPEC_KINDS]; /* of those, the ones the model kept */
 };
 
 int kiri_batcher_init(struct kiri_model *model, const struct kiri_batcher_params *params,

@@ -4,8 +4,10 @@
 #include "batcher.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "draft.h"
 #include "error.h"
 #include "grammar.h"
 #include "graph.h"
@@ -21,6 +23,15 @@
 #define BLOCK_SIZE 16
 /* Memory for the grammar masks shared by every sequence (a 152k vocabulary's mask is 19 KB). */
 #define GRAMMAR_CACHE_BYTES ((size_t)64 << 20)
+/* Speculation's adaptation: the draft length starts here and moves by one per verification; a
+ * sequence whose acceptance rate (a moving average, each verification weighing SPEC_RATE_WEIGHT)
+ * falls below SPEC_MIN_RATE stops drafting for SPEC_PAUSE generated tokens, twice as long after
+ * each further pause up to SPEC_PAUSE_MAX, then starts again from one token. */
+#define SPEC_START_DRAFT 4
+#define SPEC_RATE_WEIGHT 0.25f
+#define SPEC_MIN_RATE 0.25f
+#define SPEC_PAUSE 32
+#define SPEC_PAUSE_MAX 1024
 
 /* One request from submit to its final event. tokens holds the prompt and then every generated
  * token; the first kv.n_tokens of them have keys and values in the cache, the rest are pending
@@ -56,6 +67,16 @@ struct seq {
     float *bias_values;             /* owned (n_bias) */
     int n_bias;
     int status;                     /* what failed, for a KIRI_FINISH_ERROR */
+    /* Speculation (enum kiri_spec; 0: off). While a step verifies drafts, n_draft > 0 and the
+     * step's positions run past the pending token through draft[0..n_draft). */
+    struct kiri_drafter *drafter;   /* borrowed, or NULL */
+    int proposed;                   /* the drafter was asked (it may keep state for this sequence) */
+    int32_t draft[KIRI_SPEC_MAX_DRAFT];
+    int32_t n_draft;
+    int32_t draft_len;              /* the length the next draft may have (adaptive) */
+    float spec_rate;                /* moving average of the accepted share of each draft */
+    int32_t spec_resume;            /* drafting pauses until n_generated reaches this */
+    int32_t spec_pause;             /* the next pause's length */
     kiri_batcher_fn fn;
     void *user;
     _Atomic int cancel;
@@ -80,7 +101,11 @@ struct kiri_batcher {
     int32_t *b_tokens, *b_pos, *b_slots, *b_nkv, *b_toff, *b_tables, *b_rows;
     int32_t *b_swa_slots, *b_swa_tables; /* with a windowed pool only */
     int32_t *b_state_rows;          /* with recurrent layers only */
-    struct seq **b_out_seq;
+    struct seq **b_out_seq;         /* (max_seqs) sequences sampled this step ... */
+    int32_t *b_out_first;           /* (max_seqs) ... the first of their logit rows */
+    int spec_ok;                    /* drafts can be verified (draft rows, no recurrent state) */
+    struct kiri_drafter *draft_model; /* owned, or NULL: the drafter of KIRI_SPEC_DRAFT */
+    int spec_said;                  /* why not was logged */
     float *b_logits;                /* owned (n_vocab): logits after bias and grammar mask */
     struct kiri_grammar_vocab *gvocab; /* owned: the vocabulary trie, built at the first grammar */
     struct kiri_grammar_cache *gcache; /* owned with gvocab: masks by grammar state */
@@ -104,6 +129,8 @@ void kiri_batcher_params_default(struct kiri_batcher_params *p)
     p->queue_cap = 64;
     p->kv_type = KIRI_TYPE_F16;
     p->prefix_cache = 1;
+    p->draft_rows = 16;
+    p->spec_max_seqs = 4;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -126,7 +153,7 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     if (p.n_ctx <= 0 || p.n_ctx > m->hp.n_ctx_train)
         p.n_ctx = p.n_ctx <= 0 ? m->hp.n_ctx_train : p.n_ctx;
     if (p.max_seqs < 1 || p.max_seqs > 1024 || p.chunk < 1 || p.chunk > 8192 || p.queue_cap < 0 ||
-        p.queue_cap > 1 << 20 || p.n_ctx > (1 << 24))
+        p.queue_cap > 1 << 20 || p.n_ctx > (1 << 24) || p.draft_rows < 0 || p.spec_max_seqs < 0)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "batcher limits out of range");
     if (p.kv_type != KIRI_TYPE_F16 && p.kv_type != KIRI_TYPE_F32 && p.kv_type != KIRI_TYPE_Q8_0)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "kv type must be F16, F32 or Q8_0");
@@ -198,11 +225,25 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->next_id = 1;
     b->accepting = 1;
     const int32_t max_tok = p.chunk + p.max_seqs;
+    /* Drafts come out of the step's chunk budget, so the step never grows past max_tok. */
+    if (p.draft_rows > p.chunk)
+        p.draft_rows = p.chunk;
+    if (p.draft_rows > KIRI_SPEC_MAX_DRAFT * p.max_seqs)
+        p.draft_rows = KIRI_SPEC_MAX_DRAFT * p.max_seqs;
+    b->p = p;
+    b->spec_ok = p.draft_rows > 0 && kiri_model_n_recurrent_layers(m) == 0;
+    if (b->spec_ok && p.draft_model) {
+        const int rc = kiri_drafter_model_init(m, p.draft_model, p.max_seqs, p.n_ctx, p.chunk, &b->draft_model, info);
+        if (rc < 0) {
+            kiri_mem_free(b);
+            return rc;
+        }
+    }
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
     int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks,
                                          p.max_seqs, (int32_t)n_snapshots, &b->kv);
     if (rc == 0)
-        rc = kiri_graph_init(m, max_tok, p.max_seqs, (int32_t)tables, p.n_ctx, &b->graph);
+        rc = kiri_graph_init(m, max_tok, p.max_seqs + p.draft_rows, (int32_t)tables, p.n_ctx, &b->graph);
     if (rc == 0) {
         b->running = kiri_mem_calloc((size_t)p.max_seqs, sizeof *b->running);
         b->b_tokens = kiri_mem_array((size_t)max_tok, sizeof(int32_t));
@@ -211,11 +252,12 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
         b->b_nkv = kiri_mem_array((size_t)max_tok, sizeof(int32_t));
         b->b_toff = kiri_mem_array((size_t)max_tok, sizeof(int32_t));
         b->b_tables = kiri_mem_array(tables, sizeof(int32_t));
-        b->b_rows = kiri_mem_array((size_t)p.max_seqs, sizeof(int32_t));
+        b->b_rows = kiri_mem_array((size_t)(p.max_seqs + p.draft_rows), sizeof(int32_t));
         b->b_out_seq = kiri_mem_calloc((size_t)p.max_seqs, sizeof *b->b_out_seq);
+        b->b_out_first = kiri_mem_array((size_t)p.max_seqs, sizeof(int32_t));
         b->b_logits = kiri_mem_array((size_t)m->hp.n_vocab, sizeof(float));
         if (!b->running || !b->b_tokens || !b->b_pos || !b->b_slots || !b->b_nkv || !b->b_toff || !b->b_tables ||
-            !b->b_rows || !b->b_out_seq || !b->b_logits)
+            !b->b_rows || !b->b_out_seq || !b->b_out_first || !b->b_logits)
             rc = KIRI_E_NOMEM;
         if (rc == 0 && swa_blocks_per_seq &&
             (!(b->b_swa_slots = kiri_mem_array((size_t)max_tok, sizeof(int32_t))) ||
@@ -253,6 +295,8 @@ static void seq_free(struct kiri_batcher *b, struct seq *s)
 {
     if (!s)
         return;
+    if (s->proposed && s->drafter->release)
+        s->drafter->release(s->drafter, s->id);
     kiri_kvcache_seq_free(b->kv, &s->kv);
     kiri_sampler_free(s->sampler);
     kiri_text_stream_free(&s->text);
@@ -317,6 +361,28 @@ static int attach_structure(struct seq *s, const struct kiri_request *r)
     return KIRI_OK;
 }
 
+/* Gives s its drafter, unless this batcher cannot verify drafts (said once). */
+static void start_speculation(struct kiri_batcher *b, struct seq *s)
+{
+    if (!b->spec_ok) {
+        kiri_platform_mutex_lock(b->lock);
+        const int said = b->spec_said;
+        b->spec_said = 1;
+        kiri_platform_mutex_unlock(b->lock);
+        if (!said)
+            fprintf(stderr, "kiri: speculative decoding is off: %s\n",
+                    b->p.draft_rows ? "this model's recurrent state cannot roll back rejected tokens yet"
+                                    : "the serving loop was made without draft rows");
+        return;
+    }
+    s->drafter = s->req.speculative == KIRI_SPEC_DRAFT ? b->draft_model : kiri_drafter_ngram();
+    if (s->req.spec_max == 0)
+        s->req.spec_max = KIRI_SPEC_DEFAULT_DRAFT;
+    s->draft_len = s->req.spec_max < SPEC_START_DRAFT ? s->req.spec_max : SPEC_START_DRAFT;
+    s->spec_rate = 1.0f;
+    s->spec_pause = SPEC_PAUSE;
+}
+
 static int submit(struct kiri_batcher *b, const struct kiri_request *r, int held, kiri_batcher_fn fn, void *user,
                   uint64_t *id, struct kiri_status_info *info)
 {
@@ -347,6 +413,15 @@ static int submit(struct kiri_batcher *b, const struct kiri_request *r, int held
             return kiri_error_at(info, KIRI_E_INVALID_ARG, "logit_bias", -1, "the bias of token %d is not a number",
                                  r->bias_tokens[i]);
     }
+    if (r->speculative < 0 || r->speculative >= KIRI_SPEC_KINDS)
+        return kiri_error_at(info, KIRI_E_INVALID_ARG, "speculative", -1, "unknown speculation kind %d",
+                             r->speculative);
+    if (r->speculative == KIRI_SPEC_DRAFT && b->spec_ok && !b->draft_model)
+        return kiri_error_at(info, KIRI_E_INVALID_ARG, "speculative", -1,
+                             "speculative \"draft\" needs a draft model, and none is loaded");
+    if (r->spec_max < 0 || r->spec_max > KIRI_SPEC_MAX_DRAFT)
+        return kiri_error_at(info, KIRI_E_INVALID_ARG, "spec_max", -1, "spec_max must be 0..%d (0: %d), got %d",
+                             KIRI_SPEC_MAX_DRAFT, KIRI_SPEC_DEFAULT_DRAFT, r->spec_max);
     if (r->n_grammar_triggers < 0 || (r->n_grammar_triggers && (!r->grammar_triggers || !r->grammar)))
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "grammar", -1, "grammar triggers need a grammar");
     for (int i = 0; i < r->n_grammar_triggers; i++)
@@ -383,6 +458,8 @@ static int submit(struct kiri_batcher *b, const struct kiri_request *r, int held
     s->held = held;
     s->n_tokens = s->n_prompt = r->n_tokens;
     s->priority = r->priority;
+    if (r->speculative && !held)
+        start_speculation(b, s);
     s->fn = fn;
     s->user = user;
     s->t_submit = kiri_platform_now();
@@ -448,6 +525,27 @@ int kiri_batcher_append(struct kiri_batcher *b, uint64_t id, const int32_t *toke
     if (rc == KIRI_OK) {
         memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof *tokens);
         s->n_tokens += n;
+    }
+    kiri_platform_mutex_unlock(b->lock);
+    return rc;
+}
+
+int kiri_batcher_truncate(struct kiri_batcher *b, uint64_t id, int32_t n, struct kiri_status_info *info)
+{
+    kiri_error_clear(info);
+    kiri_platform_mutex_lock(b->lock);
+    struct seq *s = find(b, id);
+    int rc = KIRI_OK;
+    if (!s || !s->held)
+        rc = kiri_error_set(info, KIRI_E_INVALID_ARG, "no held sequence %llu", (unsigned long long)id);
+    else if (n < 1 || n > s->n_tokens)
+        rc = kiri_error_set(info, KIRI_E_INVALID_ARG, "cannot cut a sequence of %d tokens to %d", s->n_tokens, n);
+    else if (s->kv.n_tokens >= n && (n - 1) / BLOCK_SIZE < s->n_published)
+        rc = kiri_error_set(info, KIRI_E_INVALID_ARG, "position %d lies in a block shared for prefix reuse", n - 1);
+    if (rc == KIRI_OK) {
+        s->n_tokens = n;
+        if (s->kv.n_tokens >= n)
+            rc = kiri_kvcache_seq_truncate(b->kv, &s->kv, n - 1);
     }
     kiri_platform_mutex_unlock(b->lock);
     return rc;
@@ -692,11 +790,51 @@ static int32_t chunk_end(const struct kiri_batcher *b, const struct seq *s, int3
     return stop - at;
 }
 
+/* Extends the decoding sequences planned[0..n) with drafts, within what the step's budget left:
+ * only while the step decodes few enough sequences that verifying costs next to nothing, and
+ * never at the price of a preemption (a draft whose blocks are not free is not made). */
+static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *take, int32_t n, int32_t budget)
+{
+    int32_t decoding = 0;
+    for (int32_t j = 0; j < n; j++)
+        decoding += planned[j]->n_tokens - planned[j]->kv.n_tokens == 1;
+    if (budget > b->p.draft_rows)
+        budget = b->p.draft_rows;
+    if (decoding > b->p.spec_max_seqs)
+        return;
+    for (int32_t j = 0; j < n && budget > 0; j++) {
+        struct seq *s = planned[j];
+        if (!s->drafter || take[j] != 1 || s->n_tokens - s->kv.n_tokens != 1 || s->n_generated < s->spec_resume)
+            continue;
+        /* Room for the drafts and the token after them: the context, and max_tokens; and a step
+         * of at most chunk tokens for the sequence, which the windowed pool is sized for. */
+        int32_t k = s->draft_len < budget ? s->draft_len : budget;
+        if (k > b->p.chunk - 1)
+            k = b->p.chunk - 1;
+        if (k > b->p.n_ctx - s->n_tokens)
+            k = b->p.n_ctx - s->n_tokens;
+        if (s->req.max_tokens >= 0 && k > s->req.max_tokens - s->n_generated - 1)
+            k = s->req.max_tokens - s->n_generated - 1;
+        if (k < 1)
+            continue;
+        s->proposed = 1;
+        k = s->drafter->propose(s->drafter, s->id, s->tokens, s->n_tokens, s->draft, k);
+        if (k < 1 || kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
+            continue;
+        s->n_draft = k;
+        take[j] += k;
+        budget -= k;
+    }
+}
+
 /* Chooses this step's work: one token for every decoding sequence, then prompt chunks within the
- * chunk budget, reserving their KV blocks. When the pool runs dry a sequence is preempted and the
- * plan starts over (each restart removes one sequence, so this ends). */
+ * chunk budget, reserving their KV blocks, then drafts with what the budget has left. When the
+ * pool runs dry a sequence is preempted and the plan starts over (each restart removes one
+ * sequence, so this ends). */
 static int32_t plan(struct kiri_batcher *b, struct seq **planned, int32_t *take)
 {
+    for (int32_t i = 0; i < b->n_running; i++)
+        b->running[i]->n_draft = 0;
     for (;;) {
         int32_t n = 0, budget = b->p.chunk;
         int restart = 0;
@@ -724,8 +862,11 @@ static int32_t plan(struct kiri_batcher *b, struct seq **planned, int32_t *take)
                 take[n++] = k;
             }
         }
-        if (!restart)
+        if (!restart) {
+            if (b->spec_ok)
+                plan_drafts(b, planned, take, n, budget);
             return n;
+        }
     }
 }
 
@@ -766,14 +907,24 @@ static int grammar_vocab(struct kiri_batcher *b)
     return rc;
 }
 
+/* The sampler's token for logits, or its verdict on a drafted token (draft >= 0). */
+static int32_t draw(struct seq *s, const float *logits, int32_t draft, int *accepted)
+{
+    if (draft < 0)
+        return kiri_sampler_sample(s->sampler, logits);
+    return kiri_sampler_verify(s->sampler, logits, draft, accepted);
+}
+
 /* Chooses s's next token: logit bias first (-100 or less bans), then the grammar's mask (what it
- * disallows becomes -infinity), then the sampler over what is left. Greedy decoding draws no random
+ * disallows becomes -infinity), then the sampler over what is left, which verifies draft instead
+ * of drawing freely when draft >= 0. Greedy decoding draws no random
  * number, so its unconstrained choice is tried first and the mask is needed only when the grammar
  * refuses it. */
-static int pick(struct kiri_batcher *b, struct seq *s, const float *logits, int32_t *token)
+static int pick(struct kiri_batcher *b, struct seq *s, const float *logits, int32_t draft, int *accepted,
+                int32_t *token)
 {
     if (!s->n_bias && !s->grammar_on) {
-        *token = kiri_sampler_sample(s->sampler, logits);
+        *token = draw(s, logits, draft, accepted);
         return KIRI_OK;
     }
     const int32_t V = b->model->hp.n_vocab;
@@ -782,14 +933,14 @@ static int pick(struct kiri_batcher *b, struct seq *s, const float *logits, int3
     for (int i = 0; i < s->n_bias; i++)
         lg[s->bias_tokens[i]] = s->bias_values[i] <= -100.0f ? -INFINITY : lg[s->bias_tokens[i]] + s->bias_values[i];
     if (!s->grammar_on) {
-        *token = kiri_sampler_sample(s->sampler, lg);
+        *token = draw(s, lg, draft, accepted);
         return KIRI_OK;
     }
     int rc = grammar_vocab(b);
     if (rc < 0)
         return rc;
     if (s->req.sampling.temperature <= 0) {
-        const int32_t t = kiri_sampler_sample(s->sampler, lg);
+        const int32_t t = draw(s, lg, draft, accepted);
         if ((rc = kiri_grammar_state_allows(s->gstate, b->gvocab, t)) < 0)
             return rc;
         if (rc == 1 && lg[t] > -INFINITY) {
@@ -810,7 +961,7 @@ static int pick(struct kiri_batcher *b, struct seq *s, const float *logits, int3
             if (v >= VT || !((bits >> (v - w * 32)) & 1))
                 lg[v] = -INFINITY;
     }
-    const int32_t t = kiri_sampler_sample(s->sampler, lg);
+    const int32_t t = draw(s, lg, draft, accepted);
     /* Nothing allowed, or everything allowed banned by the bias: no token can follow. */
     if (n_allowed == 0 || t >= VT || !((mask[t / 32] >> (t % 32)) & 1) || lg[t] == -INFINITY)
         return KIRI_E_INVALID_ARG;
@@ -860,12 +1011,12 @@ static int grammar_accept(struct kiri_batcher *b, struct seq *s, int32_t token)
 /* Samples s's next token from its logits and fills the event with it and its text. Returns the
  * finish reason it causes, or -1 while generation goes on. The sampled token is the sequence's
  * last; it is computed in the next step, so a sequence ends when that token would not fit. */
-static int sample(struct kiri_batcher *b, struct seq *s, const float *logits, double now,
-                  struct kiri_token_event *ev)
+static int sample(struct kiri_batcher *b, struct seq *s, const float *logits, double now, int32_t draft,
+                  int *accepted, struct kiri_token_event *ev)
 {
     memset(ev, 0, sizeof *ev);
     ev->finish = -1;
-    const int pick_rc = pick(b, s, logits, &ev->token);
+    const int pick_rc = pick(b, s, logits, draft, accepted, &ev->token);
     if (pick_rc < 0) {
         s->status = pick_rc;
         ev->token = -1;
@@ -913,6 +1064,78 @@ static int sample(struct kiri_batcher *b, struct seq *s, const float *logits, do
     return reason;
 }
 
+/* Samples s's next token from lg (verifying draft when it is >= 0: *accepted says whether it was
+ * kept) and sends its event. Returns 1 when s has ended (it is freed), else 0. */
+static int emit(struct kiri_batcher *b, struct seq *s, const float *lg, double now, int32_t draft, int *accepted)
+{
+    struct kiri_token_event ev;
+    int reason = sample(b, s, lg, now, draft, accepted, &ev);
+    kiri_platform_mutex_lock(b->lock);
+    b->stats.generated_tokens++;
+    kiri_platform_mutex_unlock(b->lock);
+    if (reason < 0) {
+        if (s->fn(s->user, &ev) == 0 && !atomic_load(&s->cancel))
+            return 0;
+        reason = KIRI_FINISH_CANCELLED;
+    }
+    remove_seq(b, s);
+    finish(b, s, reason, reason == KIRI_FINISH_CANCELLED ? NULL : &ev);
+    return 1;
+}
+
+/* Follows the acceptance of s's drafts: the draft length grows after a draft kept whole and
+ * shrinks towards what was kept otherwise; a low moving average pauses drafting. */
+static void adapt(struct seq *s, int32_t drafted, int32_t kept)
+{
+    s->spec_rate = (1.0f - SPEC_RATE_WEIGHT) * s->spec_rate + SPEC_RATE_WEIGHT * (float)kept / (float)drafted;
+    if (kept == drafted) {
+        if (s->draft_len < s->req.spec_max)
+            s->draft_len++;
+        s->spec_pause = SPEC_PAUSE;
+    } else {
+        s->draft_len = kept + 1 < s->draft_len - 1 ? kept + 1 : s->draft_len - 1;
+        if (s->draft_len < 1)
+            s->draft_len = 1;
+    }
+    if (s->spec_rate < SPEC_MIN_RATE) {
+        s->spec_resume = s->n_generated + s->spec_pause;
+        s->spec_pause = s->spec_pause * 2 < SPEC_PAUSE_MAX ? s->spec_pause * 2 : SPEC_PAUSE_MAX;
+        s->spec_rate = 0.5f;
+        s->draft_len = 1;
+    }
+}
+
+/* The step computed s's pending token and its n_draft drafts, with a row of logits after each
+ * (lg, consecutive). Emits the model's own tokens for as long as they equal the drafts, then the
+ * one after the last kept draft; the positions of the rejected drafts leave the cache. */
+static void verify(struct kiri_batcher *b, struct seq *s, const float *lg, double now)
+{
+    const int32_t drafted = s->n_draft;
+    const int kind = s->req.speculative;
+    const size_t V = (size_t)b->model->hp.n_vocab;
+    int32_t kept = 0;
+    int ended = 0;
+    for (int32_t i = 0; i <= drafted && !ended; i++) {
+        int accepted = 0;
+        ended = emit(b, s, lg + (size_t)i * V, now, i < drafted ? s->draft[i] : -1, &accepted);
+        if (i == drafted || !accepted)
+            break;
+        kept++;
+    }
+    kiri_platform_mutex_lock(b->lock);
+    b->stats.spec_drafted[kind] += (uint64_t)drafted;
+    b->stats.spec_accepted[kind] += (uint64_t)kept;
+    kiri_platform_mutex_unlock(b->lock);
+    if (ended)
+        return;
+    /* Every token but the new pending one is now computed and kept. */
+    if (kiri_kvcache_seq_truncate(b->kv, &s->kv, s->n_tokens - 1) != KIRI_OK)
+        s->status = KIRI_E_BACKEND; /* cannot happen: its own blocks, nothing published past the end */
+    s->n_draft = 0;
+    adapt(s, drafted, kept);
+    publish(b, s);
+}
+
 /* Ends the running sequences that were cancelled or failed outside a step (out of memory while
  * planning). Returns the number ended. */
 static int end_sequences(struct kiri_batcher *b)
@@ -957,7 +1180,7 @@ static int step(struct kiri_batcher *b)
     const int32_t n_planned = plan(b, planned, take);
     if (n_planned == 0)
         return end_sequences(b);
-    int32_t n_tok = 0, n_out = 0, n_tab = 0;
+    int32_t n_tok = 0, n_out = 0, n_tab = 0, n_seq_out = 0;
     for (int32_t j = 0; j < n_planned; j++) {
         struct seq *s = planned[j];
         const int32_t toff = n_tab;
@@ -965,9 +1188,15 @@ static int step(struct kiri_batcher *b)
         if (b->swa_blocks_per_seq) /* entries below the window are stale: never read */
             memcpy(b->b_swa_tables + n_tab, s->kv.wblocks, (size_t)s->kv.n_blocks * sizeof(int32_t));
         n_tab += s->kv.n_blocks;
+        /* Verifying drafts needs the logits after every position; otherwise only after the last
+         * pending one. */
+        const int32_t first_row = n_out;
+        const int all_rows = s->n_draft > 0;
         for (int32_t i = 0; i < take[j]; i++) {
             const int32_t p = s->kv.n_tokens + i;
-            b->b_tokens[n_tok] = s->tokens[p];
+            if (all_rows)
+                b->b_rows[n_out++] = n_tok;
+            b->b_tokens[n_tok] = p < s->n_tokens ? s->tokens[p] : s->draft[p - s->n_tokens];
             b->b_pos[n_tok] = p;
             b->b_slots[n_tok] = kiri_kvcache_slot(b->kv, &s->kv, p);
             if (b->swa_blocks_per_seq)
@@ -978,9 +1207,11 @@ static int step(struct kiri_batcher *b)
             b->b_toff[n_tok] = toff;
             n_tok++;
         }
-        if (s->kv.n_tokens + take[j] == s->n_tokens) {
-            b->b_rows[n_out] = n_tok - 1;
-            b->b_out_seq[n_out++] = s;
+        if (!all_rows && s->kv.n_tokens + take[j] == s->n_tokens)
+            b->b_rows[n_out++] = n_tok - 1;
+        if (n_out > first_row) {
+            b->b_out_first[n_seq_out] = first_row;
+            b->b_out_seq[n_seq_out++] = s;
         }
     }
     const float *logits = NULL;
@@ -1003,7 +1234,8 @@ static int step(struct kiri_batcher *b)
     }
     for (int32_t j = 0; j < n_planned; j++) {
         planned[j]->kv.n_tokens += take[j];
-        publish(b, planned[j]);
+        if (!planned[j]->n_draft) /* a verified sequence publishes what it keeps */
+            publish(b, planned[j]);
     }
     kiri_platform_mutex_lock(b->lock);
     b->stats.steps++;
@@ -1017,9 +1249,10 @@ static int step(struct kiri_batcher *b)
 
     /* Sample for every sequence whose pending tokens are all computed. */
     const double now = kiri_platform_now();
-    for (int32_t o = 0; o < n_out; o++) {
+    const size_t V = (size_t)b->model->hp.n_vocab;
+    for (int32_t o = 0; o < n_seq_out; o++) {
         struct seq *s = b->b_out_seq[o];
-        const float *lg = logits + (size_t)o * (size_t)b->model->hp.n_vocab;
+        const float *lg = logits + (size_t)b->b_out_first[o] * V;
         if (s->held) {
             deliver_logits(s, lg);
             continue;
@@ -1029,19 +1262,10 @@ static int step(struct kiri_batcher *b)
             finish(b, s, KIRI_FINISH_LENGTH, NULL);
             continue;
         }
-        struct kiri_token_event ev;
-        int reason = sample(b, s, lg, now, &ev);
-        kiri_platform_mutex_lock(b->lock);
-        b->stats.generated_tokens++;
-        kiri_platform_mutex_unlock(b->lock);
-        if (reason < 0) {
-            if (s->fn(s->user, &ev) != 0 || atomic_load(&s->cancel))
-                reason = KIRI_FINISH_CANCELLED;
-            else
-                continue;
-        }
-        remove_seq(b, s);
-        finish(b, s, reason, reason == KIRI_FINISH_CANCELLED ? NULL : &ev);
+        if (s->n_draft)
+            verify(b, s, lg, now);
+        else
+            emit(b, s, lg, now, -1, NULL);
     }
     return 1;
 }
@@ -1154,6 +1378,8 @@ void kiri_batcher_free(struct kiri_batcher *b)
         return;
     if (b->lock && b->wake && b->idle)
         kiri_batcher_stop(b, 0);
+    if (b->draft_model) /* after the sequences that used it ended */
+        b->draft_model->free(b->draft_model);
     kiri_graph_free(b->graph);
     kiri_kvcache_free(b->kv);
     kiri_mem_free(b->running);
@@ -1168,6 +1394,7 @@ void kiri_batcher_free(struct kiri_batcher *b)
     kiri_mem_free(b->b_state_rows);
     kiri_mem_free(b->b_rows);
     kiri_mem_free(b->b_out_seq);
+    kiri_mem_free(b->b_out_first);
     kiri_mem_free(b->b_logits);
     kiri_grammar_vocab_free(b->gvocab);
     kiri_grammar_cache_free(b->gcache);

@@ -24,6 +24,12 @@ int kiri_batcher_submit_held(struct kiri_batcher *b, const struct kiri_request *
  * from the thread that drives the loop (kiri_batcher_run). */
 int kiri_batcher_append(struct kiri_batcher *b, uint64_t id, const int32_t *tokens, int32_t n,
                         struct kiri_status_info *info);
+/* Cuts a held sequence back to its first n tokens (1 <= n <= its length): the later ones are
+ * forgotten with their keys and values, and the next steps compute token n - 1 again (when it was
+ * computed) so that another logits event follows; then kiri_batcher_append can go on from there.
+ * KIRI_E_INVALID_ARG for an unknown id, a bad n, or a cut into blocks published for prefix
+ * sharing. Only from the thread that drives the loop. */
+int kiri_batcher_truncate(struct kiri_batcher *b, uint64_t id, int32_t n, struct kiri_status_info *info);
 /* Runs steps on the calling thread, for a batcher whose loop thread was never started, until
  * there is nothing left to compute. When *cancel becomes non-zero every request is cancelled
  * (and gets its final event) before this returns. */

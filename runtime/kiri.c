@@ -365,6 +365,7 @@ int kiri_context_init(struct kiri_model *m, const struct kiri_context_params *pa
     bp.queue_cap = 1;
     bp.kv_type = params->kv_type;
     bp.prefix_cache = 0;
+    bp.draft_model = params->draft_model;
     const int rc = kiri_batcher_init(m, &bp, &c->batcher, info);
     if (rc < 0) {
         kiri_mem_free(c);
@@ -507,14 +508,19 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     r.n_stop = gp->n_stop;
     r.grammar = gp->grammar;
     r.grammar_len = gp->grammar_len;
+    r.speculative = gp->speculative;
+    r.spec_max = gp->spec_max;
     struct generation g = {c->model, on_token, user, 0, -1, KIRI_OK, 0, 0};
     uint64_t id;
+    struct kiri_batcher_stats before, after;
+    kiri_batcher_get_stats(c->batcher, &before);
     const double t0 = kiri_platform_now();
     int rc = kiri_batcher_submit(c->batcher, &r, on_generated, &g, &id, info);
     if (rc < 0)
         return rc;
     kiri_batcher_run(c->batcher, &c->cancel);
     const double t1 = kiri_platform_now();
+    kiri_batcher_get_stats(c->batcher, &after);
 
     struct kiri_generate_result res;
     memset(&res, 0, sizeof res);
@@ -523,6 +529,10 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     res.finish = g.finish;
     res.prefill_seconds = (g.t_first > 0 ? g.t_first : t1) - t0;
     res.decode_seconds = g.t_first > 0 ? t1 - g.t_first : 0;
+    for (int k = 0; k < KIRI_SPEC_KINDS; k++) {
+        res.n_drafted += (int32_t)(after.spec_drafted[k] - before.spec_drafted[k]);
+        res.n_accepted += (int32_t)(after.spec_accepted[k] - before.spec_accepted[k]);
+    }
     if (g.finish == KIRI_FINISH_CANCELLED && g.user_stopped) {
         res.finish = KIRI_FINISH_STOP;
     } else if (g.finish == KIRI_FINISH_CANCELLED) {

@@ -873,6 +873,26 @@ int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, in
     return KIRI_OK;
 }
 
+int kiri_kvcache_seq_truncate(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens)
+{
+    if (n_tokens < 0 || n_tokens > seq->n_tokens || c->n_state_slots)
+        return KIRI_E_INVALID_ARG;
+    const int32_t bs = c->block_size;
+    const int32_t need = (int32_t)(((int64_t)n_tokens + bs - 1) / bs);
+    if (need > seq->n_blocks || (n_tokens % bs && c->pool[0].refs[seq->blocks[need - 1]] > 1))
+        return KIRI_E_INVALID_ARG;
+    for (int32_t i = need; i < seq->n_blocks; i++) {
+        unref(&c->pool[0], seq->blocks[i]);
+        if (seq->wblocks && i >= seq->w_lo)
+            unref(&c->pool[1], seq->wblocks[i]);
+    }
+    seq->n_blocks = need;
+    if (seq->w_lo > need)
+        seq->w_lo = need;
+    seq->n_tokens = n_tokens;
+    return KIRI_OK;
+}
+
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
 {
     /* Its cached blocks become the most recently used, the last first, so eviction takes a

@@ -183,6 +183,13 @@ int32_t kiri_kvcache_n_available_window(const struct kiri_kvcache *c);
  * (even when the reservation then fails). Returns KIRI_OK or KIRI_E_CONTEXT_FULL (nothing taken)
  * when a pool lacks blocks. */
 int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens);
+/* Rolls seq back to its first n_tokens positions (rejected drafted tokens): the blocks wholly past
+ * the new end go back to their pools, and the next step writes from n_tokens on, over what the
+ * dropped positions left in the last block. That block must be seq's own (not shared or
+ * published), which holds for any end past the positions that were published. A cache with
+ * recurrent state cannot undo its state's updates: KIRI_E_INVALID_ARG there, as for n_tokens
+ * outside [0, seq->n_tokens] (nothing changes). */
+int kiri_kvcache_seq_truncate(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens);
 /* Returns all of seq's blocks to the pool, and its state slot, and empties it (the table memory
  * is kept). */
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq);

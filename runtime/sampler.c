@@ -428,3 +428,39 @@ int32_t kiri_sampler_sample(struct kiri_sampler *s, const float *logits)
     }
     return c[last].id;
 }
+
+int32_t kiri_sampler_verify(struct kiri_sampler *s, const float *logits, int32_t draft, int *accepted)
+{
+    if (s->params.temperature <= 0.0f) {
+        const int32_t t = kiri_sampler_sample(s, logits);
+        *accepted = t == draft;
+        return t;
+    }
+    const double u = rng_uniform(s->rng);
+    cand *c;
+    const int32_t n = distribution(s, logits, &c);
+    double total = 0.0, p_draft = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        total += (double)c[i].p;
+        if (c[i].id == draft)
+            p_draft = (double)c[i].p;
+    }
+    *accepted = u * total < p_draft;
+    if (*accepted)
+        return draft;
+    /* The residual max(0, p - q) of a one-hot draft q is p without the draft. */
+    const double r = rng_uniform(s->rng) * (total - p_draft);
+    double acc = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < n; i++) {
+        if (c[i].id == draft || c[i].p <= 0.0f)
+            continue;
+        acc += (double)c[i].p;
+        last = i;
+        if (acc > r)
+            return c[i].id;
+    }
+    /* Nothing but the draft had any probability: rounding kept it from being accepted above. */
+    *accepted = last < 0;
+    return last < 0 ? draft : c[last].id;
+}

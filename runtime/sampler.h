@@ -73,6 +73,13 @@ void kiri_sampler_accept(struct kiri_sampler *s, int32_t token);
  * not accept the token: call kiri_sampler_accept with it. Always returns an id in [0, n_vocab). */
 int32_t kiri_sampler_sample(struct kiri_sampler *s, const float *logits);
 
+/* Verifies a drafted token against the distribution p that kiri_sampler_sample would draw from
+ * for these logits, by the rule of speculative sampling for a draft proposed with certainty: draft
+ * is kept (*accepted = 1) with probability p(draft); otherwise (*accepted = 0) the token is drawn
+ * from p with draft removed and renormalised. Either way the token returned is distributed as p.
+ * Greedy: the argmax, kept when it equals draft. Does not accept the token into the history. */
+int32_t kiri_sampler_verify(struct kiri_sampler *s, const float *logits, int32_t draft, int *accepted);
+
 /* Runs steps 1-5 without drawing: sets *out to the surviving candidates with their final
  * probabilities (borrowed, valid until the next call on s) and returns their number (>= 1).
  * Greedy gives the argmax with p = 1. The list is sorted (logit descending, id ascending) when

@@ -5,7 +5,8 @@
  *   Bare words are errors. The config file comes from --config or KIRI_CONFIG; an explicit
  *   --config "" reads none. Unknown KIRI_* variables are ignored, since other parts of kiri read
  *   their own; an empty one counts as unset (systemd's Environment=KIRI_PORT= gives those).
- * - After all sources: --model or --models-dir is required (not both); --fleet needs --models-dir,
+ * - After all sources: --model or --models-dir is required (not both); --draft-model goes with
+ *   --model only, and --spec draft needs it; --fleet needs --models-dir,
  *   --fleet-key and an https:// URL; --upstream-key-file, --upstream-ca and --route need --upstream
  *   or --fleet, and --upstream an http(s):// URL; --tls-cert and --tls-key go together; a non-zero
  *   --max-prompt-tokens must be below a non-zero --ctx; an empty --alias becomes the model's file
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kiri.h"
 #include "options.h"
 #include "platform.h"
 #include "utf8.h"
@@ -123,6 +125,22 @@ static const struct kiri_option opts[] = {
     {.name = "chunk", .type = KIRI_OPTION_INT, F(chunk), .lo = 1, .hi = 65536, .arg = "N",
      .help = "Prompt tokens processed per batch step (chunked prefill); the compute scratch grows with it.",
      .def = "64"},
+    {.name = "spec", .type = KIRI_OPTION_ENUM, F(spec), .choices = "none|ngram|draft", .arg = "KIND",
+     .help = "Speculative decoding for requests without a \"speculative\" field: ngram drafts tokens by looking "
+     "the text's last few tokens up in the prompt and the text so far, draft has --draft-model guess them; "
+     "one step verifies them (the output is the same).",
+     .def = "none"},
+    {.name = "draft-model", .type = KIRI_OPTION_STRING, F(draft_model), .arg = "FILE",
+     .help = "A smaller model with the same vocabulary as --model (or a lower-precision copy of it) that drafts "
+     "tokens for speculative decoding (\"speculative\": \"draft\", or --spec draft).",
+     .def = "none"},
+    {.name = "spec-max", .type = KIRI_OPTION_INT, F(spec_max), .lo = 1, .hi = KIRI_SPEC_MAX_DRAFT, .arg = "N",
+     .help = "Most tokens drafted at once for requests that do not say (the draft length adapts below it).",
+     .def = "8"},
+    {.name = "spec-max-seqs", .type = KIRI_OPTION_INT, F(spec_max_seqs), .lo = 0, .hi = 1024, .arg = "N",
+     .help = "Drafts are made only in steps that decode at most N sequences: past that, verifying them is no "
+     "longer free; 0 turns speculation off.",
+     .def = "4"},
     {.name = "queue", .type = KIRI_OPTION_INT, F(queue), .lo = 0, .hi = 65536, .arg = "N",
      .help = "Requests that may wait for a batch slot before new ones are refused with 429.",
      .def = "64"},
@@ -183,6 +201,9 @@ static void set_defaults(struct kiri_server_config *c)
     c->gpu_layers = -1;
     snprintf(c->kv_type, sizeof c->kv_type, "f16");
     c->parallel = 8;
+    snprintf(c->spec, sizeof c->spec, "none");
+    c->spec_max = KIRI_SPEC_DEFAULT_DRAFT;
+    c->spec_max_seqs = 4;
     c->chunk = 64;
     c->queue = 64;
     c->max_body = (uint64_t)4 << 20;
@@ -226,6 +247,10 @@ int kiri_server_config_load(struct kiri_server_config *cfg, int argc, char **arg
                         "in the config file), or --models-dir DIR");
     if (c.model[0] && c.models_dir[0])
         return FAIL("--model and --models-dir exclude each other: serve one file or a directory");
+    if (c.draft_model[0] && !c.model[0])
+        return FAIL("--draft-model drafts for the one model of --model, not for --models-dir");
+    if (strcmp(c.spec, "draft") == 0 && !c.draft_model[0])
+        return FAIL("--spec draft needs --draft-model FILE");
     if (c.fleet_url[0] && (!c.models_dir[0] || !c.fleet_key[0]))
         return FAIL("--fleet needs --models-dir DIR (where the fleet's models live) and --fleet-key FILE "
                         "(the pinned public key)");

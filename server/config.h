@@ -25,6 +25,10 @@ struct kiri_server_config {
     int parallel;               /* --parallel: sequences batched at once (default 8) */
     int32_t chunk;              /* --chunk: prompt tokens per step (default 256) */
     int queue;                  /* --queue: waiting requests before 429 (default 64) */
+    char spec[8];               /* --spec none|ngram|draft: speculation for requests that do not say */
+    char draft_model[1024];     /* --draft-model FILE: drafts for --model (same vocabulary) */
+    int spec_max;               /* --spec-max: most drafted tokens at once (default 8) */
+    int spec_max_seqs;          /* --spec-max-seqs: drafts only while this many decode (default 4) */
     char tls_cert[1024];        /* --tls-cert: PEM certificate (chain) */
     char tls_key[1024];         /* --tls-key: PEM private key (unencrypted) */
     char api_key_file[1024];    /* --api-key-file */

@@ -394,6 +394,16 @@ static void render_batcher(struct kiri_buf *b, const struct kiri_batcher_stats *
     counter(b, "kiri_batch_steps_total", "Batch steps (forward passes) run.", s->steps);
     counter(b, "kiri_preemptions_total",
             "Sequences preempted for lack of KV blocks (recomputed later).", s->preemptions);
+    /* One sample per drafter (enum kiri_spec), zero ones included, so a rate always has a series. */
+    family(b, "kiri_spec_draft_tokens_total", "counter", "Tokens drafted for speculative decoding, by drafter.");
+    for (int k = KIRI_SPEC_NONE + 1; k < KIRI_SPEC_KINDS; k++)
+        kiri_buf_printf(b, "kiri_spec_draft_tokens_total{drafter=\"%s\"} %" PRIu64 "\n", kiri_spec_name(k),
+                        s->spec_drafted[k]);
+    family(b, "kiri_spec_accepted_tokens_total", "counter",
+           "Drafted tokens the model kept (verified equal to its own), by drafter.");
+    for (int k = KIRI_SPEC_NONE + 1; k < KIRI_SPEC_KINDS; k++)
+        kiri_buf_printf(b, "kiri_spec_accepted_tokens_total{drafter=\"%s\"} %" PRIu64 "\n", kiri_spec_name(k),
+                        s->spec_accepted[k]);
 }
 
 static void render_vllm(struct kiri_buf *b, const struct kiri_metrics *m, const struct kiri_batcher_stats *s,

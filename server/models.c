@@ -71,6 +71,7 @@ static void slot_free(struct kiri_served_model *m)
         kiri_batcher_free(m->batcher);
     }
     kiri_chat_prompt_free(m->chat);
+    kiri_model_close(m->draft); /* after the batcher that drafted with it */
     kiri_model_close(m->model);
     kiri_mem_free(m);
 }
@@ -164,6 +165,14 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
     bp.chunk = r->p.chunk;
     bp.queue_cap = r->p.queue_cap;
     bp.kv_type = r->p.kv_type;
+    bp.spec_max_seqs = r->p.spec_max_seqs;
+    if (!bp.spec_max_seqs)
+        bp.draft_rows = 0;
+    if (r->p.draft_model && r->p.draft_model[0]) {
+        if ((rc = kiri_model_open(r->p.draft_model, &mp, &m->draft, info)) != KIRI_OK)
+            goto fail;
+        bp.draft_model = m->draft;
+    }
     if ((rc = kiri_batcher_init(m->model, &bp, &m->batcher, info)) != KIRI_OK)
         goto fail;
     m->n_ctx = kiri_batcher_n_ctx(m->batcher);
@@ -801,6 +810,10 @@ void kiri_models_stats(struct kiri_models *r, struct kiri_batcher_stats *out)
         out->prefix_hit_blocks += st.prefix_hit_blocks;
         out->steps += st.steps;
         out->preemptions += st.preemptions;
+        for (int k = 0; k < KIRI_SPEC_KINDS; k++) {
+            out->spec_drafted[k] += st.spec_drafted[k];
+            out->spec_accepted[k] += st.spec_accepted[k];
+        }
         out->last_batch_tokens += st.last_batch_tokens;
         out->last_batch_seqs += st.last_batch_seqs;
         if (st.peak_batch_seqs > out->peak_batch_seqs)

@@ -35,6 +35,7 @@ struct kiri_served_model {
     char id[KIRI_MODELS_ID_MAX];
     char sha256_hex[65];                 /* of the file, "" when unknown */
     struct kiri_model *model;            /* owned */
+    struct kiri_model *draft;            /* owned, or NULL: the draft model of its batcher */
     struct kiri_batcher *batcher;        /* owned, started */
     struct kiri_chat_prompt *chat;       /* owned: its template, BOS/EOS texts */
     int32_t n_ctx;                       /* tokens per sequence */
@@ -57,6 +58,8 @@ struct kiri_models_params {
     uint64_t kv_memory;       /* 0: n_ctx * max_seqs tokens */
     int kv_type;              /* enum kiri_kv_type */
     int32_t max_seqs, chunk, queue_cap;
+    int32_t spec_max_seqs;    /* as kiri_batcher_params (0: no drafts) */
+    const char *draft_model;  /* a file drafting for every model loaded (their vocabulary), or NULL */
     uint64_t memory_budget;   /* bytes for all loaded models together; 0: no limit */
     int warm_up;              /* run one token through a new model before it serves */
     void (*log)(void *user, const char *line);   /* may be NULL */

@@ -38,7 +38,9 @@
  *   - The "developer" role is read as "system". Text content parts are joined with nothing
  *     between them; any other part type is refused.
  *   - Extensions: top_k, min_p, repetition_penalty (also spelled repeat_penalty), repeat_last_n,
- *     priority. Penalties look back over repeat_last_n tokens (default 64), not the whole text.
+ *     priority, speculative ("ngram"/"draft"/"none", true/false, or {"type", "max_draft"}: drafted tokens
+ *     verified in one step, with the same output; absent: the server's --spec). Penalties look
+ *     back over repeat_last_n tokens (default 64), not the whole text.
  *   - Out of memory while parsing is KIRI_E_NOMEM with a 500 "server_error".
  * Responses: log-probabilities that are not finite (or below -9999) are written as -9999.0,
  * OpenAI's "very unlikely" value; floats are written with the fewest digits that read back as
@@ -1090,6 +1092,34 @@ static int parse_max_tokens(struct parser *p, json_t *body, struct kiri_api_requ
     return 0;
 }
 
+/* speculative (an extension): "ngram", "draft" or "none", true (ngram) or false, or an object
+ * {"type": "ngram"|"draft"|"none", "max_draft": 1..KIRI_SPEC_MAX_DRAFT}. */
+static int parse_speculative(struct parser *p, json_t *body, struct kiri_api_request *r)
+{
+    json_t *v = field(body, "speculative");
+    if (!v)
+        return 0;
+    if (json_is_boolean(v)) {
+        r->speculative = json_is_true(v) ? KIRI_SPEC_NGRAM : KIRI_SPEC_NONE;
+        return 0;
+    }
+    json_t *type = json_is_object(v) ? field(v, "type") : v;
+    if (json_is_object(v) && !type)
+        return bad(p, "speculative.type", "", "speculative.type is required: \"ngram\", \"draft\" or \"none\"");
+    if (!json_is_string(type) || (r->speculative = kiri_spec_parse(json_string_value(type))) < 0)
+        return bad(p, json_is_object(v) ? "speculative.type" : "speculative", "",
+                   "speculative must be \"ngram\", \"draft\", \"none\", true, false or an object {\"type\", "
+                   "\"max_draft\"}");
+    json_t *m = json_is_object(v) ? field(v, "max_draft") : NULL;
+    if (!m)
+        return 0;
+    if (!json_is_integer(m) || json_integer_value(m) < 1 || json_integer_value(m) > KIRI_SPEC_MAX_DRAFT)
+        return bad(p, "speculative.max_draft", "", "speculative.max_draft must be an integer in [1, %d]",
+                   KIRI_SPEC_MAX_DRAFT);
+    r->spec_max = (int32_t)json_integer_value(m);
+    return 0;
+}
+
 static int parse_generation(struct parser *p, json_t *body, struct kiri_api_request *r)
 {
     struct kiri_sampling *s = &r->sampling;
@@ -1127,7 +1157,8 @@ static int parse_generation(struct parser *p, json_t *body, struct kiri_api_requ
     if (present)
         r->priority = (int)x;
     if ((rc = parse_stop(p, body, r)) || (rc = read_bool(p, body, "stream", &r->stream)) ||
-        (rc = parse_logit_bias(p, body, r)) || (rc = parse_structured(p, body, r)))
+        (rc = parse_logit_bias(p, body, r)) || (rc = parse_structured(p, body, r)) ||
+        (rc = parse_speculative(p, body, r)))
         return rc;
     if (r->kind == KIRI_API_COMPLETIONS) {
         if ((rc = read_bool(p, body, "echo", &r->echo)))
@@ -1185,6 +1216,7 @@ static void request_defaults(struct kiri_api_request *r, int kind)
     r->sampling.min_p = 0.0f;
     r->sampling.repeat_penalty = 1.0f;
     r->sampling.repeat_last_n = 64;
+    r->speculative = -1;
 }
 
 static int parse_object(struct parser *p, json_t *body, struct kiri_api_request *r)

@@ -94,6 +94,8 @@ struct kiri_api_request {
     int logprobs;                   /* chat: bool; completions: integer N -> logprobs=1, top_logprobs=N */
     int top_logprobs;               /* 0..20 */
     int priority;                   /* -1000..1000, default 0 (an extension) */
+    int speculative;                /* enum kiri_spec; -1 when absent (the server's default) */
+    int32_t spec_max;               /* 1..KIRI_SPEC_MAX_DRAFT; 0 when absent (the server's default) */
     /* structured output: the GBNF text that response_format, grammar or json_schema (at most one
      * of them) asks for, NULL when the output is free */
     int format;                     /* enum kiri_api_format */

@@ -21,7 +21,7 @@
 /* Fields read by the chat reader under the same name (kiri's extensions included). */
 static const char *const pass_through[] = {
     "model", "temperature", "top_p", "stream", "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-    "repeat_penalty", "repetition_penalty", "repeat_last_n", "priority", "parallel_tool_calls",
+    "repeat_penalty", "repetition_penalty", "repeat_last_n", "priority", "parallel_tool_calls", "speculative",
 };
 
 #define DEFAULT_MAX_ITEMS 1024

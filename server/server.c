@@ -1065,6 +1065,10 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         req.bias_tokens = r.bias_tokens;
         req.bias_values = r.bias_values;
         req.n_bias = r.n_bias;
+        req.speculative = r.speculative >= 0 ? r.speculative : kiri_spec_parse(s->cfg.spec);
+        req.spec_max = r.spec_max ? r.spec_max : s->cfg.spec_max;
+        if (req.speculative < 0)
+            req.speculative = KIRI_SPEC_NONE;
         submit_rc = kiri_batcher_submit(sm->batcher, &req, on_event, ch, &ch->id, &info);
         if (submit_rc != KIRI_OK) {
             ch->done = 1;
@@ -1723,6 +1727,8 @@ static int load_models(struct kiri_server *s, struct kiri_status_info *info)
     mp.max_seqs = cfg->parallel;
     mp.chunk = cfg->chunk;
     mp.queue_cap = cfg->queue;
+    mp.spec_max_seqs = cfg->spec_max_seqs;
+    mp.draft_model = cfg->draft_model[0] ? cfg->draft_model : NULL;
     mp.memory_budget = cfg->models_dir[0] ? cfg->models_memory : 0;
     /* A directory's models change while serving: each one proves it runs before it serves. */
     mp.warm_up = cfg->models_dir[0] != 0;

@@ -224,9 +224,10 @@ static void test_extreme_pattern(void)
 
 /* The AVX-512 kernels group rows by 16 and tokens by 16 or 8, pass over k in chunks of 64 blocks (Q4_0,
  * Q8_0) and split tiles beyond 128 rows: shapes around those sizes besides the common ones. k is
- * a multiple of 256 so the same sizes serve the K-quants. */
+ * a multiple of 256 so the same sizes serve the K-quants. Octets followed by one or two tokens
+ * (which the types without AVX-512 small-batch kernels hand to the AVX2 ones): 9, 18, 50. */
 static const struct shape shapes_avx512[] = {
-    {16, 8}, {15, 3}, {33, 11}, {130, 9}, {17, 2}, {31, 16}, {20, 35},
+    {16, 8}, {15, 3}, {33, 11}, {130, 9}, {17, 2}, {31, 16}, {20, 35}, {7, 18}, {19, 50},
 };
 
 static void test_gemm_avx512(void)
@@ -241,7 +242,8 @@ static void test_gemm_avx512(void)
     kiri_cpu_kernels_init_ref(&ref);
     kiri_cpu_kernels_init_ref(&fast);
     kiri_cpu_kernels_init_gemm_avx512(&fast);
-    static const int types[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q6_K};
+    static const int types[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q4_1, KIRI_TYPE_Q5_0, KIRI_TYPE_Q5_1,
+                                KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q5_K, KIRI_TYPE_Q6_K};
     static const int64_t ks[] = {256, 2048, 32 * 136};
     for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
         const kiri_gemm_fn gemm = fast.gemm[types[c]];

@@ -2,7 +2,9 @@
  * reservations, reuse of freed blocks, and allocation failures; a windowed pool for sliding-window
  * layers (its size, blocks released as the window slides, prefix sharing cut back to what every
  * layer still has cached); layers of different row sizes and layers that read another layer's
- * keys and values (gemma4); recurrent state per sequence (lfm2) and its snapshots for prefix reuse. */
+ * keys and values (gemma4); recurrent state per sequence (lfm2) and its snapshots for prefix reuse;
+ * rolling a sequence back (rejected speculative tokens) across block boundaries, in both pools,
+ * never into a shared block. */
 #include <string.h>
 
 #include "backend.h"
@@ -142,6 +144,56 @@ static void test_window_pool(void)
     kiri_kvcache_seq_free(c, &b);
     CHECK_EQ_INT(kiri_kvcache_n_free(c), 30);
     CHECK_EQ_INT(kiri_kvcache_n_free_window(c), 8);
+    kiri_kvcache_free(c);
+}
+
+/* Speculation writes a step's drafts, then drops the rejected ones: the blocks past the new end
+ * go back to both pools (also when the end moves back over a block boundary), the slots of the
+ * positions kept are unchanged, and a block that is published (shared) cannot be cut into. */
+static void test_truncate(void)
+{
+    struct kiri_kvcache *c = windowed_cache(30, 8);
+    if (!c)
+        return;
+    struct kiri_kv_seq a = {0};
+    CHECK_EQ_INT(advance(c, &a, 7), 0); /* blocks 0, 1 */
+    const int32_t slot6 = kiri_kvcache_slot(c, &a, 6);
+    /* The pending token at 7 and drafts at 8..13: positions up to 13 over blocks 0..3. */
+    CHECK_EQ_INT(advance(c, &a, 14), 0);
+    CHECK_EQ_INT(a.n_blocks, 4);
+    const int32_t free_before = kiri_kvcache_n_free(c), wfree_before = kiri_kvcache_n_free_window(c);
+    /* Two drafts kept: positions [0, 10) stay, block 3 goes back, block 2 is kept. */
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 10), 0);
+    CHECK_EQ_INT(a.n_tokens, 10);
+    CHECK_EQ_INT(a.n_blocks, 3);
+    CHECK_EQ_INT(kiri_kvcache_n_free(c), free_before + 1);
+    CHECK_EQ_INT(kiri_kvcache_n_free_window(c), wfree_before + 1);
+    CHECK_EQ_INT(kiri_kvcache_slot(c, &a, 6), slot6);
+    /* Back over the boundary of block 2 to the end of block 1: no block holds a position past 8. */
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 8), 0);
+    CHECK_EQ_INT(a.n_blocks, 2);
+    CHECK_EQ_INT(kiri_kvcache_n_free(c), free_before + 2);
+    CHECK(a.w_lo <= a.n_blocks);
+    /* Past the end, or below zero: refused, nothing changes. */
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 9), KIRI_E_INVALID_ARG);
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, -1), KIRI_E_INVALID_ARG);
+    CHECK_EQ_INT(a.n_tokens, 8);
+    /* Writing goes on from the new end and reuses blocks as before. */
+    CHECK_EQ_INT(advance(c, &a, 13), 0);
+    CHECK_EQ_INT(a.n_blocks, 4);
+    /* A published block is shared with the prefix cache: cutting into it would overwrite keys
+     * other sequences read, so it is refused; cutting at its end is fine. */
+    const int32_t toks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    uint64_t h = 0;
+    for (int32_t i = 0; i < 3; i++) {
+        h = kiri_kvcache_block_hash(h, toks + i * BS, BS);
+        kiri_kvcache_publish(c, &a, i, h, toks + i * BS);
+    }
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 11), KIRI_E_INVALID_ARG);
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 12), 0);
+    CHECK_EQ_INT(a.n_blocks, 3);
+    kiri_kvcache_seq_free(c, &a);
+    CHECK_EQ_INT(kiri_kvcache_n_free(c) + kiri_kvcache_n_cached(c), 30);
     kiri_kvcache_free(c);
 }
 
@@ -437,6 +489,8 @@ static void test_state(void)
     CHECK_EQ_INT(kiri_kvcache_n_cached(c), 0);
     uint64_t h = 0;
     CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, toks, 2, &h), 0);
+    /* A state's updates cannot be undone: no rollback. */
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 0), KIRI_E_INVALID_ARG);
     /* Clearing gives the slot back with the blocks. */
     kiri_kvcache_seq_clear(c, &a);
     CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), -1);
@@ -577,5 +631,5 @@ static void test_state_snapshots(void)
     CHECK(hybrid_cache((1 << 20) + 1) == NULL);
 }
 
-TEST_MAIN(test_setup, test_blocks_and_slots, test_bad_shapes, test_window_pool, test_window_pool_full,
+TEST_MAIN(test_setup, test_blocks_and_slots, test_bad_shapes, test_window_pool, test_window_pool_full, test_truncate,
           test_window_prefix, test_window_none, test_layout, test_state, test_state_snapshots, test_allocation_failures, test_teardown)

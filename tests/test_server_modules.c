@@ -370,6 +370,8 @@ static struct kiri_batcher_stats sample_stats(void)
     s.last_batch_tokens = 37;
     s.last_batch_seqs = 3;
     s.peak_batch_seqs = 4;
+    s.spec_drafted[KIRI_SPEC_NGRAM] = 50;
+    s.spec_accepted[KIRI_SPEC_NGRAM] = 30;
     return s;
 }
 
@@ -406,6 +408,8 @@ static const struct {
     {"kiri_batch_size_sequences_peak", "gauge"},
     {"kiri_batch_steps_total", "counter"},
     {"kiri_preemptions_total", "counter"},
+    {"kiri_spec_draft_tokens_total", "counter"},
+    {"kiri_spec_accepted_tokens_total", "counter"},
     {"vllm:num_requests_running", "gauge"},
     {"vllm:num_requests_waiting", "gauge"},
     {"vllm:kv_cache_usage_perc", "gauge"},
@@ -501,6 +505,8 @@ static void test_metrics_render(void)
     CHECK_EQ_INT(get("kiri_batch_size_sequences_peak", NULL), 4);
     CHECK_EQ_INT(get("kiri_batch_steps_total", NULL), 1000);
     CHECK_EQ_INT(get("kiri_preemptions_total", NULL), 4);
+    CHECK_EQ_INT(get("kiri_spec_draft_tokens_total", "drafter", "ngram", NULL), 50);
+    CHECK_EQ_INT(get("kiri_spec_accepted_tokens_total", "drafter", "ngram", NULL), 30);
 
     /* The model name comes back unchanged through the escapes, the invalid byte as '?'. */
     const char *want = "llama \"3\" \\ q4\nx?";
@@ -876,6 +882,9 @@ static void test_config_defaults(void)
     CHECK_EQ_INT(cfg.parallel, 8);
     CHECK_EQ_INT(cfg.chunk, 64);
     CHECK_EQ_INT(cfg.queue, 64);
+    CHECK_STR(cfg.spec, "none");
+    CHECK_EQ_INT(cfg.spec_max, KIRI_SPEC_DEFAULT_DRAFT);
+    CHECK_EQ_INT(cfg.spec_max_seqs, 4);
     CHECK_STR(cfg.tls_cert, "");
     CHECK_STR(cfg.tls_key, "");
     CHECK_STR(cfg.api_key_file, "");
@@ -1046,6 +1055,10 @@ static void test_config_errors(void)
         {{"-m", "x", "-"}, {0}, NULL, "unexpected argument '-'"},
         {{"-m", "x", "--"}, {0}, NULL, "unexpected argument '--'"},
         {{"-m", "x", "--threads", "0"}, {0}, NULL, "--threads 0: must be 1..1024"},
+        {{"-m", "x", "--spec", "eagle"}, {0}, NULL, "--spec eagle"},
+        {{"-m", "x", "--spec", "draft"}, {0}, NULL, "--spec draft needs --draft-model FILE"},
+        {{"-m", "x", "--spec-max", "17"}, {0}, NULL, "--spec-max 17: must be 1..16"},
+        {{"--models-dir", "d", "--draft-model", "y"}, {0}, NULL, "--draft-model drafts for the one model of --model"},
         {{"-m", "x", "-t", "2000"}, {0}, NULL, "--threads 2000: must be 1..1024"},
         {{"-m", "x", "--ctx", "-1"}, {0}, NULL, "--ctx -1: must be 0..16777216"},
         {{"-m", "x", "--parallel", "abc"}, {0}, NULL, "--parallel abc: not an integer"},
@@ -1174,7 +1187,7 @@ static void test_config_usage(void)
         "--models-dir DIR", "--models-memory BYTES", "--fleet URL", "--fleet-key FILE", "--fleet-ca FILE",
         "--fleet-interval SECONDS", "--node-name NAME", "--upstream URL", "--upstream-key-file FILE",
         "--upstream-ca FILE", "--route POLICY", "--route-queue N", "--upstream-timeout SECONDS", "--gpu-layers N",
-        "--cpu-kernels TIER",
+        "--cpu-kernels TIER", "--spec KIND", "--spec-max N", "--spec-max-seqs N", "--draft-model FILE",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         CHECK(strstr(buf, flags[i]) != NULL);

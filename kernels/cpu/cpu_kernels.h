@@ -123,8 +123,8 @@ void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k);
 /* Sets the row-operation entries that have AVX2 versions (ops_avx2.c: attend_head, attend_group,
  * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k);
-/* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q8_0, Q4_K,
- * Q6_K). Call after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports
+/* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K). Call after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports
  * KIRI_CPU_AVX512 and KIRI_CPU_AVX512_VNNI. */
 void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k);
 /* Prefill tiles on token octets (gemm_octet_avx2.c), for the gemm entries of gemm_avx2.c: the
@@ -146,6 +146,17 @@ int64_t kiri_cpu_gemm_octets_q5_K_avx2(int64_t k, const void *w, size_t ws, cons
                                        float *dst, size_t ds, int64_t nr, int64_t nt);
 int64_t kiri_cpu_gemm_octets_q6_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                        float *dst, size_t ds, int64_t nr, int64_t nt);
+/* The small-batch kernels of gemm_avx2.c (the kiri_gemm_fn contract; one to four tokens stream
+ * the rows once, more go four at a time), which the AVX-512 table keeps for decode and for the
+ * tokens its octet kernels leave. Same preconditions as kiri_cpu_kernels_init_avx2. */
+void kiri_cpu_gemm_small_q4_1_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                   float *dst, size_t ds, int64_t nr, int64_t nt);
+void kiri_cpu_gemm_small_q5_0_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                   float *dst, size_t ds, int64_t nr, int64_t nt);
+void kiri_cpu_gemm_small_q5_1_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                   float *dst, size_t ds, int64_t nr, int64_t nt);
+void kiri_cpu_gemm_small_q5_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                   float *dst, size_t ds, int64_t nr, int64_t nt);
 #endif
 
 /* ---- element-wise and row operations (portable C) ---- */

@@ -1561,6 +1561,20 @@ AVX2 static inline float ld1_f16(const void *p, int64_t i) { return _cvtsh_ss(((
 GEMM_FLOAT(gemm_f32_avx2, ld8_f32, ld1_f32)
 GEMM_FLOAT(gemm_f16_avx2, ld8_f16, ld1_f16)
 
+/* The small-batch drivers, which the AVX-512 table keeps for the types whose octets only it has
+ * (cpu_kernels.h). */
+#define GEMM_SMALL_EXPORT(type)                                                                                \
+    AVX2 void kiri_cpu_gemm_small_##type##_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as, \
+                                                float *dst, size_t ds, int64_t nr, int64_t nt)                 \
+    {                                                                                                          \
+        gemm_##type##_small(k, w, ws, a, as, dst, ds, nr, nt);                                                 \
+    }
+
+GEMM_SMALL_EXPORT(q4_1)
+GEMM_SMALL_EXPORT(q5_0)
+GEMM_SMALL_EXPORT(q5_1)
+GEMM_SMALL_EXPORT(q5_K)
+
 /* ---------------------------------------------------------------------------------------------
  * Table
  * ------------------------------------------------------------------------------------------- */

@@ -1,6 +1,7 @@
-/* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0 and Q8_0
- * weights against Q8_0 activations and Q4_K and Q6_K weights against Q8_K activations: the same
- * contract as gemm_avx2.c, for CPUs that have them.
+/* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0, Q5_0 and Q8_0
+ * weights against Q8_0 activations, Q4_1 and Q5_1 against Q8_1, and Q4_K, Q5_K and Q6_K against
+ * Q8_K: the same contract as gemm_avx2.c, for CPUs that have them. Q4_1, Q5_0, Q5_1 and Q5_K have
+ * octets only (prefill): their one to four tokens (decode, small batches) take the AVX2 kernels.
  *
  * The AVX2 kernels fold the partial sums of several (row, token) pairs with horizontal adds; here
  * the rows of a group of 16 go in the 16 int32 lanes of a register instead, so one VNNI
@@ -22,11 +23,12 @@
  * the same floats alone or in a small batch.
  *
  * Integer ranges: vpdpbusd multiplies unsigned by signed bytes. Q4_0 quants enter as their
- * nibbles 0..15 and the term 8 sum a is subtracted afterwards; Q8_0 quants w enter as w + 128
- * (0..255) and the term 128 sum a is subtracted; Q4_K (0..15) and Q6_K (0..63) quants are
- * unsigned already. Sums of 32 products stay far inside int32 (the instruction does not
- * saturate), and so do the K-quants' sums scaled by their 6- or 8-bit scales (vpmulld). As
- * everywhere, the activations hold -127..127.
+ * nibbles 0..15 and the term 8 sum a is subtracted afterwards, Q5_0's as 0..31 and 16 sum a;
+ * Q8_0 quants w enter as w + 128 (0..255) and the term 128 sum a is subtracted; Q4_1 (0..15) and
+ * Q5_1 (0..31) quants are unsigned, their offset added as m s per block, and so are Q4_K
+ * (0..15), Q5_K (0..31) and Q6_K (0..63) quants. Sums of 32 products stay far inside int32 (the
+ * instruction does not saturate), and so do the K-quants' sums scaled by their 6- or 8-bit
+ * scales (vpmulld). As everywhere, the activations hold -127..127.
  *
  * What must stay true: the integer block sums are exactly those of the reference vec_dot
  * (quants.c); only the order of float additions across blocks differs (tests/test_gemm.c).
@@ -78,15 +80,21 @@ static inline int32_t load_i32(const void *p)
     return v;
 }
 
-/* Sum of the 32 activation values of a Q8_0 block. */
-AVX512 static inline int32_t sum_q8(const struct kiri_block_q8_0 *y)
+/* Sum of 32 int8 values. */
+AVX512 static inline int32_t sum_i8x32(const int8_t *qs)
 {
-    const __m256i a = _mm256_loadu_si256((const __m256i *)y->qs);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)qs);
     const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
     __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm_cvtsi128_si32(h);
+}
+
+/* Sum of the 32 activation values of a Q8_0 block. */
+AVX512 static inline int32_t sum_q8(const struct kiri_block_q8_0 *y)
+{
+    return sum_i8x32(y->qs);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -116,18 +124,70 @@ AVX512 static inline void transpose16(const char *const p[16], size_t off, __m51
 }
 
 /* The 32 quants of block b of 16 rows as 8 registers of unsigned bytes: q[j] lane i holds row i's
- * values 4j .. 4j + 3. Q4_0: the nibbles (values 0..15 are the low nibbles of bytes 0..15, values
- * 16..31 the high ones). */
-AVX512 static inline void quants16_q4_0(const char *const rows[16], int64_t b, __m512i q[8])
+ * values 4j .. 4j + 3. The 4-bit types: the nibbles of the 16 bytes at qs (values 0..15 are the
+ * low nibbles of bytes 0..15, values 16..31 the high ones). */
+AVX512 static inline void nibbles16(const char *const rows[16], size_t qs, __m512i q[8])
 {
     __m512i g[4];
-    transpose16(rows, (size_t)b * sizeof(struct kiri_block_q4_0) + offsetof(struct kiri_block_q4_0, qs), g);
+    transpose16(rows, qs, g);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     UNROLL
     for (int j = 0; j < 4; j++) {
         q[j] = _mm512_and_si512(g[j], m4);
         q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(g[j], 4), m4);
     }
+}
+
+AVX512 static inline void quants16_q4_0(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    nibbles16(rows, (size_t)b * sizeof(struct kiri_block_q4_0) + offsetof(struct kiri_block_q4_0, qs), q);
+}
+
+AVX512 static inline void quants16_q4_1(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    nibbles16(rows, (size_t)b * sizeof(struct kiri_block_q4_1) + offsetof(struct kiri_block_q4_1, qs), q);
+}
+
+/* The 32-bit word at byte off of 16 rows, row i in lane i. */
+AVX512 static inline __m512i words16(const char *const rows[16], size_t off)
+{
+    return _mm512_setr_epi32(load_i32(rows[0] + off), load_i32(rows[1] + off), load_i32(rows[2] + off),
+                             load_i32(rows[3] + off), load_i32(rows[4] + off), load_i32(rows[5] + off),
+                             load_i32(rows[6] + off), load_i32(rows[7] + off), load_i32(rows[8] + off),
+                             load_i32(rows[9] + off), load_i32(rows[10] + off), load_i32(rows[11] + off),
+                             load_i32(rows[12] + off), load_i32(rows[13] + off), load_i32(rows[14] + off),
+                             load_i32(rows[15] + off));
+}
+
+/* Q5_0, Q5_1: the nibbles plus 16 times the fifth bits, quants 0..31. Value v's bit is bit v of
+ * the block's qh, so q[j] (values 4j .. 4j + 3, and 16 + 4(j - 4) .. for j >= 4: again 4j ..)
+ * takes bits 4j .. 4j + 3: nibble j % 2 of byte j / 2 of qh (h, a row per lane), copied to the
+ * lane's four bytes and tested against each byte's bit. */
+AVX512 static inline void fifth_bits16(__m512i h, __m512i q[8])
+{
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    UNROLL
+    for (int j = 0; j < 8; j++) {
+        const int c = 0x01010101 * (j / 2); /* byte j / 2 of each 32-bit lane, within 128 bits */
+        const __m512i idx = _mm512_set4_epi32(0x0C0C0C0C + c, 0x08080808 + c, 0x04040404 + c, c);
+        const __m512i spread = _mm512_shuffle_epi8(h, idx);
+        const __mmask64 set = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x08040201 << (4 * (j % 2))));
+        q[j] = _mm512_mask_add_epi8(q[j], set, q[j], b4);
+    }
+}
+
+AVX512 static inline void quants16_q5_0(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    const size_t o = (size_t)b * sizeof(struct kiri_block_q5_0);
+    nibbles16(rows, o + offsetof(struct kiri_block_q5_0, qs), q);
+    fifth_bits16(words16(rows, o + offsetof(struct kiri_block_q5_0, qh)), q);
+}
+
+AVX512 static inline void quants16_q5_1(const char *const rows[16], int64_t b, __m512i q[8])
+{
+    const size_t o = (size_t)b * sizeof(struct kiri_block_q5_1);
+    nibbles16(rows, o + offsetof(struct kiri_block_q5_1, qs), q);
+    fifth_bits16(words16(rows, o + offsetof(struct kiri_block_q5_1, qh)), q);
 }
 
 /* Q8_0: the quants plus 128. */
@@ -142,11 +202,9 @@ AVX512 static inline void quants16_q8_0(const char *const rows[16], int64_t b, _
         q[j] = _mm512_xor_si512(q[j], flip);
 }
 
-/* The scales of block b of 16 rows (blocks of `size` bytes whose first field is the F16 scale),
- * as floats, one row per lane. */
-AVX512 static inline __m512 scales16(const char *const rows[16], int64_t b, size_t size)
+/* The F16 values at byte o of 16 rows as floats, one row per lane. */
+AVX512 static inline __m512 halves16(const char *const rows[16], size_t o)
 {
-    const size_t o = (size_t)b * size;
     const __m256i h = _mm256_setr_epi16(
         (short)load_u16(rows[0] + o), (short)load_u16(rows[1] + o), (short)load_u16(rows[2] + o),
         (short)load_u16(rows[3] + o), (short)load_u16(rows[4] + o), (short)load_u16(rows[5] + o),
@@ -155,6 +213,20 @@ AVX512 static inline __m512 scales16(const char *const rows[16], int64_t b, size
         (short)load_u16(rows[12] + o), (short)load_u16(rows[13] + o), (short)load_u16(rows[14] + o),
         (short)load_u16(rows[15] + o));
     return _mm512_cvtph_ps(h);
+}
+
+/* The scales of block b of 16 rows (blocks of `size` bytes whose first field is the F16 scale). */
+AVX512 static inline __m512 scales16(const char *const rows[16], int64_t b, size_t size)
+{
+    return halves16(rows, (size_t)b * size);
+}
+
+/* The offsets m of Q4_1 and Q5_1 blocks (the second field, after d). */
+_Static_assert(offsetof(struct kiri_block_q4_1, m) == 2 && offsetof(struct kiri_block_q5_1, m) == 2,
+               "Q4_1 and Q5_1 hold m after d");
+AVX512 static inline __m512 mins16(const char *const rows[16], int64_t b, size_t size)
+{
+    return halves16(rows, (size_t)b * size + 2);
 }
 
 /* The integer sums of 16 rows' block (q from quants16_*) with one activation block: lane i is
@@ -187,24 +259,43 @@ AVX512 static inline void put16(float *out, __m512 v, int64_t n, int first)
 
 typedef void (*quants16_fn)(const char *const rows[16], int64_t b, __m512i q[8]);
 
+/* Activation blocks of 32 values: Q8_0 (d, qs) against Q4_0, Q5_0 and Q8_0 weights, Q8_1 (d, s,
+ * qs) against Q4_1 and Q5_1 (q81), whose offsets m enter as m s per block. */
+_Static_assert(offsetof(struct kiri_block_q8_0, d) == 0 && offsetof(struct kiri_block_q8_1, d) == 0,
+               "Q8_0 and Q8_1 start with d");
+static inline size_t act_size(int q81)
+{
+    return q81 ? sizeof(struct kiri_block_q8_1) : sizeof(struct kiri_block_q8_0);
+}
+static inline size_t act_qs(int q81)
+{
+    return q81 ? offsetof(struct kiri_block_q8_1, qs) : offsetof(struct kiri_block_q8_0, qs);
+}
+
 /* tt tokens (8 or 16; those past nt repeat the last) from token t against up to MAX_GROUPS groups
- * of 16 rows, over blocks b0 .. b0 + bn - 1 with the rows' scales in dw: per block and group the
- * weights are transposed once and used for the tt tokens (tt accumulators of 16 rows). */
-AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quants16_fn quants, int bias,
+ * of 16 rows, over blocks b0 .. b0 + bn - 1 with the rows' scales in dw (and offsets in dm for
+ * q81): per block and group the weights are transposed once and used for the tt tokens (tt
+ * accumulators of 16 rows). */
+AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quants16_fn quants, int bias, int q81,
                                                  const void *a, size_t as, float *dst, size_t ds, int64_t nr,
                                                  int64_t nt, int64_t t, int tt, int64_t b0, int64_t bn,
-                                                 __m512 dw[MAX_GROUPS][CHUNK])
+                                                 __m512 dw[MAX_GROUPS][CHUNK], __m512 dm[MAX_GROUPS][CHUNK])
 {
     const int64_t ng = (nr + 15) / 16;
+    const size_t asz = act_size(q81), aqs = act_qs(q81);
     float dy[CHUNK][16];   /* the tokens' scales */
+    float sy[CHUNK][16];   /* q81: the tokens' s */
     int32_t cy[CHUNK][16]; /* the tokens' bias * sum a */
-    const struct kiri_block_q8_0 *y[16];
+    const char *y[16];
     for (int i = 0; i < tt; i++)
-        y[i] = (const struct kiri_block_q8_0 *)tile_row(a, as, t + i, nt) + b0;
+        y[i] = tile_row(a, as, t + i, nt) + (size_t)b0 * asz;
     for (int64_t b = 0; b < bn; b++)
         for (int i = 0; i < tt; i++) {
-            dy[b][i] = _cvtsh_ss(y[i][b].d);
-            cy[b][i] = bias * sum_q8(&y[i][b]);
+            const char *yb = y[i] + (size_t)b * asz;
+            dy[b][i] = _cvtsh_ss(load_u16(yb));
+            cy[b][i] = bias ? bias * sum_i8x32((const int8_t *)(yb + aqs)) : 0;
+            if (q81)
+                sy[b][i] = _cvtsh_ss(load_u16(yb + offsetof(struct kiri_block_q8_1, s)));
         }
     for (int64_t g = 0; g < ng; g++) {
         const char *rows[16];
@@ -219,9 +310,12 @@ AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quant
             quants(rows, b0 + b, q);
             _Pragma("GCC unroll 16")
             for (int i = 0; i < tt; i++) {
-                const __m512i s = _mm512_sub_epi32(dot16(q, y[i][b].qs), _mm512_set1_epi32(cy[b][i]));
+                const int8_t *aq = (const int8_t *)(y[i] + (size_t)b * asz + aqs);
+                const __m512i s = _mm512_sub_epi32(dot16(q, aq), _mm512_set1_epi32(cy[b][i]));
                 const __m512 d = _mm512_mul_ps(dw[g][b], _mm512_set1_ps(dy[b][i]));
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[i]);
+                if (q81)
+                    acc[i] = _mm512_fmadd_ps(dm[g][b], _mm512_set1_ps(sy[b][i]), acc[i]);
             }
         }
         for (int i = 0; i < tt && t + i < nt; i++)
@@ -230,28 +324,32 @@ AVX512 SPECIALIZE static inline void tile_tokens(const void *w, size_t ws, quant
 }
 
 /* Up to MAX_GROUPS groups of 16 rows against every token of the tile: per pass over CHUNK blocks,
- * the rows' scales are tabled once, then the tokens go 16 at a time (8 for a rest). */
+ * the rows' scales (and offsets) are tabled once, then the tokens go 16 at a time (8 for a rest). */
 AVX512 SPECIALIZE static inline void tile_octets(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
-                                                 int bias, const void *a, size_t as, float *dst, size_t ds,
+                                                 int bias, int q81, const void *a, size_t as, float *dst, size_t ds,
                                                  int64_t nr, int64_t nt)
 {
     const int64_t nb = k / KIRI_QK8_0;
     const int64_t ng = (nr + 15) / 16;
     __m512 dw[MAX_GROUPS][CHUNK]; /* the rows' scales of one pass */
+    __m512 dm[MAX_GROUPS][CHUNK]; /* q81: their offsets */
     for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
         const int64_t bn = min64(nb - b0, CHUNK);
         for (int64_t g = 0; g < ng; g++) {
             const char *rows[16];
             for (int i = 0; i < 16; i++)
                 rows[i] = tile_row(w, ws, 16 * g + i, nr);
-            for (int64_t b = 0; b < bn; b++)
+            for (int64_t b = 0; b < bn; b++) {
                 dw[g][b] = scales16(rows, b0 + b, bsize);
+                if (q81)
+                    dm[g][b] = mins16(rows, b0 + b, bsize);
+            }
         }
         int64_t t = 0;
         for (; nt - t >= 16; t += 16)
-            tile_tokens(w, ws, quants, bias, a, as, dst, ds, nr, nt, t, 16, b0, bn, dw);
+            tile_tokens(w, ws, quants, bias, q81, a, as, dst, ds, nr, nt, t, 16, b0, bn, dw, dm);
         for (; t < nt; t += 8)
-            tile_tokens(w, ws, quants, bias, a, as, dst, ds, nr, nt, t, 8, b0, bn, dw);
+            tile_tokens(w, ws, quants, bias, q81, a, as, dst, ds, nr, nt, t, 8, b0, bn, dw, dm);
     }
 }
 
@@ -329,19 +427,28 @@ AVX512 SPECIALIZE static inline void tile_rows_m(int64_t k, const void *w, size_
     }
 }
 
-/* A tile: octets of tokens (the last one padded when it would carry 5 to 7), then the rest of
- * 1 to 4 tokens streamed over the rows once (tile_rows, tile_rows_m); the octets' rows in pieces
- * of MAX_GROUPS groups of 16. */
-AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants, int bias,
-                                 const void *a, size_t as, float *dst, size_t ds, int64_t nr, int64_t nt)
+/* The octets of tokens of a tile (the last one padded when it would carry 5 to 7), the rows in
+ * pieces of MAX_GROUPS groups of 16; returns the first token not done (1 to 4 left, or none). */
+AVX512 SPECIALIZE static inline int64_t octets16(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
+                                                 int bias, int q81, const void *a, size_t as, float *dst, size_t ds,
+                                                 int64_t nr, int64_t nt)
 {
     int64_t t = nt - nt % 8;
     if (nt - t > 4)
         t = nt;
     if (t > 0)
         for (int64_t r = 0; r < nr; r += 16 * MAX_GROUPS)
-            tile_octets(k, (const char *)w + (size_t)r * ws, ws, bsize, quants, bias, a, as, dst + r, ds,
+            tile_octets(k, (const char *)w + (size_t)r * ws, ws, bsize, quants, bias, q81, a, as, dst + r, ds,
                         min64(nr - r, 16 * MAX_GROUPS), t);
+    return t;
+}
+
+/* A tile: octets of tokens, then the rest of 1 to 4 tokens streamed over the rows once
+ * (tile_rows, tile_rows_m). */
+AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants, int bias,
+                                 const void *a, size_t as, float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    const int64_t t = octets16(k, w, ws, bsize, quants, bias, 0, a, as, dst, ds, nr, nt);
     const void *at = (const char *)a + (size_t)t * as;
     float *dt = dst + (size_t)t * ds;
     switch (nt - t) {
@@ -359,6 +466,22 @@ AVX512 static void gemm_q8_0_avx512(int64_t k, const void *w, size_t ws, const v
     gemm16(k, w, ws, sizeof(struct kiri_block_q8_0), quants16_q8_0, 128, a, as, dst, ds, nr, nt);
 }
 
+/* Q4_1, Q5_0, Q5_1: octets only; one to four tokens (decode, small batches, the rest of a tile)
+ * take the AVX2 kernels. Q4_1 and Q5_1 add m s per block (Q8_1 activations); Q5_0's zero point 16
+ * enters as 16 sum a. */
+#define GEMM_OCTETS16(name, block, quants, bias, q81, small)                                               \
+    AVX512 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,     \
+                            size_t ds, int64_t nr, int64_t nt)                                           \
+    {                                                                                                    \
+        const int64_t t = octets16(k, w, ws, sizeof(block), quants, bias, q81, a, as, dst, ds, nr, nt);  \
+        if (t < nt)                                                                                      \
+            small(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr, nt - t); \
+    }
+
+GEMM_OCTETS16(gemm_q4_1_avx512, struct kiri_block_q4_1, quants16_q4_1, 0, 1, kiri_cpu_gemm_small_q4_1_avx2)
+GEMM_OCTETS16(gemm_q5_0_avx512, struct kiri_block_q5_0, quants16_q5_0, 16, 0, kiri_cpu_gemm_small_q5_0_avx2)
+GEMM_OCTETS16(gemm_q5_1_avx512, struct kiri_block_q5_1, quants16_q5_1, 0, 1, kiri_cpu_gemm_small_q5_1_avx2)
+
 /* ---------------------------------------------------------------------------------------------
  * K-quants (Q4_K, Q6_K) against Q8_K activations. A super-block of 16 rows is unpacked once into
  * 64 registers' worth of transposed quants (vector v: values 4v .. 4v + 3 of each row) and the
@@ -370,17 +493,22 @@ AVX512 static void gemm_q8_0_avx512(int64_t k, const void *w, size_t ws, const v
  * ------------------------------------------------------------------------------------------- */
 
 struct sb16 {
-    __m512i q[64];   /* transposed quants, unsigned: Q4_K 0..15, Q6_K 0..63 */
+    __m512i q[64];   /* transposed quants, unsigned: Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 */
     __m512i sc[16];  /* int32 scale of each row: Q4_K per sub-block of 32 (8), Q6_K per group of 16 */
     __m512i mp[8];   /* int16 pairs for the bsums term */
     __m512 d, dmin;  /* per row; dmin unused for Q6_K */
 };
 
 /* Q4_K block layout: d, dmin (F16), 12 bytes of scales and mins, 128 bytes of nibbles (chunk j of
- * 32 bytes: low nibbles values 64j .. 64j + 31, high nibbles 64j + 32 ..). The scales of u. */
-AVX512 static inline void scales16_q4_K(const char *const rows[16], int64_t b, struct sb16 *u)
+ * 32 bytes: low nibbles values 64j .. 64j + 31, high nibbles 64j + 32 ..). Q5_K has the same
+ * header, then 32 bytes of fifth bits before the nibbles. The scales of u from the header at
+ * byte base of each row. */
+_Static_assert(offsetof(struct kiri_block_q5_K, scales) == offsetof(struct kiri_block_q4_K, scales) &&
+                   offsetof(struct kiri_block_q5_K, dmin) == offsetof(struct kiri_block_q4_K, dmin),
+               "Q4_K and Q5_K share their header");
+
+AVX512 static inline void scales16_k4(const char *const rows[16], size_t base, struct sb16 *u)
 {
-    const size_t base = (size_t)b * sizeof(struct kiri_block_q4_K);
     __m512i g[4];
     /* Bytes 0..15: [d dmin] [scales 0-3] [4-7] [8-11], one dword each. */
     transpose16(rows, base, g);
@@ -406,10 +534,11 @@ AVX512 static inline void scales16_q4_K(const char *const rows[16], int64_t b, s
     }
 }
 
-/* The quants of chunk j (values 64j .. 64j + 63) into q[0..15] (vector v: values 64j + 4v ..). */
-AVX512 static inline void quants16_q4_K(const char *const rows[16], int64_t b, int j, __m512i q[16])
+/* The nibbles of the 32 bytes at qs (a chunk of values 64j .. 64j + 63) into q[0..15]: q[m] and
+ * q[4 + m] are the low nibbles of bytes 4m .. 4m + 3 and 16 + 4m .., q[8 + m] and q[12 + m] the
+ * high nibbles of the same bytes (vector v: values 64j + 4v ..). */
+AVX512 static inline void nibbles16_k(const char *const rows[16], size_t qs, __m512i q[16])
 {
-    const size_t qs = (size_t)b * sizeof(struct kiri_block_q4_K) + offsetof(struct kiri_block_q4_K, qs) + 32 * (size_t)j;
     const __m512i m4b = _mm512_set1_epi8(0x0F);
     __m512i g[4];
     transpose16(rows, qs, g);
@@ -428,10 +557,40 @@ AVX512 static inline void quants16_q4_K(const char *const rows[16], int64_t b, i
 
 AVX512 static inline void unpack16_q4_K(const char *const rows[16], int64_t b, struct sb16 *u)
 {
-    scales16_q4_K(rows, b, u);
+    const size_t base = (size_t)b * sizeof(struct kiri_block_q4_K);
+    scales16_k4(rows, base, u);
     UNROLL
     for (int j = 0; j < 4; j++)
-        quants16_q4_K(rows, b, j, u->q + 16 * j);
+        nibbles16_k(rows, base + offsetof(struct kiri_block_q4_K, qs) + 32 * (size_t)j, u->q + 16 * j);
+}
+
+/* Bit `bit` of each byte of h moved to bit 4 (the other bits unspecified). */
+AVX512 static inline __m512i bit_to_4(__m512i h, int bit)
+{
+    return bit <= 4 ? _mm512_slli_epi16(h, (unsigned)(4 - bit)) : _mm512_srli_epi16(h, (unsigned)(bit - 4));
+}
+
+/* Q5_K: the Q4_K nibbles with the fifth bits, quants 0..31. Value 64j + l (l < 32) takes bit 2j
+ * of qh[l], value 64j + 32 + l bit 2j + 1; qh transposed like the nibbles (h[m]: bytes 4m ..
+ * 4m + 3, the l of q[16j + m] and q[16j + 8 + m]). */
+AVX512 static inline void unpack16_q5_K(const char *const rows[16], int64_t b, struct sb16 *u)
+{
+    const size_t base = (size_t)b * sizeof(struct kiri_block_q5_K);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    scales16_k4(rows, base, u);
+    __m512i h[8];
+    transpose16(rows, base + offsetof(struct kiri_block_q5_K, qh), h);
+    transpose16(rows, base + offsetof(struct kiri_block_q5_K, qh) + 16, h + 4);
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+        __m512i *q = u->q + 16 * j;
+        nibbles16_k(rows, base + offsetof(struct kiri_block_q5_K, qs) + 32 * (size_t)j, q);
+        UNROLL
+        for (int m = 0; m < 8; m++) {
+            q[m] = _mm512_or_si512(q[m], _mm512_and_si512(bit_to_4(h[m], 2 * j), b4));
+            q[8 + m] = _mm512_or_si512(q[8 + m], _mm512_and_si512(bit_to_4(h[m], 2 * j + 1), b4));
+        }
+    }
 }
 
 /* Q6_K block layout: ql (128), qh (64), scales (16 int8), d (F16). Half h of 128 values: value
@@ -532,14 +691,14 @@ AVX512 static inline __m512 finish_k(const struct sb16 *u, const struct kiri_blo
     return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ib), _mm512_mul_ps(u->dmin, dy), acc);
 }
 
-/* n tokens (8 or 16) against an unpacked super-block: for each group of quants (held in
- * registers) every token's sum, so the quants are loaded once per group, not once per token. */
+/* 8 tokens against an unpacked super-block: for each group of quants (held in registers) every
+ * token's sum, so the quants are loaded once per group, not once per token. */
 AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct kiri_block_q8_K *const *y, int64_t b,
-                                              int n, int q6, __m512 *acc)
+                                              int q6, __m512 acc[8])
 {
-    __m512i isum[16];
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < n; i++)
+    __m512i isum[8];
+    UNROLL
+    for (int i = 0; i < 8; i++)
         isum[i] = _mm512_setzero_si512();
     const int ng = q6 ? 16 : 8, per = q6 ? 4 : 8;
     UNROLL
@@ -548,12 +707,12 @@ AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct
         UNROLL
         for (int v = 0; v < per; v++)
             q[v] = u->q[per * g + v];
-        _Pragma("GCC unroll 16")
-        for (int i = 0; i < n; i++)
+        UNROLL
+        for (int i = 0; i < 8; i++)
             isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(dot_k(q, y[i][b].qs + 4 * per * g, per), u->sc[g]));
     }
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < n; i++)
+    UNROLL
+    for (int i = 0; i < 8; i++)
         acc[i] = finish_k(u, &y[i][b], q6, isum[i], acc[i]);
 }
 
@@ -564,8 +723,9 @@ typedef void (*unpack16_fn)(const char *const rows[16], int64_t b, struct sb16 *
 #define K_CHUNK 8
 
 /* The octets of tokens of a tile of K-quant rows: per group of 16 rows, up to K_CHUNK super-blocks
- * are unpacked once, then serve every token, 16 (or 8) at a time; the partial sums of a chunk are
- * added to dst. Returns the first token not done (the single tokens left over, 1 or 2, or all of
+ * are unpacked once, then serve every token, 8 at a time (16 at a time, the accumulators and
+ * sums no longer fit in the 32 registers: one thread, 2048 x 2048 against 512 tokens, Q6_K 24.8
+ * -> 14.4 ms, Q4_K and Q5_K 4% faster); the partial sums of a chunk are added to dst. Returns the first token not done (the single tokens left over, 1 or 2, or all of
  * them when nt <= 4), which the one-token kernels below take: up to four tokens, one streaming pass
  * each costs less than a padded octet, whose transposition runs far below the memory's speed
  * (bench_vec_dot's small-batch table). */
@@ -586,21 +746,7 @@ AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_
             const int64_t b1 = nb - b0 < K_CHUNK ? nb : b0 + K_CHUNK;
             for (int64_t b = b0; b < b1; b++)
                 unpack(rows, b, &u[b - b0]);
-            int64_t t = 0;
-            for (; t_oct - t >= 16; t += 16) { /* 16 tokens at a time while they last */
-                const struct kiri_block_q8_K *y[16];
-                for (int i = 0; i < 16; i++)
-                    y[i] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t + i) * as);
-                __m512 acc[16];
-                UNROLL
-                for (int i = 0; i < 16; i++)
-                    acc[i] = _mm512_setzero_ps();
-                for (int64_t b = b0; b < b1; b++)
-                    tokens_k(&u[b - b0], y, b, 16, q6, acc);
-                for (int i = 0; i < 16; i++)
-                    put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, b0 == 0);
-            }
-            for (; t < t_oct; t += 8) {
+            for (int64_t t = 0; t < t_oct; t += 8) {
                 const struct kiri_block_q8_K *y[8];
                 for (int i = 0; i < 8; i++)
                     y[i] = (const struct kiri_block_q8_K *)tile_row(a, as, t + i, t_oct);
@@ -609,7 +755,7 @@ AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_
                 for (int i = 0; i < 8; i++)
                     acc[i] = _mm512_setzero_ps();
                 for (int64_t b = b0; b < b1; b++)
-                    tokens_k(&u[b - b0], y, b, 8, q6, acc);
+                    tokens_k(&u[b - b0], y, b, q6, acc);
                 for (int i = 0; i < 8 && t + i < t_oct; i++)
                     put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, b0 == 0);
             }
@@ -1117,6 +1263,17 @@ AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const v
         q4_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr);
 }
 
+/* Q5_K: the Q4_K octets on its unpacked quants; up to four tokens (decode, small batches) and
+ * the one or two tokens the octets leave take the AVX2 kernels. */
+AVX512 static void gemm_q5_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    const int64_t t = gemm16_k(k, w, ws, unpack16_q5_K, 0, a, as, dst, ds, nr, nt);
+    if (t < nt)
+        kiri_cpu_gemm_small_q5_K_avx2(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,
+                                      nt - t);
+}
+
 AVX512 static void gemm_q6_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
@@ -1138,11 +1295,19 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx512;
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx512;
+    k->gemm[KIRI_TYPE_Q5_K] = gemm_q5_K_avx512;
+    k->gemm[KIRI_TYPE_Q4_1] = gemm_q4_1_avx512;
+    k->gemm[KIRI_TYPE_Q5_0] = gemm_q5_0_avx512;
+    k->gemm[KIRI_TYPE_Q5_1] = gemm_q5_1_avx512;
     k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx512;
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* gemm16: tile_rows_m */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
     k->gemm_stream[KIRI_TYPE_Q4_K] = 4; /* q4_K_rows_small */
     k->gemm_stream[KIRI_TYPE_Q6_K] = 4; /* q6_K_rows_small */
+    k->gemm_stream[KIRI_TYPE_Q5_K] = 4; /* the AVX2 small batches */
+    k->gemm_stream[KIRI_TYPE_Q4_1] = 4;
+    k->gemm_stream[KIRI_TYPE_Q5_0] = 4;
+    k->gemm_stream[KIRI_TYPE_Q5_1] = 4;
     k->path = "avx2+avx512vnni";
 }
 

@@ -1,0 +1,282 @@
+#include "draft.h"
+
+#include <string.h>
+
+#include "batcher.h"
+#include "error.h"
+#include "kiri.h"
+#include "mem.h"
+#include "model.h"
+
+int32_t kiri_draft_ngram(const int32_t *tokens, int32_t n, int32_t *draft, int32_t max)
+{
+    if (!tokens || !draft || max < 1)
+        return 0;
+    const int32_t lo = n > KIRI_NGRAM_WINDOW ? n - KIRI_NGRAM_WINDOW : 0;
+    for (int32_t len = KIRI_NGRAM_MAX; len >= KIRI_NGRAM_MIN; len--) {
+        if (n - lo < len + 1)
+            continue;
+        const int32_t *suffix = tokens + n - len;
+        /* An occurrence at i ends before the suffix starts over itself, so at least one token
+         * follows it: i + len < n. */
+        for (int32_t i = n - len - 1; i >= lo; i--) {
+            if (tokens[i] != suffix[0] || memcmp(tokens + i, suffix, (size_t)len * sizeof *tokens) != 0)
+                continue;
+            int32_t k = n - (i + len);
+            if (k > max)
+                k = max;
+            memcpy(draft, tokens + i + len, (size_t)k * sizeof *draft);
+            return k;
+        }
+    }
+    return 0;
+}
+
+static int32_t ngram_propose(struct kiri_drafter *d, uint64_t seq, const int32_t *tokens, int32_t n, int32_t *draft,
+                             int32_t max)
+{
+    (void)d;
+    (void)seq;
+    return kiri_draft_ngram(tokens, n, draft, max);
+}
+
+static struct kiri_drafter ngram = {"ngram", ngram_propose, NULL, NULL};
+
+struct kiri_drafter *kiri_drafter_ngram(void) { return &ngram; }
+
+/* ---------------------------------------------------------------------------------------------
+ * A draft model
+ * ------------------------------------------------------------------------------------------- */
+
+/* What the draft model holds for one sequence of the target: a held sequence of its loop, and a
+ * copy of its tokens (to find how much of them the target kept). */
+struct draft_slot {
+    uint64_t seq;           /* the target's sequence; 0: a free slot */
+    uint64_t held;          /* the held sequence's id in the draft loop */
+    int32_t *tokens;        /* owned, capacity n_ctx + 1 */
+    int32_t n;
+};
+
+struct model_drafter {
+    struct kiri_drafter base;
+    struct kiri_batcher *loop;      /* owned: the draft model's loop, driven from the caller */
+    int32_t n_vocab, n_ctx;
+    struct draft_slot *slots;       /* owned (n_slots) */
+    int32_t n_slots;
+    const float *logits;            /* the latest logits event's, valid until the next step */
+    uint64_t ended;                 /* a held sequence whose final event came (an error) */
+};
+
+static int on_draft_event(void *user, const struct kiri_token_event *ev)
+{
+    struct model_drafter *d = user;
+    if (ev->logits)
+        d->logits = ev->logits;
+    if (ev->finish >= 0)
+        d->ended = 1;
+    return 0;
+}
+
+/* Ends the slot's held sequence and frees the slot. */
+static void slot_drop(struct model_drafter *d, struct draft_slot *sl)
+{
+    if (sl->held) {
+        kiri_batcher_cancel(d->loop, sl->held);
+        kiri_batcher_run(d->loop, NULL);
+    }
+    sl->seq = 0;
+    sl->held = 0;
+    sl->n = 0;
+}
+
+static struct draft_slot *slot_of(struct model_drafter *d, uint64_t seq, int take)
+{
+    struct draft_slot *free_slot = NULL;
+    for (int32_t i = 0; i < d->n_slots; i++) {
+        if (d->slots[i].seq == seq)
+            return &d->slots[i];
+        if (!d->slots[i].seq && !free_slot)
+            free_slot = &d->slots[i];
+    }
+    if (take && free_slot)
+        free_slot->seq = seq;
+    return take ? free_slot : NULL;
+}
+
+/* Runs the draft loop over what was appended; the logits after the sequence's last token, or
+ * NULL when it failed. */
+static const float *draft_step(struct model_drafter *d)
+{
+    d->logits = NULL;
+    d->ended = 0;
+    kiri_batcher_run(d->loop, NULL);
+    return d->ended ? NULL : d->logits;
+}
+
+/* Greedy: the largest logit, ties to the lowest id (the sampler's rule). */
+static int32_t argmax(const float *l, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (l[i] > l[best])
+            best = i;
+    return best;
+}
+
+static int32_t model_propose(struct kiri_drafter *base, uint64_t seq, const int32_t *tokens, int32_t n,
+                             int32_t *draft, int32_t max)
+{
+    struct model_drafter *d = (struct model_drafter *)base;
+    if (n < 1 || max < 1 || n >= d->n_ctx)
+        return 0;
+    if (max > d->n_ctx - n + 1)
+        max = d->n_ctx - n + 1;
+    struct draft_slot *sl = slot_of(d, seq, 1);
+    if (!sl)
+        return 0;
+    /* The tokens the draft sequence already holds that the target kept; at least the last of the
+     * target's is computed again, for its logits. */
+    int32_t keep = 0;
+    while (keep < sl->n && keep < n - 1 && sl->tokens[keep] == tokens[keep])
+        keep++;
+    int rc = KIRI_OK;
+    if (sl->held && keep == 0)
+        slot_drop(d, sl), sl->seq = seq;
+    if (!sl->held) {
+        struct kiri_request r;
+        memset(&r, 0, sizeof r);
+        r.tokens = tokens;
+        r.n_tokens = n;
+        rc = kiri_batcher_submit_held(d->loop, &r, on_draft_event, d, &sl->held, NULL);
+    } else {
+        rc = kiri_batcher_truncate(d->loop, sl->held, keep, NULL);
+        if (rc == KIRI_OK)
+            rc = kiri_batcher_append(d->loop, sl->held, tokens + keep, n - keep, NULL);
+    }
+    if (rc == KIRI_OK) {
+        memcpy(sl->tokens, tokens, (size_t)n * sizeof *tokens);
+        sl->n = n;
+    }
+    int32_t k = 0;
+    while (rc == KIRI_OK && k < max) {
+        const float *lg = draft_step(d);
+        if (!lg) {
+            rc = KIRI_E_BACKEND;
+            break;
+        }
+        draft[k] = argmax(lg, d->n_vocab);
+        if (++k == max)
+            break;
+        if ((rc = kiri_batcher_append(d->loop, sl->held, &draft[k - 1], 1, NULL)) == KIRI_OK)
+            sl->tokens[sl->n++] = draft[k - 1];
+    }
+    if (rc < 0) { /* no guess; the next proposal starts the sequence afresh */
+        slot_drop(d, sl);
+        return 0;
+    }
+    return k;
+}
+
+static void model_release(struct kiri_drafter *base, uint64_t seq)
+{
+    struct model_drafter *d = (struct model_drafter *)base;
+    struct draft_slot *sl = slot_of(d, seq, 0);
+    if (sl)
+        slot_drop(d, sl);
+}
+
+static void model_free(struct kiri_drafter *base)
+{
+    struct model_drafter *d = (struct model_drafter *)base;
+    if (!d)
+        return;
+    kiri_batcher_free(d->loop);
+    for (int32_t i = 0; d->slots && i < d->n_slots; i++)
+        kiri_mem_free(d->slots[i].tokens);
+    kiri_mem_free(d->slots);
+    kiri_mem_free(d);
+}
+
+/* Same vocabulary: the same size, BOS and EOS, and every token's text. */
+static int same_vocabulary(const struct kiri_model *a, const struct kiri_model *b, struct kiri_status_info *info)
+{
+    const int32_t n = kiri_model_n_vocab(a);
+    if (n != kiri_model_n_vocab(b))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "the draft model has %d tokens, the model %d",
+                              kiri_model_n_vocab(b), n);
+    if (kiri_model_bos(a) != kiri_model_bos(b) || kiri_model_eos(a) != kiri_model_eos(b))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "the draft model's BOS or EOS token differs from the model's");
+    char pa[512], pb[512];
+    for (int32_t t = 0; t < n; t++) {
+        const int la = kiri_token_to_piece(a, t, 1, pa, sizeof pa), lb = kiri_token_to_piece(b, t, 1, pb, sizeof pb);
+        if (la != lb || (la > 0 && la <= (int)sizeof pa && memcmp(pa, pb, (size_t)la) != 0))
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "token %d differs between the model and the draft model",
+                                  t);
+    }
+    return KIRI_OK;
+}
+
+int kiri_drafter_model_init(const struct kiri_model *target, struct kiri_model *draft, int32_t max_seqs,
+                            int32_t n_ctx, int32_t chunk, struct kiri_drafter **out, struct kiri_status_info *info)
+{
+    int rc = same_vocabulary(target, draft, info);
+    if (rc < 0)
+        return rc;
+    if (kiri_model_n_recurrent_layers(draft))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG,
+                              "the draft model has recurrent layers, whose state cannot drop rejected tokens yet");
+    struct model_drafter *d = kiri_mem_calloc(1, sizeof *d);
+    if (!d)
+        return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
+    d->base = (struct kiri_drafter){"draft", model_propose, model_release, model_free};
+    d->n_vocab = kiri_model_n_vocab(draft);
+    d->n_ctx = n_ctx;
+    /* Its own loop: no prefix sharing (each sequence computes its own), no drafts of its own. */
+    struct kiri_batcher_params bp;
+    kiri_batcher_params_default(&bp);
+    bp.n_ctx = n_ctx;
+    bp.max_seqs = max_seqs;
+    bp.chunk = chunk;
+    bp.queue_cap = max_seqs;
+    bp.prefix_cache = 0;
+    bp.draft_rows = 0;
+    if ((rc = kiri_batcher_init(draft, &bp, &d->loop, info)) < 0) {
+        model_free(&d->base);
+        return rc;
+    }
+    d->n_ctx = kiri_batcher_n_ctx(d->loop);
+    d->n_slots = max_seqs;
+    if (!(d->slots = kiri_mem_calloc((size_t)max_seqs, sizeof *d->slots))) {
+        model_free(&d->base);
+        return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
+    }
+    for (int32_t i = 0; i < max_seqs; i++)
+        if (!(d->slots[i].tokens = kiri_mem_array((size_t)d->n_ctx + 1, sizeof(int32_t)))) {
+            model_free(&d->base);
+            return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
+        }
+    *out = &d->base;
+    return KIRI_OK;
+}
+
+const char *kiri_spec_name(int kind)
+{
+    switch (kind) {
+    case KIRI_SPEC_NONE:
+        return "none";
+    case KIRI_SPEC_NGRAM:
+        return "ngram";
+    case KIRI_SPEC_DRAFT:
+        return "draft";
+    default:
+        return NULL;
+    }
+}
+
+int kiri_spec_parse(const char *name)
+{
+    for (int k = 0; name && k < KIRI_SPEC_KINDS; k++)
+        if (strcmp(name, kiri_spec_name(k)) == 0)
+            return k;
+    return -1;
+}

@@ -1,0 +1,50 @@
+/* Drafters for speculative decoding (include/kiri.h, enum kiri_spec): each proposes the tokens a
+ * sequence is likely to continue with, which the batcher then verifies in one step. A drafter only
+ * guesses: a wrong guess costs a little compute, never a changed output.
+ *
+ * The interface is one small table of functions so that drafters with state of their own (a draft
+ * model with its own cache) fit beside the stateless prompt lookup. A drafter is used by one
+ * thread at a time (the loop's). */
+#ifndef KIRI_DRAFT_H
+#define KIRI_DRAFT_H
+
+#include <stdint.h>
+
+struct kiri_batcher;
+struct kiri_model;
+struct kiri_status_info;
+
+struct kiri_drafter {
+    const char *name;   /* as kiri_spec_name spells it */
+    /* Writes at most max (>= 1) tokens likely to follow tokens[0..n) into draft and returns how
+     * many (0: no guess). tokens is the whole sequence, prompt and generated; seq names it for a
+     * drafter that keeps state per sequence. Never fails (a failure is no guess). */
+    int32_t (*propose)(struct kiri_drafter *d, uint64_t seq, const int32_t *tokens, int32_t n, int32_t *draft,
+                       int32_t max);
+    /* Forgets what it keeps for seq (the sequence ended). NULL for a stateless drafter. */
+    void (*release)(struct kiri_drafter *d, uint64_t seq);
+    /* Frees the drafter. NULL for a static one. */
+    void (*free)(struct kiri_drafter *d);
+};
+
+/* The prompt-lookup drafter (static: never freed). */
+struct kiri_drafter *kiri_drafter_ngram(void);
+
+/* A draft model: draft, a model with the same vocabulary as target (every token's text, BOS and
+ * EOS equal), run greedily in a serving loop of its own (max_seqs sequences of n_ctx tokens,
+ * chunk prompt tokens a step) driven from the caller's thread. Each sequence keeps its keys and
+ * values there between proposals; what the target rejected is cut away before the next one, and
+ * only the tokens the draft model has not seen are computed. KIRI_E_INVALID_ARG when the
+ * vocabularies differ or the draft model has recurrent layers (lfm2), KIRI_E_NOMEM. */
+int kiri_drafter_model_init(const struct kiri_model *target, struct kiri_model *draft, int32_t max_seqs,
+                            int32_t n_ctx, int32_t chunk, struct kiri_drafter **out, struct kiri_status_info *info);
+
+/* Prompt lookup: the longest suffix of tokens[0..n), of KIRI_NGRAM_MAX down to KIRI_NGRAM_MIN
+ * tokens, that also occurs earlier (the latest such occurrence, searched over at most the last
+ * KIRI_NGRAM_WINDOW positions); the draft is what followed it there. */
+#define KIRI_NGRAM_MAX 4
+#define KIRI_NGRAM_MIN 2
+#define KIRI_NGRAM_WINDOW 16384
+int32_t kiri_draft_ngram(const int32_t *tokens, int32_t n, int32_t *draft, int32_t max);
+
+#endif
