@@ -7,7 +7,11 @@
  *   scale and softcap (in place, 3-D); RoPE (normal and neox, partial rotation, frequency factors,
  *   scaling, attn_factor); STORE_KV into F32, F16 and Q8_0 caches; attention over F32, F16 and
  *   Q8_0 caches with GQA through scrambled block tables, with and without a sliding window (the
- *   table entries below the window poisoned);
+ *   table entries below the window poisoned); the hybrid models' ops (backend_check_recurrent_ops:
+ *   the sigmoid output gate over a strided gate, the short convolution of lfm2 and qwen35, the
+ *   delta-rule gates and the delta rule, each over two interleaved sequences, one starting at
+ *   position 0 over a garbage state row, a token naming a row outside the state, and the state
+ *   carried across two steps);
  * - all of it twice: once as the device comes (host-memory scratch on lavapipe), once with
  *   device-local scratch behind staging copies and a 256 KiB storage-binding limit, so uploads,
  *   downloads and weights split into chunks run too;
@@ -92,6 +96,7 @@ static void run_op_checks(void)
 {
     bc.be = vk;
     backend_check_ops(&bc);
+    backend_check_recurrent_ops(&bc);
     backend_check_print_table(&bc, stderr);
     bc.be = NULL;
     VK->free(vk);
