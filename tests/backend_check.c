@@ -985,6 +985,40 @@ static void test_sigmoid_mul(struct backend_check *b)
     pair_free(b, &qg);
 }
 
+/* SCALE in place on qwen35's key heads: an (S, Hk, n) view into rows of C floats, the heads S
+ * apart and the tokens C apart (no single row stride). Exact; the values around the view stay. */
+static void test_scale_heads_view(struct backend_check *b)
+{
+    const int64_t S = 16, hk = 2, c = 5 * S * hk / 2 + 8, n = 4;
+    struct pair qkv;
+    pair_init(b, &qkv, KIRI_TYPE_F32, c, n, 1);
+    pair_fill(b, &qkv, 2.0f);
+    pair_upload(b, &qkv);
+    struct pair view = qkv; /* no memory of its own */
+    for (int side = 0; side < 2; side++) {
+        struct kiri_tensor *t = side ? &view.d : &view.h;
+        t->ne[0] = S;
+        t->ne[1] = hk;
+        t->ne[2] = n;
+        t->nb[1] = (size_t)S * 4;
+        t->nb[2] = t->nb[3] = (size_t)c * 4;
+        if (side)
+            t->offset += (size_t)S * (size_t)hk * 4;
+        else
+            t->data = (char *)t->data + (size_t)S * (size_t)hk * 4;
+    }
+    struct kiri_node hn[1], dn[1];
+    const int k = 0;
+    node(&hn[k], &dn[k], KIRI_OP_SCALE, &view.h, &view.d);
+    SRC(0, &view);
+    hn[k].p.scale = dn[k].p.scale = 0.25f;
+    run(b, hn, dn, 1);
+    float *got = pair_download(b, &qkv);
+    compare(b, "scale|F32|16x2x4 heads of 88-float rows", qkv.mem, got, NULL, (size_t)(c * n), 0);
+    free(got);
+    pair_free(b, &qkv);
+}
+
 /* A step of the recurrent ops: which state row and position each token has. Tokens of two
  * sequences interleave; a third starts at position 0 over a row of garbage (it must read as
  * zeros); one token names a row outside the state (skipped, as the CPU skips it). */
@@ -1148,6 +1182,7 @@ void backend_check_recurrent_ops(struct backend_check *b)
     CHECK_EQ_INT(CPU->init(&c, &b->ref, msg, sizeof msg), 0);
     if (b->ref && b->be) {
         test_sigmoid_mul(b);
+        test_scale_heads_view(b);
         check_short_conv(b, 96, 3, 0, 0);  /* lfm2 */
         check_short_conv(b, 96, 3, 0, 1);
         check_short_conv(b, 200, 4, 1, 1); /* qwen35, channels no multiple of the workgroup */

@@ -63,8 +63,8 @@ struct kiri_backend *backend_check_start(struct backend_check *b, FILE *out);
  * the table. */
 void backend_check_ops(struct backend_check *b);
 
-/* The hybrid models' ops (SIGMOID_MUL, SHORT_CONV, DELTA_GATES, DELTA_NET) against the CPU
- * reference on b->be: two interleaved sequences, a sequence starting at position 0 and the state
+/* The hybrid models' ops (SIGMOID_MUL, SHORT_CONV, DELTA_GATES, DELTA_NET, and SCALE over
+ * qwen35's strided head views) against the CPU reference on b->be: two interleaved sequences, a sequence starting at position 0 and the state
  * carried across two steps; into the table. */
 void backend_check_recurrent_ops(struct backend_check *b);
 

@@ -158,8 +158,10 @@ def case(request, family_files):
     return c
 
 
-def _env(cpu_kernels=None, backend=None):
+def _env(cpu_kernels=None, backend=None, gpu_layers=None):
     env = dict(os.environ)
+    if gpu_layers is not None:
+        env["KIRI_GPU_LAYERS"] = str(gpu_layers)
     if cpu_kernels:
         env["KIRI_CPU_KERNELS"] = cpu_kernels
     if backend:
@@ -167,7 +169,7 @@ def _env(cpu_kernels=None, backend=None):
     return env
 
 
-def run_dump(tool, c, tokens, *, kv, chunk=1, batch=False, cpu_kernels=None, backend=None):
+def run_dump(tool, c, tokens, *, kv, chunk=1, batch=False, cpu_kernels=None, backend=None, gpu_layers=None):
     """kiri's rows (one per call: the last token of each chunk), float64."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "logits.f32")
@@ -175,7 +177,7 @@ def run_dump(tool, c, tokens, *, kv, chunk=1, batch=False, cpu_kernels=None, bac
         cmd += ["--batch"] if batch else ["--chunk", str(chunk)]
         cmd += [c.path] + [str(t) for t in tokens]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                           env=_env(cpu_kernels, backend))
+                           env=_env(cpu_kernels, backend, gpu_layers))
         if r.returncode:
             pytest.fail(f"{c.name}: kiri failed ({r.returncode}): "
                         f"{' '.join(cmd[:9])} {c.path} <{len(tokens)} ids>\n{r.stderr.strip()}")
@@ -436,6 +438,20 @@ def test_vulkan(case, dump_tool):
     """The Vulkan backend (lavapipe on a machine without a GPU), token by token and in chunks
     of 7, F16 KV."""
     run_vulkan(case, dump_tool)
+
+
+def run_vulkan_every_position(case, dump_tool, chunk, gpu_layers=None):
+    """run_vulkan over every position of the prompt, in chunks of chunk: the hybrid families,
+    whose recurrent state a short prefix would not exercise much. gpu_layers: only the first
+    layers on Vulkan, the rest on the CPU."""
+    if not _vulkan_device():
+        pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
+    toks = prompt(case)
+    on = "vulkan" if gpu_layers is None else f"{gpu_layers} layers on vulkan"
+    K = run_dump(dump_tool, case, toks, kv="f16", backend="vulkan", gpu_layers=gpu_layers)
+    check(case, toks, K, list(range(len(toks))), "f16", f"token by token, {on}", gpu=True)
+    K = run_dump(dump_tool, case, toks, kv="f16", chunk=chunk, backend="vulkan", gpu_layers=gpu_layers)
+    check(case, toks, K, chunk_positions(len(toks), chunk), "f16", f"--chunk {chunk}, {on}", gpu=True)
 
 
 def run_vulkan(case, dump_tool):

@@ -768,7 +768,7 @@ struct pc_attention {
     float scale;
     uint32_t window;
 };
-struct pc_unary { uint32_t x_off, x_nb1, d_off, d_nb1, n, rows, op; float c; };
+struct pc_unary { uint32_t x_off, x_nb1, x_nb2, d_off, d_nb1, d_nb2, n, ne1, rows, op; float c; };
 struct pc_short_conv {
     uint32_t u_off, u_nb1, d_off, d_nb1, w_off, w_nb1, s_off, s_nb1, r_off, p_off, e, n_tok, k, n_slots, silu;
 };
@@ -923,14 +923,13 @@ static int rec_binary(struct kiri_backend *be, const struct kiri_node *nd, int p
 static int rec_unary(struct kiri_backend *be, const struct kiri_node *nd, uint32_t op, float c)
 {
     const struct kiri_tensor *x = nd->src[0], *y = nd->dst;
-    int64_t rows, rows_y;
     struct bind b[2];
-    if (kiri_tensor_flat_rows(x, &rows) != 0 || kiri_tensor_flat_rows(y, &rows_y) != 0 || rows_y != rows ||
-        bind_tensor(be, y, 1, &b[0]) != 0 || bind_tensor(be, x, 1, &b[1]) != 0)
+    if (bind_tensor(be, y, 1, &b[0]) != 0 || bind_tensor(be, x, 1, &b[1]) != 0)
         return -1;
-    const struct pc_unary pc = {b[1].rem, u32(x->nb[1]), b[0].rem, u32(y->nb[1]), (uint32_t)x->ne[0],
-                                (uint32_t)rows, op, c};
-    return dispatch(be, P_UNARY, b, 2, &pc, sizeof pc, div_up((uint64_t)x->ne[0] * (uint64_t)rows, 64));
+    const uint64_t rows = (uint64_t)x->ne[1] * (uint64_t)x->ne[2];
+    const struct pc_unary pc = {b[1].rem, u32(x->nb[1]), u32(x->nb[2]), b[0].rem, u32(y->nb[1]), u32(y->nb[2]),
+                                (uint32_t)x->ne[0], (uint32_t)x->ne[1], (uint32_t)rows, op, c};
+    return dispatch(be, P_UNARY, b, 2, &pc, sizeof pc, div_up((uint64_t)x->ne[0] * rows, 64));
 }
 
 static int rec_rope(struct kiri_backend *be, const struct kiri_node *nd)
@@ -1512,11 +1511,10 @@ static int vk_supports(struct kiri_backend *be, const struct kiri_node *nd)
         return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0];
     case KIRI_OP_SCALE:
     case KIRI_OP_SOFTCAP: {
-        int64_t rows, rows_d;
+        /* (E, ne1, ne2) with strides of their own: dimension 3 must be 1 on both sides. */
         const float c = nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap;
-        return kiri_node_all_f32(nd, 1) && d->ne[0] == s0->ne[0] && kiri_tensor_flat_rows(s0, &rows) == 0 &&
-               kiri_tensor_flat_rows(d, &rows_d) == 0 && rows == rows_d && isfinite(c) &&
-               (nd->op == KIRI_OP_SCALE || c > 0.0f);
+        return kiri_node_all_f32(nd, 1) && d->ne[0] == s0->ne[0] && d->ne[1] == s0->ne[1] && d->ne[2] == s0->ne[2] &&
+               s0->ne[3] == 1 && d->ne[3] == 1 && isfinite(c) && (nd->op == KIRI_OP_SCALE || c > 0.0f);
     }
     case KIRI_OP_ROPE:
         return kiri_node_rope_ok(nd) && isfinite(nd->p.rope.attn_factor);
