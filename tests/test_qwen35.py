@@ -4,9 +4,9 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
 
   - logits at every position, one token a step, in prompt chunks of 2, 3, 5 and 16 and in one
     batch (a chunk's tokens pass the convolution window and the delta-rule state along inside one
-    step), F32 and F16 KV, on three F32 files (3 of 4, 4 of 6 and 6 of 8 layers recurrent; 2 key
-    heads for 4 value heads, and 1 for 3; the third with Qwen3.5's head sizes and RoPE sections)
-    and a Q8_0 one (held to llama.cpp within a tenth of llama.cpp's distance from exact);
+    step), F32 and F16 KV, on four F32 files (3 of 4, 4 of 6 and 6 of 8 layers recurrent by the
+    interval, 3 of 5 listed by attention.recurrent_layers; 2 key heads for 4 value heads, and 1
+    for 3; one with Qwen3.5's head sizes and RoPE sections) and a Q8_0 one (held to llama.cpp within a tenth of llama.cpp's distance from exact);
   - on every CPU kernel tier this machine runs (c, avx2, avx512), and on Vulkan (lavapipe): token
     by token and in chunks of 5 on qwen35-a, qwen35-c and the Q8_0 file, and with the first two
     layers on Vulkan and the others on the CPU (states on both);
@@ -40,7 +40,7 @@ MODELS_DIR = tf.MODELS_DIR
 N_CTX = tf.N_CTX
 
 
-CASES = [Case(hs.TinyModel(tq.variant(n)), N_CTX) for n in ("qwen35-a", "qwen35-b", "qwen35-c", "qwen35-q8")]
+CASES = [Case(hs.TinyModel(tq.variant(n)), N_CTX) for n in ("qwen35-a", "qwen35-b", "qwen35-c", "qwen35-d", "qwen35-q8")]
 F32_CASES = [c for c in CASES if c.wtype == "F32"]
 
 

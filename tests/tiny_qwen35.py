@@ -45,6 +45,7 @@ class Variant:
     v_heads: int = 4           # ssm.time_step_rank (a multiple of k_heads)
     untied: bool = False
     nextn: int = 0             # nextn_predict_layers: MTP blocks after the trunk
+    recurrent: tuple = ()      # attention.recurrent_layers (bools) in place of the interval
     seed: int = 700
     wtype: str = "F32"         # the projections' type (norms, the convolution, ssm_a and ssm_dt stay F32)
     base: str = ""             # same weights as this variant, plus extra
@@ -68,6 +69,8 @@ VARIANTS = [
             "heads of 256 with 64 rotated dimensions in sections (11, 11, 10), 8 layers, attention on 3 and 7",
             n_layer=8, n_embd=128, n_head=2, n_head_kv=1, head_dim=256, n_rot=64, sections=(11, 11, 10, 0),
             n_ff=160, state=128, k_heads=2, v_heads=4, seed=705),
+    Variant("qwen35-d", "5 layers listed by attention.recurrent_layers (Gated DeltaNet on 0, 2 and 3, attention "
+            "on 1 and 4) rather than an interval", n_layer=5, recurrent=(True, False, True, True, False), seed=706),
     Variant("qwen35-q8", "qwen35-a's weights with every projection and the embedding in Q8_0", seed=701,
             wtype="Q8_0"),
     # Refusals.
@@ -92,6 +95,8 @@ def variant(name):
 
 
 def is_recurrent(v, i):
+    if v.recurrent:
+        return i < v.n_layer and v.recurrent[i]
     return i < v.n_layer and (i + 1) % v.interval != 0
 
 
@@ -181,7 +186,10 @@ def write(v, path):
     wr.add_uint32(f"{k}.ssm.state_size", v.state)
     wr.add_uint32(f"{k}.ssm.time_step_rank", v.v_heads)
     wr.add_uint32(f"{k}.ssm.group_count", v.k_heads)
-    wr.add_uint32(f"{k}.full_attention_interval", v.interval)
+    if v.recurrent:
+        wr.add_array(f"{k}.attention.recurrent_layers", [bool(x) for x in v.recurrent])
+    else:
+        wr.add_uint32(f"{k}.full_attention_interval", v.interval)
     if v.nextn:
         wr.add_uint32(f"{k}.nextn_predict_layers", v.nextn)
     wr.add_uint32(f"{k}.vocab_size", n_vocab)
@@ -224,7 +232,9 @@ def reference_logits(path, tokens):
     norm per head with ssm_norm times silu(attn_gate h); ssm_out. Or attention: each head's query
     and gate from attn_q, RMS-normed q and k, the text-position RoPE on the first n_rot dimensions,
     scale 1/sqrt(head size), the output times sigmoid(gate), attn_output. Then the residual,
-    post_attention_norm, the SwiGLU feed-forward, the residual; output_norm; the output."""
+    post_attention_norm, the SwiGLU feed-forward, the residual; output_norm; the output. The
+    recurrent layers are those attention.recurrent_layers marks, else all but every
+    full_attention_interval-th."""
     meta, t = mtm.read_gguf(path)
     a = ARCH
 
@@ -238,7 +248,8 @@ def reference_logits(path, tokens):
     eps, base = hp("attention.layer_norm_rms_epsilon"), hp("rope.freq_base")
     sections = list(hp("rope.dimension_sections"))
     K, S, Hk, Hv = hp("ssm.conv_kernel"), hp("ssm.state_size"), hp("ssm.group_count"), hp("ssm.time_step_rank")
-    interval = hp("full_attention_interval")
+    interval = hp("full_attention_interval", 4)
+    listed = meta.get(f"{a}.attention.recurrent_layers")
     n_layer = hp("block_count") - hp("nextn_predict_layers", 0)
     pos = np.arange(n, dtype=np.float64)
     causal = np.triu(np.full((n, n), -np.inf), 1)
@@ -246,7 +257,7 @@ def reference_logits(path, tokens):
     for i in range(n_layer):
         p = f"blk.{i}."
         h = mtm._rms(x, t[p + "attn_norm.weight"], eps)
-        if (i + 1) % interval != 0:
+        if (listed[i] if listed is not None else (i + 1) % interval != 0):
             qkv = h @ t[p + "attn_qkv.weight"].T                      # (n, C)
             C = qkv.shape[1]
             u = np.concatenate([np.zeros((K - 1, C)), qkv])
