@@ -8,8 +8,8 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
     interval, 3 of 5 listed by attention.recurrent_layers; 2 key heads for 4 value heads, and 1
     for 3; one with Qwen3.5's head sizes and RoPE sections) and a Q8_0 one (held to llama.cpp within a tenth of llama.cpp's distance from exact);
   - on every CPU kernel tier this machine runs (c, avx2, avx512), and on Vulkan (lavapipe): token
-    by token and in chunks of 5 on qwen35-a, qwen35-c and the Q8_0 file, and with the first two
-    layers on Vulkan and the others on the CPU (states on both);
+    by token and in chunks of 5 on qwen35-a, qwen35-c, qwen35-d and the Q8_0 file, and with the
+    first two layers on Vulkan and the others on the CPU (states on both);
   - three sequences side by side in one batching loop (each step's recurrences walk several
     sequences' states);
   - through kiri serve: greedy completions unchanged by batching, a repeated prompt (computed
@@ -169,7 +169,7 @@ def test_qwen35_refused(name, named, qwen35_files, dump_tool):
     assert named in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("qc", [c for c in CASES if c.fam.name in ("qwen35-a", "qwen35-c", "qwen35-q8")],
+@pytest.mark.parametrize("qc", [c for c in CASES if c.fam.name in ("qwen35-a", "qwen35-c", "qwen35-d", "qwen35-q8")],
                          indirect=True, ids=repr)
 def test_qwen35_vulkan(qc, dump_tool):
     """The Vulkan backend (lavapipe on a machine without a GPU) runs every layer, the convolution
