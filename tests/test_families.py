@@ -473,14 +473,16 @@ def test_batched_with_other_sequences(case, batch_tool):
     run_batched(case, batch_tool)
 
 
-def run_batched(case, batch_tool, extra_check=None):
+def run_batched(case, batch_tool, extra_check=None, backend=None):
+    if backend == "vulkan" and not _vulkan_device():
+        pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
     kv = kv_of(case)
     seqs = [(prompt(case), 1), (prompt(case, 23, "b"), 3), (prompt(case, 31, "c"), 7)]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.f32")
         cmd = [batch_tool, "--kv", kv, "--n-ctx", str(case.n_ctx), "--out", out, case.path]
         cmd += [f"{step}:" + ",".join(map(str, toks)) for toks, step in seqs]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(backend=backend))
         if r.returncode:
             pytest.fail(f"{case.name}: batch_logits failed ({r.returncode}): {r.stderr.strip()}")
         info = json.loads(r.stdout)
@@ -489,7 +491,8 @@ def run_batched(case, batch_tool, extra_check=None):
     for (toks, step), n_rows in zip(seqs, info["rows"]):
         pos = chunk_positions(len(toks), step) if step > 1 else list(range(len(toks)))
         assert n_rows == len(pos), f"{case.name}: {n_rows} rows for {len(pos)} chunks"
-        check(case, toks, rows[at:at + n_rows], pos, kv, f"batched, {step} a round")
+        on = f", {backend}" if backend else ""
+        check(case, toks, rows[at:at + n_rows], pos, kv, f"batched, {step} a round{on}", gpu=backend is not None)
         if extra_check:
             extra_check(case, toks, rows[at:at + n_rows], pos, kv)
         at += n_rows

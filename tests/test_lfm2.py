@@ -13,7 +13,8 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
     first), preemption in a pool too small for three (recomputed from the tokens, the state
     started again), and a request after a cancelled one in the same slot;
   - on Vulkan (lavapipe): token by token and in chunks of 5, F32 and Q8_0 files, and with the
-    first three layers on Vulkan and the others on the CPU (convolution states on both);
+    first three layers on Vulkan and the others on the CPU (convolution states on both), and
+    three sequences batched;
   - refusals: a sliding-window key, a bidirectional file, a tensor the graph does not read; kiri
     info's state line;
   - LFM2's chat templates against jinja2, and its pre-tokenizer name against llama.cpp.
@@ -144,6 +145,13 @@ def test_lfm2_vulkan_gpu_layers(lc, dump_tool):
     """Layers 0-2 on Vulkan (convolutions 0 and 1, attention 2), 3-5 on the CPU (convolutions 3
     and 5): each layer's convolution state on the backend that runs it."""
     tf.run_vulkan_every_position(lc, dump_tool, 5, gpu_layers=3)
+
+
+@pytest.mark.parametrize("lc", [c for c in CASES if c.fam.name == "lfm2-a"], indirect=True, ids=repr)
+def test_lfm2_vulkan_batched(lc, batch_tool):
+    """Three sequences side by side in one batching loop on Vulkan, fed 1, 3 and 7 tokens a
+    round: each step's convolution shader walks several sequences' states."""
+    tf.run_batched(lc, batch_tool, backend="vulkan")
 
 
 def test_lfm2_info_shows_state(lfm2_files, kiri_bin):

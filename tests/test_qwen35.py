@@ -9,7 +9,8 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
     for 3; one with Qwen3.5's head sizes and RoPE sections) and a Q8_0 one (held to llama.cpp within a tenth of llama.cpp's distance from exact);
   - on every CPU kernel tier this machine runs (c, avx2, avx512), and on Vulkan (lavapipe): token
     by token and in chunks of 5 on qwen35-a, qwen35-c, qwen35-d and the Q8_0 file, and with the
-    first two layers on Vulkan and the others on the CPU (states on both);
+    first two layers on Vulkan and the others on the CPU (states on both), and three sequences
+    batched;
   - three sequences side by side in one batching loop (each step's recurrences walk several
     sequences' states);
   - through kiri serve: greedy completions unchanged by batching, a repeated prompt (computed
@@ -184,6 +185,13 @@ def test_qwen35_vulkan_gpu_layers(qc, dump_tool):
     """Layers 0 and 1 (Gated DeltaNet) on Vulkan, 2 (Gated DeltaNet) and 3 (gated attention) on
     the CPU: each layer's state on the backend that runs it."""
     tf.run_vulkan_every_position(qc, dump_tool, 5, gpu_layers=2)
+
+
+@pytest.mark.parametrize("qc", [c for c in CASES if c.fam.name == "qwen35-a"], indirect=True, ids=repr)
+def test_qwen35_vulkan_batched(qc, batch_tool):
+    """Three sequences side by side in one batching loop on Vulkan, fed 1, 3 and 7 tokens a
+    round: each step's convolution and delta-rule shaders walk several sequences' states."""
+    tf.run_batched(qc, batch_tool, backend="vulkan")
 
 
 # qwen35-a's state per sequence: 3 recurrent layers x (3 convolution inputs x 128 channels + 4
