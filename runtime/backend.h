@@ -358,6 +358,39 @@ static inline int kiri_node_attention_ok(const struct kiri_node *nd)
            p->window >= 0;
 }
 
+/* The shapes KIRI_OP_SHORT_CONV, KIRI_OP_DELTA_GATES and KIRI_OP_DELTA_NET take (every backend
+ * that runs them checks these, with the largest kernel / head its kernels hold). */
+static inline int kiri_node_short_conv_ok(const struct kiri_node *nd, int64_t max_taps)
+{
+    const struct kiri_tensor *u = nd->src[0], *w = nd->src[1], *st = nd->src[2];
+    return w && st && kiri_node_all_f32(nd, 3) && nd->src[3] && nd->src[4] && nd->src[3]->type == KIRI_TYPE_I32 &&
+           nd->src[4]->type == KIRI_TYPE_I32 && w->ne[0] >= 2 && w->ne[0] <= max_taps && w->ne[1] == u->ne[0] &&
+           nd->dst->ne[0] == u->ne[0] && nd->dst->ne[1] == u->ne[1] && st->ne[0] == (w->ne[0] - 1) * u->ne[0] &&
+           u->ne[2] == 1 && u->ne[3] == 1 && nd->src[3]->ne[0] >= u->ne[1] && nd->src[4]->ne[0] >= u->ne[1];
+}
+
+static inline int kiri_node_delta_gates_ok(const struct kiri_node *nd)
+{
+    const int64_t H = nd->src[0]->ne[0];
+    return nd->src[1] && nd->src[2] && nd->src[3] && kiri_node_all_f32(nd, 4) && nd->src[1]->ne[0] == H &&
+           nd->src[1]->ne[1] == nd->src[0]->ne[1] && nd->src[2]->ne[0] == H && nd->src[3]->ne[0] == H &&
+           nd->dst->ne[0] == 2 * H && nd->dst->ne[1] == nd->src[0]->ne[1];
+}
+
+static inline int kiri_node_delta_net_ok(const struct kiri_node *nd, int64_t max_head)
+{
+    const struct kiri_delta_params *p = &nd->p.delta;
+    const struct kiri_tensor *x = nd->src[0];
+    if (!nd->src[1] || !nd->src[2] || !kiri_node_all_f32(nd, 3) || !nd->src[3] || !nd->src[4] ||
+        nd->src[3]->type != KIRI_TYPE_I32 || nd->src[4]->type != KIRI_TYPE_I32 || p->n_head_k < 1 ||
+        p->n_head_v < 1 || p->n_head_v % p->n_head_k != 0 || p->head_dim < 1 || p->head_dim > max_head)
+        return 0;
+    const int64_t S = p->head_dim, Hk = p->n_head_k, Hv = p->n_head_v, n = x->ne[1];
+    return x->ne[0] == (2 * Hk + Hv) * S && nd->src[1]->ne[0] == 2 * Hv && nd->src[1]->ne[1] == n &&
+           nd->src[2]->ne[0] == Hv * S * S && nd->dst->ne[0] == Hv * S && nd->dst->ne[1] == n &&
+           nd->src[3]->ne[0] >= n && nd->src[4]->ne[0] >= n;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The backend interface
  * ------------------------------------------------------------------------------------------- */

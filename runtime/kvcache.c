@@ -52,11 +52,13 @@ struct kiri_kvcache {
                                                  layer l attends; l for a layer with its own */
     struct kiri_tensor *k, *v;                /* owned arrays of n_layer descriptors (a layer
                                                  without its own: unused, see kiri_kvcache_k) */
-    /* Recurrent state (kiri_kvcache_state): one row per slot in each recurrent layer, all in
-     * one buffer on part[1]'s backend; none when n_state_slots is 0. */
+    /* Recurrent state (kiri_kvcache_state): one row per slot in each recurrent layer, on the
+     * backend that runs the layer: layers below n_first in state_part[0]'s buffer, the others in
+     * state_part[1]'s (each NULL when it holds none); none when n_state_slots is 0. The state
+     * stays where it was made (kiri_kvcache_place never moves it). */
     int32_t n_state_slots;
     struct kiri_tensor *state;                /* owned (n_layer): ne[1] == 0 for a layer without */
-    struct kiri_buffer *state_buffer;         /* owned */
+    struct part state_part[2];                /* their buffers owned */
     size_t state_bytes;
     int32_t *state_free;                      /* owned: stack of free slots */
     int32_t n_state_free;
@@ -199,37 +201,47 @@ static int snap_init(struct kiri_kvcache *c, int32_t n, size_t bytes)
     return KIRI_OK;
 }
 
-/* Allocates the recurrent state of st's layers: a layer with keys of its own, or below n_first,
- * cannot have state (KIRI_E_INVALID_ARG). */
+/* Allocates the recurrent state of st's layers, each on its part's backend: a layer with keys of
+ * its own cannot have state (KIRI_E_INVALID_ARG). */
 static int state_init(struct kiri_kvcache *c, const struct kiri_kvcache_state *st)
 {
-    size_t total = 0;
+    size_t total = 0, part_total[2] = {0, 0};
     if (st->n_slots < 1 || st->n_slots > (1 << 20))
         return KIRI_E_INVALID_ARG;
     for (int l = 0; st->dims && l < c->n_layer; l++) {
         const int64_t dim = st->dims[l];
         if (dim == 0)
             continue;
-        if (dim < 0 || c->row[l] != 0 || l < c->n_first ||
+        if (dim < 0 || c->row[l] != 0 ||
             (uint64_t)dim > (SIZE_MAX / 2 - total) / sizeof(float) / (size_t)st->n_slots)
             return KIRI_E_INVALID_ARG;
         total += (size_t)dim * sizeof(float) * (size_t)st->n_slots;
+        part_total[l < c->n_first ? 0 : 1] += (size_t)dim * sizeof(float) * (size_t)st->n_slots;
     }
     if (total == 0)
         return KIRI_OK;
     c->state = kiri_mem_calloc((size_t)c->n_layer, sizeof *c->state);
     c->state_free = kiri_mem_array((size_t)st->n_slots, sizeof *c->state_free);
-    void *host = NULL;
-    if (!c->state || !c->state_free ||
-        c->part[1].iface->buffer_alloc(c->part[1].be, total, &c->state_buffer, &host) != 0) {
-        c->state_buffer = NULL;
+    if (!c->state || !c->state_free)
         return KIRI_E_NOMEM;
+    void *host[2] = {NULL, NULL};
+    for (int p = 0; p < 2; p++) {
+        struct part *sp = &c->state_part[p];
+        if (!part_total[p])
+            continue;
+        *sp = (struct part){c->part[p].iface, c->part[p].be, NULL};
+        if (sp->iface->buffer_alloc(sp->be, part_total[p], &sp->buffer, &host[p]) != 0) {
+            sp->buffer = NULL;
+            return KIRI_E_NOMEM;
+        }
     }
-    size_t off = 0;
+    size_t offs[2] = {0, 0};
     for (int l = 0; l < c->n_layer; l++) {
         if (!st->dims[l])
             continue;
+        const int p = l < c->n_first ? 0 : 1;
         const size_t row = (size_t)st->dims[l] * sizeof(float), layer = row * (size_t)st->n_slots;
+        const size_t off = offs[p];
         struct kiri_tensor *t = &c->state[l];
         t->type = KIRI_TYPE_F32;
         t->ne[0] = st->dims[l];
@@ -238,11 +250,11 @@ static int state_init(struct kiri_kvcache *c, const struct kiri_kvcache_state *s
         t->nb[0] = sizeof(float);
         t->nb[1] = row;
         t->nb[2] = t->nb[3] = layer;
-        t->buffer = c->state_buffer;
+        t->buffer = c->state_part[p].buffer;
         t->offset = off;
-        t->data = host ? (char *)host + off : NULL;
+        t->data = host[p] ? (char *)host[p] + off : NULL;
         t->name = "state";
-        off += layer;
+        offs[p] += layer;
     }
     c->n_state_slots = st->n_slots;
     c->state_bytes = total;
@@ -398,12 +410,14 @@ int kiri_kvcache_place(struct kiri_kvcache *c, int n_first, const struct kiri_ba
 {
     if (n_first < 0 || n_first > c->n_layer || (n_first > 0 && (!first_iface || !first_be)) || !iface || !be)
         return KIRI_E_INVALID_ARG;
-    for (int l = 0; l < c->n_layer; l++)
-        if ((l < n_first) != (c->source[l] < n_first) || (l < n_first && c->state && c->state[l].ne[1]))
+    for (int l = 0; l < c->n_layer; l++) {
+        if ((l < n_first) != (c->source[l] < n_first))
             return KIRI_E_INVALID_ARG;   /* a layer and the cache it reads stay together */
-    /* The recurrent state stays where it was made (moving it is not done). */
-    if (c->state_buffer && be != c->part[1].be)
-        return KIRI_E_INVALID_ARG;
+        /* The recurrent state stays where it was made (moving it is not done): a layer with
+         * state keeps its backend. */
+        if (c->state && c->state[l].ne[1] && (l < n_first ? first_be : be) != kiri_kvcache_backend(c, l))
+            return KIRI_E_INVALID_ARG;
+    }
     if (n_first == c->n_first && (n_first == 0 || first_be == c->part[0].be) && be == c->part[1].be)
         return KIRI_OK;
     struct part np[2] = {{n_first ? first_iface : iface, n_first ? first_be : be, NULL}, {iface, be, NULL}};
@@ -478,8 +492,9 @@ void kiri_kvcache_free(struct kiri_kvcache *c)
     kiri_mem_free(c->windowed);
     kiri_mem_free(c->row);
     kiri_mem_free(c->source);
-    if (c->state_buffer)
-        c->part[1].iface->buffer_free(c->part[1].be, c->state_buffer);
+    for (int p = 0; p < 2; p++)
+        if (c->state_part[p].buffer)
+            c->state_part[p].iface->buffer_free(c->state_part[p].be, c->state_part[p].buffer);
     kiri_mem_free(c->state);
     kiri_mem_free(c->state_free);
     kiri_mem_free(c->snap);
@@ -677,13 +692,13 @@ static void release_window(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
 /* Copies state slot `row` to snapshot i (to_snap) or snapshot i into the slot, layer by layer. */
 static int snap_copy(struct kiri_kvcache *c, int32_t row, int32_t i, int to_snap)
 {
-    const struct part *pt = &c->part[1];
     char *snap = c->snap + (size_t)i * c->snap_bytes;
     size_t at = 0;
     for (int l = 0; l < c->n_layer; l++) {
         struct kiri_tensor *t = &c->state[l];
         if (!t->ne[1])
             continue;
+        const struct part *pt = &c->state_part[l < c->n_first ? 0 : 1];
         const size_t n = t->nb[1], off = (size_t)row * n;
         int rc = 0;
         if (t->data)

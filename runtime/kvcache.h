@@ -15,7 +15,8 @@
  *
  * Recurrent state. A layer without attention (lfm2's short convolutions) keeps no keys; what it
  * carries from one token to the next is a fixed-size state per sequence (kiri_kvcache_state):
- * one row of F32 per slot in each such layer, in a buffer allocated beside the pools at init. A
+ * one row of F32 per slot in each such layer, in a buffer allocated beside the pools at init on
+ * the backend that runs the layer. A
  * sequence takes a slot with its first reservation and gives it back with its blocks
  * (kiri_kvcache_seq_clear), so admission, preemption and cancellation handle both at once. The
  * state holds only the latest position's, so a prefix is shared only through a snapshot: a host
@@ -98,9 +99,11 @@ struct kiri_kvcache_layout {
     const struct kiri_kvcache_state *state; /* borrowed or NULL: no recurrent state */
 };
 /* Recurrent state: dims[l] F32 per slot in layer l (0: a layer without state), n_slots slots (the
- * sequences that can run at once). A layer with state keeps no keys (kv_dim 0) and lies at or past
- * n_first. Each layer has its own size (qwen35's Gated DeltaNet layers keep a convolution window
- * and a delta-rule state, lfm2's a window only). */
+ * sequences that can run at once). A layer with state keeps no keys (kv_dim 0); its state lives on
+ * the backend that runs it, as keys do (below n_first: first_be), and stays there:
+ * kiri_kvcache_place refuses to move a layer with state to another backend. Each layer has its
+ * own size (qwen35's Gated DeltaNet layers keep a convolution window and a delta-rule state,
+ * lfm2's a window only). */
 struct kiri_kvcache_state {
     const int64_t *dims;    /* borrowed (n_layer) */
     int32_t n_slots;

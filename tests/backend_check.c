@@ -934,6 +934,268 @@ static void test_attention(struct backend_check *b)
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The hybrid models' ops: the output gate, the short convolution and the gated delta rule
+ * ------------------------------------------------------------------------------------------- */
+
+/* SIGMOID_MUL in place on (D, H, n) attention outputs times a gate that is a strided view (the
+ * second half of each head's 2D values, as qwen35's fused query and gate): 2e-6 relative to
+ * max(1, |y|) against the CPU (exp differs), 1e-5 against x / (1 + e^-g) in double. */
+static void test_sigmoid_mul(struct backend_check *b)
+{
+    const int64_t d = 40, h = 3, n = 5;
+    struct pair x, qg;
+    pair_init(b, &x, KIRI_TYPE_F32, d, h, n);
+    pair_init(b, &qg, KIRI_TYPE_F32, 2 * d, h, n);
+    pair_fill(b, &x, 4.0f);
+    pair_fill(b, &qg, 8.0f);
+    pair_upload(b, &x);
+    pair_upload(b, &qg);
+    struct pair gate = qg; /* the view: no memory of its own */
+    for (int side = 0; side < 2; side++) {
+        struct kiri_tensor *t = side ? &gate.d : &gate.h;
+        t->ne[0] = d;
+        if (side)
+            t->offset += (size_t)d * 4;
+        else
+            t->data = (char *)t->data + (size_t)d * 4;
+    }
+    double *formula = malloc((size_t)(d * h * n) * sizeof(double));
+    float *fx = malloc((size_t)(d * h * n) * sizeof(float));
+    for (int64_t r = 0; r < h * n; r++)
+        for (int64_t i = 0; i < d; i++) {
+            const double g = ((float *)qg.mem)[r * 2 * d + d + i];
+            formula[r * d + i] = ((float *)x.mem)[r * d + i] / (1.0 + exp(-g));
+        }
+    for (int64_t i = 0; i < d * h * n; i++)
+        fx[i] = (float)formula[i];
+    free(formula);
+    struct kiri_node hn[1], dn[1];
+    const int k = 0;
+    node(&hn[k], &dn[k], KIRI_OP_SIGMOID_MUL, &x.h, &x.d);
+    SRC(0, &x);
+    SRC(1, &gate);
+    run(b, hn, dn, 1);
+    float *got = pair_download(b, &x);
+    compare_rel(b, "sigmoid_mul|F32|40x3x5 gate strided", x.mem, got, (size_t)(d * h * n), 2e-6);
+    compare_rel(b, "sigmoid_mul|F32|40x3x5 formula", fx, got, (size_t)(d * h * n), 1e-5);
+    free(got);
+    free(fx);
+    pair_free(b, &x);
+    pair_free(b, &qg);
+}
+
+/* SCALE in place on qwen35's key heads: an (S, Hk, n) view into rows of C floats, the heads S
+ * apart and the tokens C apart (no single row stride). Exact; the values around the view stay. */
+static void test_scale_heads_view(struct backend_check *b)
+{
+    const int64_t S = 16, hk = 2, c = 5 * S * hk / 2 + 8, n = 4;
+    struct pair qkv;
+    pair_init(b, &qkv, KIRI_TYPE_F32, c, n, 1);
+    pair_fill(b, &qkv, 2.0f);
+    pair_upload(b, &qkv);
+    struct pair view = qkv; /* no memory of its own */
+    for (int side = 0; side < 2; side++) {
+        struct kiri_tensor *t = side ? &view.d : &view.h;
+        t->ne[0] = S;
+        t->ne[1] = hk;
+        t->ne[2] = n;
+        t->nb[1] = (size_t)S * 4;
+        t->nb[2] = t->nb[3] = (size_t)c * 4;
+        if (side)
+            t->offset += (size_t)S * (size_t)hk * 4;
+        else
+            t->data = (char *)t->data + (size_t)S * (size_t)hk * 4;
+    }
+    struct kiri_node hn[1], dn[1];
+    const int k = 0;
+    node(&hn[k], &dn[k], KIRI_OP_SCALE, &view.h, &view.d);
+    SRC(0, &view);
+    hn[k].p.scale = dn[k].p.scale = 0.25f;
+    run(b, hn, dn, 1);
+    float *got = pair_download(b, &qkv);
+    compare(b, "scale|F32|16x2x4 heads of 88-float rows", qkv.mem, got, NULL, (size_t)(c * n), 0);
+    free(got);
+    pair_free(b, &qkv);
+}
+
+/* A step of the recurrent ops: which state row and position each token has. Tokens of two
+ * sequences interleave; a third starts at position 0 over a row of garbage (it must read as
+ * zeros); one token names a row outside the state (skipped, as the CPU skips it). */
+#define REC_TOKENS 6
+#define REC_SLOTS 3
+static const int32_t rec_rows[2][REC_TOKENS] = {{2, 0, 2, 0, 2, 7}, {0, 2, 1, 0, 1, 2}};
+static const int32_t rec_pos[2][REC_TOKENS] = {{4, 9, 5, 10, 6, 3}, {11, 7, 0, 12, 1, 8}};
+
+static void rec_step_inputs(struct backend_check *b, struct pair *rows, struct pair *pos, int step)
+{
+    memcpy(rows->mem, rec_rows[step], sizeof rec_rows[step]);
+    memcpy(pos->mem, rec_pos[step], sizeof rec_pos[step]);
+    pair_upload(b, rows);
+    pair_upload(b, pos);
+}
+
+/* Compares the step's outputs (tol relative to max(1, |y|)) and the whole state (state_tol). */
+static void rec_compare(struct backend_check *b, const char *op, const char *shp, int step, struct pair *y,
+                        double tol, struct pair *state, double state_tol)
+{
+    char name[64];
+    float *got = pair_download(b, y);
+    snprintf(name, sizeof name, "%s|F32|%s, step %d", op, shp, step + 1);
+    compare_rel(b, name, y->mem, got, y->bytes / 4, tol);
+    free(got);
+    got = pair_download(b, state);
+    snprintf(name, sizeof name, "%s|F32|%s, state %d", op, shp, step + 1);
+    compare_rel(b, name, state->mem, got, state->bytes / 4, state_tol);
+    free(got);
+}
+
+/* SHORT_CONV over two steps of REC_TOKENS tokens (lfm2: 3 taps; qwen35: 4 taps and SiLU), in
+ * place or not, state rows starting random: the state exact (it holds inputs), the outputs
+ * within 1e-6 relative to max(1, |y|) (the taps add in the reference's order; SiLU's exp
+ * differs). */
+static void check_short_conv(struct backend_check *b, int64_t e, int64_t taps, int silu, int in_place)
+{
+    struct pair x, y, state, rows, pos;
+    struct weight w;
+    weight_init(b, &w, KIRI_TYPE_F32, taps, e, 1.0f);
+    pair_init(b, &x, KIRI_TYPE_F32, e, REC_TOKENS, 1);
+    pair_init(b, &y, KIRI_TYPE_F32, e, REC_TOKENS, 1);
+    pair_init(b, &state, KIRI_TYPE_F32, (taps - 1) * e, REC_SLOTS, 1);
+    pair_init(b, &rows, KIRI_TYPE_I32, REC_TOKENS, 1, 1);
+    pair_init(b, &pos, KIRI_TYPE_I32, REC_TOKENS, 1, 1);
+    pair_fill(b, &state, 2.0f);
+    pair_upload(b, &state);
+    pair_upload(b, &y);
+    struct pair *out = in_place ? &x : &y;
+    char shp[48];
+    snprintf(shp, sizeof shp, "E=%lld K=%lld%s%s", (long long)e, (long long)taps, silu ? " silu" : "",
+             in_place ? " in place" : "");
+    for (int step = 0; step < 2; step++) {
+        pair_fill(b, &x, 2.0f);
+        pair_upload(b, &x);
+        rec_step_inputs(b, &rows, &pos, step);
+        struct kiri_node hn[1], dn[1];
+        const int k = 0;
+        node(&hn[k], &dn[k], KIRI_OP_SHORT_CONV, &out->h, &out->d);
+        SRC(0, &x);
+        hn[k].src[1] = &w.h;
+        dn[k].src[1] = &w.d;
+        SRC(2, &state);
+        SRC(3, &rows);
+        SRC(4, &pos);
+        hn[k].p.conv_silu = dn[k].p.conv_silu = silu;
+        run(b, hn, dn, 1);
+        rec_compare(b, "short_conv", shp, step, out, 1e-6, &state, 0);
+    }
+    weight_free(b, &w);
+    pair_free(b, &x);
+    pair_free(b, &y);
+    pair_free(b, &state);
+    pair_free(b, &rows);
+    pair_free(b, &pos);
+}
+
+/* DELTA_GATES then DELTA_NET in one step (the second reads what the first wrote), over two
+ * steps of REC_TOKENS tokens, q and k of unit length as the model makes them, state rows starting
+ * random: the gates within 2e-6 relative to max(1, |g|), the outputs and the state within 1e-6
+ * (the dot products add in the reference's order; exp and log differ). */
+static void check_delta_net(struct backend_check *b, int hk, int hv, int s)
+{
+    const int64_t c = (int64_t)(2 * hk + hv) * s;
+    struct pair x, beta, alpha, dt, a, gates, y, state, rows, pos;
+    pair_init(b, &x, KIRI_TYPE_F32, c, REC_TOKENS, 1);
+    pair_init(b, &beta, KIRI_TYPE_F32, hv, REC_TOKENS, 1);
+    pair_init(b, &alpha, KIRI_TYPE_F32, hv, REC_TOKENS, 1);
+    pair_init(b, &dt, KIRI_TYPE_F32, hv, 1, 1);
+    pair_init(b, &a, KIRI_TYPE_F32, hv, 1, 1);
+    pair_init(b, &gates, KIRI_TYPE_F32, 2 * hv, REC_TOKENS, 1);
+    pair_init(b, &y, KIRI_TYPE_F32, (int64_t)hv * s, REC_TOKENS, 1);
+    pair_init(b, &state, KIRI_TYPE_F32, (int64_t)hv * s * s, REC_SLOTS, 1);
+    pair_init(b, &rows, KIRI_TYPE_I32, REC_TOKENS, 1, 1);
+    pair_init(b, &pos, KIRI_TYPE_I32, REC_TOKENS, 1, 1);
+    pair_fill(b, &dt, 1.0f);
+    for (int i = 0; i < hv; i++)
+        ((float *)a.mem)[i] = -expf(frand(b)); /* A = -exp(A_log) < 0: the decay is below 1 */
+    ((float *)alpha.mem)[0] = 25.0f;           /* softplus past 20: the identity */
+    pair_fill(b, &state, 0.5f);
+    pair_upload(b, &dt);
+    pair_upload(b, &a);
+    pair_upload(b, &state);
+    pair_upload(b, &y);
+    char shp[48];
+    snprintf(shp, sizeof shp, "Hk=%d Hv=%d S=%d", hk, hv, s);
+    for (int step = 0; step < 2; step++) {
+        pair_fill(b, &x, 1.0f);
+        float *xs = x.mem;
+        for (int64_t t = 0; t < REC_TOKENS; t++)
+            for (int head = 0; head < 2 * hk; head++) { /* q and k heads to unit length */
+                float *v = xs + t * c + (int64_t)head * s;
+                double n2 = 0;
+                for (int i = 0; i < s; i++)
+                    n2 += (double)v[i] * v[i];
+                for (int i = 0; i < s; i++)
+                    v[i] = (float)(v[i] / sqrt(n2));
+            }
+        pair_fill(b, &beta, 3.0f);
+        if (step == 0)
+            pair_fill(b, &alpha, 3.0f);
+        ((float *)alpha.mem)[1] = step ? 30.0f : ((float *)alpha.mem)[1];
+        pair_upload(b, &x);
+        pair_upload(b, &beta);
+        pair_upload(b, &alpha);
+        rec_step_inputs(b, &rows, &pos, step);
+        struct kiri_node hn[2], dn[2];
+        int k = 0;
+        node(&hn[k], &dn[k], KIRI_OP_DELTA_GATES, &gates.h, &gates.d);
+        SRC(0, &beta);
+        SRC(1, &alpha);
+        SRC(2, &dt);
+        SRC(3, &a);
+        k = 1;
+        node(&hn[k], &dn[k], KIRI_OP_DELTA_NET, &y.h, &y.d);
+        SRC(0, &x);
+        SRC(1, &gates);
+        SRC(2, &state);
+        SRC(3, &rows);
+        SRC(4, &pos);
+        hn[k].p.delta = dn[k].p.delta = (struct kiri_delta_params){hk, hv, s, 1.0f / sqrtf((float)s)};
+        run(b, hn, dn, 2);
+        float *got = pair_download(b, &gates);
+        char name[64];
+        snprintf(name, sizeof name, "delta_gates|F32|H=%d n=%d, step %d", hv, REC_TOKENS, step + 1);
+        compare_rel(b, name, gates.mem, got, gates.bytes / 4, 2e-6);
+        free(got);
+        rec_compare(b, "delta_net", shp, step, &y, 1e-6, &state, 1e-6);
+    }
+    struct pair *all[] = {&x, &beta, &alpha, &dt, &a, &gates, &y, &state, &rows, &pos};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        pair_free(b, all[i]);
+}
+
+void backend_check_recurrent_ops(struct backend_check *b)
+{
+    struct kiri_backend_config c;
+    backend_check_config(&c);
+    char msg[128];
+    b->ref = NULL;
+    CHECK_EQ_INT(CPU->init(&c, &b->ref, msg, sizeof msg), 0);
+    if (b->ref && b->be) {
+        test_sigmoid_mul(b);
+        test_scale_heads_view(b);
+        check_short_conv(b, 96, 3, 0, 0);  /* lfm2 */
+        check_short_conv(b, 96, 3, 0, 1);
+        check_short_conv(b, 200, 4, 1, 1); /* qwen35, channels no multiple of the workgroup */
+        check_delta_net(b, 2, 4, 16);
+        check_delta_net(b, 1, 3, 13);       /* a head no multiple of 8: the dot products' tails */
+        check_delta_net(b, 1, 1, 128);      /* Qwen3.5's head size */
+    }
+    if (b->ref)
+        CPU->free(b->ref);
+    b->ref = NULL;
+    hand_over(b);
+}
+
 void backend_check_ops(struct backend_check *b)
 {
     struct kiri_backend_config c;

@@ -63,6 +63,11 @@ struct kiri_backend *backend_check_start(struct backend_check *b, FILE *out);
  * the table. */
 void backend_check_ops(struct backend_check *b);
 
+/* The hybrid models' ops (SIGMOID_MUL, SHORT_CONV, DELTA_GATES, DELTA_NET, and SCALE over
+ * qwen35's strided head views) against the CPU reference on b->be: two interleaved sequences, a sequence starting at position 0 and the state
+ * carried across two steps; into the table. */
+void backend_check_recurrent_ops(struct backend_check *b);
+
 /* Prints the table (op, type, shape, largest error, tolerance, ok) to f, empties it and returns
  * how many rows failed. */
 int backend_check_print_table(struct backend_check *b, FILE *f);

@@ -158,8 +158,10 @@ def case(request, family_files):
     return c
 
 
-def _env(cpu_kernels=None, backend=None):
+def _env(cpu_kernels=None, backend=None, gpu_layers=None):
     env = dict(os.environ)
+    if gpu_layers is not None:
+        env["KIRI_GPU_LAYERS"] = str(gpu_layers)
     if cpu_kernels:
         env["KIRI_CPU_KERNELS"] = cpu_kernels
     if backend:
@@ -167,7 +169,7 @@ def _env(cpu_kernels=None, backend=None):
     return env
 
 
-def run_dump(tool, c, tokens, *, kv, chunk=1, batch=False, cpu_kernels=None, backend=None):
+def run_dump(tool, c, tokens, *, kv, chunk=1, batch=False, cpu_kernels=None, backend=None, gpu_layers=None):
     """kiri's rows (one per call: the last token of each chunk), float64."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "logits.f32")
@@ -175,7 +177,7 @@ def run_dump(tool, c, tokens, *, kv, chunk=1, batch=False, cpu_kernels=None, bac
         cmd += ["--batch"] if batch else ["--chunk", str(chunk)]
         cmd += [c.path] + [str(t) for t in tokens]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                           env=_env(cpu_kernels, backend))
+                           env=_env(cpu_kernels, backend, gpu_layers))
         if r.returncode:
             pytest.fail(f"{c.name}: kiri failed ({r.returncode}): "
                         f"{' '.join(cmd[:9])} {c.path} <{len(tokens)} ids>\n{r.stderr.strip()}")
@@ -438,6 +440,20 @@ def test_vulkan(case, dump_tool):
     run_vulkan(case, dump_tool)
 
 
+def run_vulkan_every_position(case, dump_tool, chunk, gpu_layers=None):
+    """run_vulkan over every position of the prompt, in chunks of chunk: the hybrid families,
+    whose recurrent state a short prefix would not exercise much. gpu_layers: only the first
+    layers on Vulkan, the rest on the CPU."""
+    if not _vulkan_device():
+        pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
+    toks = prompt(case)
+    on = "vulkan" if gpu_layers is None else f"{gpu_layers} layers on vulkan"
+    K = run_dump(dump_tool, case, toks, kv="f16", backend="vulkan", gpu_layers=gpu_layers)
+    check(case, toks, K, list(range(len(toks))), "f16", f"token by token, {on}", gpu=True)
+    K = run_dump(dump_tool, case, toks, kv="f16", chunk=chunk, backend="vulkan", gpu_layers=gpu_layers)
+    check(case, toks, K, chunk_positions(len(toks), chunk), "f16", f"--chunk {chunk}, {on}", gpu=True)
+
+
 def run_vulkan(case, dump_tool):
     if not _vulkan_device():
         pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
@@ -457,14 +473,16 @@ def test_batched_with_other_sequences(case, batch_tool):
     run_batched(case, batch_tool)
 
 
-def run_batched(case, batch_tool, extra_check=None):
+def run_batched(case, batch_tool, extra_check=None, backend=None):
+    if backend == "vulkan" and not _vulkan_device():
+        pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
     kv = kv_of(case)
     seqs = [(prompt(case), 1), (prompt(case, 23, "b"), 3), (prompt(case, 31, "c"), 7)]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.f32")
         cmd = [batch_tool, "--kv", kv, "--n-ctx", str(case.n_ctx), "--out", out, case.path]
         cmd += [f"{step}:" + ",".join(map(str, toks)) for toks, step in seqs]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(backend=backend))
         if r.returncode:
             pytest.fail(f"{case.name}: batch_logits failed ({r.returncode}): {r.stderr.strip()}")
         info = json.loads(r.stdout)
@@ -473,7 +491,8 @@ def run_batched(case, batch_tool, extra_check=None):
     for (toks, step), n_rows in zip(seqs, info["rows"]):
         pos = chunk_positions(len(toks), step) if step > 1 else list(range(len(toks)))
         assert n_rows == len(pos), f"{case.name}: {n_rows} rows for {len(pos)} chunks"
-        check(case, toks, rows[at:at + n_rows], pos, kv, f"batched, {step} a round")
+        on = f", {backend}" if backend else ""
+        check(case, toks, rows[at:at + n_rows], pos, kv, f"batched, {step} a round{on}", gpu=backend is not None)
         if extra_check:
             extra_check(case, toks, rows[at:at + n_rows], pos, kv)
         at += n_rows

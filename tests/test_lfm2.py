@@ -13,8 +13,11 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
     as the first), a prompt that extends a cached one, preemption in a pool too small for three
     (recomputed from the tokens without room for snapshots, resumed from one with), snapshots
     sized from --kv-memory, and a request after a cancelled one in the same slot;
-  - refusals: a sliding-window key, a bidirectional file, a tensor the graph does not read, a GPU
-    backend without the short convolution; kiri info's state line;
+  - on Vulkan (lavapipe): token by token and in chunks of 5, F32 and Q8_0 files, and with the
+    first three layers on Vulkan and the others on the CPU (convolution states on both), and
+    three sequences batched;
+  - refusals: a sliding-window key, a bidirectional file, a tensor the graph does not read; kiri
+    info's state line;
   - LFM2's chat templates against jinja2, and its pre-tokenizer name against llama.cpp.
 """
 
@@ -130,15 +133,26 @@ def test_lfm2_refused(name, named, lfm2_files, dump_tool):
     assert named in r.stderr, r.stderr
 
 
-def test_lfm2_gpu_without_the_op_refused(lfm2_files, dump_tool):
-    """Vulkan (lavapipe without a GPU) has no short convolution: the model is refused at load,
-    naming the op, rather than run with wrong results."""
-    if not tf._vulkan_device():
-        pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
-    r = subprocess.run([dump_tool, "--n-ctx", "32", lfm2_files["lfm2-a"], "1", "2"], capture_output=True,
-                       text=True, timeout=120, env=tf._env(backend="vulkan"))
-    assert r.returncode != 0, "kiri ran lfm2 on Vulkan"
-    assert "short_conv" in r.stderr and "vulkan" in r.stderr, r.stderr
+@pytest.mark.parametrize("lc", [c for c in CASES if c.fam.name in ("lfm2-a", "lfm2-q8")], indirect=True, ids=repr)
+def test_lfm2_vulkan(lc, dump_tool):
+    """The Vulkan backend (lavapipe on a machine without a GPU) runs every layer, the short
+    convolution's state in its memory: token by token at every position and in chunks of 5 (a
+    chunk's tokens pass the state along inside one step), F16 KV, at test_families' GPU bounds."""
+    tf.run_vulkan_every_position(lc, dump_tool, 5)
+
+
+@pytest.mark.parametrize("lc", [c for c in CASES if c.fam.name == "lfm2-a"], indirect=True, ids=repr)
+def test_lfm2_vulkan_gpu_layers(lc, dump_tool):
+    """Layers 0-2 on Vulkan (convolutions 0 and 1, attention 2), 3-5 on the CPU (convolutions 3
+    and 5): each layer's convolution state on the backend that runs it."""
+    tf.run_vulkan_every_position(lc, dump_tool, 5, gpu_layers=3)
+
+
+@pytest.mark.parametrize("lc", [c for c in CASES if c.fam.name == "lfm2-a"], indirect=True, ids=repr)
+def test_lfm2_vulkan_batched(lc, batch_tool):
+    """Three sequences side by side in one batching loop on Vulkan, fed 1, 3 and 7 tokens a
+    round: each step's convolution shader walks several sequences' states."""
+    tf.run_batched(lc, batch_tool, backend="vulkan")
 
 
 def test_lfm2_info_shows_state(lfm2_files, kiri_bin):

@@ -7,7 +7,10 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
     step), F32 and F16 KV, on four F32 files (3 of 4, 4 of 6 and 6 of 8 layers recurrent by the
     interval, 3 of 5 listed by attention.recurrent_layers; 2 key heads for 4 value heads, and 1
     for 3; one with Qwen3.5's head sizes and RoPE sections) and a Q8_0 one (held to llama.cpp within a tenth of llama.cpp's distance from exact);
-  - on every CPU kernel tier this machine runs (c, avx2, avx512);
+  - on every CPU kernel tier this machine runs (c, avx2, avx512), and on Vulkan (lavapipe): token
+    by token and in chunks of 5 on qwen35-a, qwen35-c, qwen35-d and the Q8_0 file, and with the
+    first two layers on Vulkan and the others on the CPU (states on both), and three sequences
+    batched;
   - three sequences side by side in one batching loop (each step's recurrences walk several
     sequences' states);
   - through kiri serve: greedy completions unchanged by batching, a repeated prompt (its whole
@@ -19,8 +22,7 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
   - the multi-token-prediction block of qwen35-b loaded and left unused, said so at load; a
     vision tower's tensors likewise;
   - refusals: a mixture of experts (expert_count), RoPE sections that turn pairs by the fourth
-    position, a tensor the graph does not read, a GPU backend without the delta rule; kiri
-    info's state line;
+    position, a tensor the graph does not read; kiri info's state line;
   - Qwen3.5's chat template against jinja2, and its pre-tokenizer against llama.cpp.
 """
 
@@ -170,15 +172,28 @@ def test_qwen35_refused(name, named, qwen35_files, dump_tool):
     assert named in r.stderr, r.stderr
 
 
-def test_qwen35_gpu_without_the_op_refused(qwen35_files, dump_tool):
-    """Vulkan (lavapipe without a GPU) has no delta rule: the model is refused at load, naming
-    the op, rather than run with wrong results."""
-    if not tf._vulkan_device():
-        pytest.skip("no Vulkan driver on this machine (not even lavapipe)")
-    r = subprocess.run([dump_tool, "--n-ctx", "32", qwen35_files["qwen35-a"], "1", "2"], capture_output=True,
-                       text=True, timeout=120, env=tf._env(backend="vulkan"))
-    assert r.returncode != 0, "kiri ran qwen35 on Vulkan"
-    assert ("short_conv" in r.stderr or "delta_net" in r.stderr) and "vulkan" in r.stderr, r.stderr
+@pytest.mark.parametrize("qc", [c for c in CASES if c.fam.name in ("qwen35-a", "qwen35-c", "qwen35-d", "qwen35-q8")],
+                         indirect=True, ids=repr)
+def test_qwen35_vulkan(qc, dump_tool):
+    """The Vulkan backend (lavapipe on a machine without a GPU) runs every layer, the convolution
+    window and the delta-rule state in its memory, the attention's output gate too: token by
+    token at every position and in chunks of 5 (a chunk's tokens pass the states along inside one
+    step), F16 KV, at test_families' GPU bounds; qwen35-c has Qwen3.5's head sizes."""
+    tf.run_vulkan_every_position(qc, dump_tool, 5)
+
+
+@pytest.mark.parametrize("qc", [c for c in CASES if c.fam.name == "qwen35-a"], indirect=True, ids=repr)
+def test_qwen35_vulkan_gpu_layers(qc, dump_tool):
+    """Layers 0 and 1 (Gated DeltaNet) on Vulkan, 2 (Gated DeltaNet) and 3 (gated attention) on
+    the CPU: each layer's state on the backend that runs it."""
+    tf.run_vulkan_every_position(qc, dump_tool, 5, gpu_layers=2)
+
+
+@pytest.mark.parametrize("qc", [c for c in CASES if c.fam.name == "qwen35-a"], indirect=True, ids=repr)
+def test_qwen35_vulkan_batched(qc, batch_tool):
+    """Three sequences side by side in one batching loop on Vulkan, fed 1, 3 and 7 tokens a
+    round: each step's convolution and delta-rule shaders walk several sequences' states."""
+    tf.run_batched(qc, batch_tool, backend="vulkan")
 
 
 # qwen35-a's state per sequence: 3 recurrent layers x (3 convolution inputs x 128 channels + 4

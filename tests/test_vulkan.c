@@ -7,7 +7,11 @@
  *   scale and softcap (in place, 3-D); RoPE (normal and neox, partial rotation, frequency factors,
  *   scaling, attn_factor); STORE_KV into F32, F16 and Q8_0 caches; attention over F32, F16 and
  *   Q8_0 caches with GQA through scrambled block tables, with and without a sliding window (the
- *   table entries below the window poisoned);
+ *   table entries below the window poisoned); the hybrid models' ops (backend_check_recurrent_ops:
+ *   the sigmoid output gate over a strided gate, the short convolution of lfm2 and qwen35, the
+ *   delta-rule gates and the delta rule, each over two interleaved sequences, one starting at
+ *   position 0 over a garbage state row, a token naming a row outside the state, and the state
+ *   carried across two steps);
  * - all of it twice: once as the device comes (host-memory scratch on lavapipe), once with
  *   device-local scratch behind staging copies and a 256 KiB storage-binding limit, so uploads,
  *   downloads and weights split into chunks run too;
@@ -24,7 +28,8 @@
  *   the quantized random models split after one layer, with the tolerance above), also with
  *   staged device memory; the batching loop with a split model (its cache moved to the split on
  *   the first step) equals the CPU's solo runs; moving a cache's layers between the backends
- *   keeps every byte; contexts of a split model under a failing allocator.
+ *   keeps every byte; a hybrid cache keeps each layer's recurrent state on the backend that runs
+ *   it, and refuses to move it; contexts of a split model under a failing allocator.
  * Tolerances (stated with each check): products within 2e-5 of sum |w_i x_i| (both sides quantize
  * the activations the same way and the shaders add block results in the reference's order, so
  * quantized products come out bit-identical; plain F32 / F16 / BF16 rows, summed per block,
@@ -92,6 +97,7 @@ static void run_op_checks(void)
 {
     bc.be = vk;
     backend_check_ops(&bc);
+    backend_check_recurrent_ops(&bc);
     backend_check_print_table(&bc, stderr);
     bc.be = NULL;
     VK->free(vk);
@@ -270,6 +276,67 @@ static void test_kvcache_place(void)
     bc.mode = MODE_AS_IS;
 }
 
+/* A hybrid cache split after layer 1: layer 0's recurrent state (below n_first) on Vulkan, layer
+ * 2's on the CPU, each holding what is written to it; moving the attention layer between the
+ * backends keeps them, moving a layer with state is refused. A snapshot of a sequence's state
+ * taken from both backends lands in another sequence's slot on both. */
+static void test_kvcache_state_split(void)
+{
+    bc.mode = MODE_AS_IS;
+    struct kiri_backend_config cc;
+    backend_check_config(&cc);
+    char msg[128];
+    CHECK_EQ_INT(CPU->init(&cc, &cpu, msg, sizeof msg), 0);
+    CHECK_EQ_INT(start_vulkan(), 0);
+    const int64_t dims[4] = {0, 64, 0, 64}, rec[4] = {24, 0, 40, 0};
+    const struct kiri_kvcache_state st = {rec, 2, 1};
+    const struct kiri_kvcache_layout lay = {dims, NULL, &st};
+    struct kiri_kvcache *c = NULL;
+    if (vk)
+        CHECK_EQ_INT(kiri_kvcache_init_layers(CPU, cpu, 2, VK, vk, 4, 0, KIRI_TYPE_F16, 4, 6, NULL, &lay, &c), 0);
+    if (c) {
+        struct kiri_tensor *s0 = kiri_kvcache_state(c, 0), *s2 = kiri_kvcache_state(c, 2);
+        CHECK(s0 && s2 && s0->buffer != s2->buffer && s2->data != NULL);
+        CHECK_EQ_INT(kiri_kvcache_state_bytes(c), (24 + 40) * 4 * 2);
+        float in[48], out[48];
+        for (int i = 0; i < 48; i++)
+            in[i] = (float)i * 0.5f - 3.0f;
+        CHECK_EQ_INT(VK->tensor_set(vk, s0, in, 0, sizeof in), 0);
+        memcpy(s2->data, in, 40 * sizeof(float));
+        CHECK_EQ_INT(kiri_kvcache_place(c, 1, VK, vk, CPU, cpu), KIRI_OK);
+        CHECK(kiri_kvcache_backend(c, 0) == vk && kiri_kvcache_backend(c, 1) == cpu);
+        CHECK_EQ_INT(kiri_kvcache_place(c, 0, NULL, NULL, CPU, cpu), KIRI_E_INVALID_ARG);
+        CHECK_EQ_INT(kiri_kvcache_place(c, 3, VK, vk, CPU, cpu), KIRI_E_INVALID_ARG);
+        CHECK(kiri_kvcache_state(c, 0) == s0 && kiri_kvcache_state(c, 2) == s2);
+        CHECK_EQ_INT(VK->tensor_get(vk, s0, out, 0, sizeof out), 0);
+        CHECK(memcmp(in, out, sizeof in) == 0);
+        CHECK(memcmp(s2->data, in, 40 * sizeof(float)) == 0);
+        /* The first sequence takes slot 0 (rows in[0, 24) and in[0, 40)); its snapshot after
+         * one block resumes a second sequence in slot 1. */
+        const int32_t toks[4] = {5, 6, 7, 8};
+        const uint64_t h = kiri_kvcache_block_hash(0, toks, 4);
+        struct kiri_kv_seq a = {0}, d = {0};
+        CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 4), 0);
+        CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), 0);
+        a.n_tokens = 4;
+        kiri_kvcache_publish(c, &a, 0, h, toks);
+        CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 0, h, toks, 1), 1);
+        uint64_t hh = 0;
+        CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, toks, 1, &hh), 1);
+        CHECK_EQ_INT(kiri_kvcache_seq_state_row(&d), 1);
+        CHECK_EQ_INT(VK->tensor_get(vk, s0, out, 24 * sizeof(float), 24 * sizeof(float)), 0);
+        CHECK(memcmp(in, out, 24 * sizeof(float)) == 0);
+        CHECK(memcmp((const float *)s2->data + 40, in, 40 * sizeof(float)) == 0);
+        kiri_kvcache_seq_free(c, &a);
+        kiri_kvcache_seq_free(c, &d);
+    }
+    kiri_kvcache_free(c);
+    if (vk)
+        VK->free(vk);
+    vk = NULL;
+    CPU->free(cpu);
+}
+
 /* Greedy tokens with gpu_layers 0, 1, n_layer - 1 and all equal the CPU's, on stories260K
  * (5 layers) and the float random model (2 layers: 1 is also n_layer - 1); the quantized random
  * models split after their first layer (rope_freqs, biases, tied embeddings, per-head norms on
@@ -372,4 +439,4 @@ static void test_pick(void)
 }
 
 TEST_MAIN(test_device, test_ops, test_ops_staging, test_models, test_models_staging, test_batcher, test_kvcache_place,
-          test_gpu_layers, test_gpu_layers_failing_allocator, test_gpu_layers_staging, test_batcher_gpu_layers, test_pick)
+          test_kvcache_state_split, test_gpu_layers, test_gpu_layers_failing_allocator, test_gpu_layers_staging, test_batcher_gpu_layers, test_pick)

@@ -861,35 +861,15 @@ static int cpu_supports(struct kiri_backend *be, const struct kiri_node *nd)
     }
     if (nd->op == KIRI_OP_SOFTCAP)
         return nd->p.softcap > 0.0f;
-    if (nd->op == KIRI_OP_SHORT_CONV) {
-        const struct kiri_tensor *u = nd->src[0], *w = nd->src[1], *st = nd->src[2];
-        return kiri_node_all_f32(nd, 3) && nd->src[3] && nd->src[4] && nd->src[3]->type == KIRI_TYPE_I32 &&
-               nd->src[4]->type == KIRI_TYPE_I32 && w->ne[0] >= 2 && w->ne[0] <= SHORT_CONV_MAX_TAPS &&
-               w->ne[1] == u->ne[0] && nd->dst->ne[0] == u->ne[0] && nd->dst->ne[1] == u->ne[1] &&
-               st->ne[0] == (w->ne[0] - 1) * u->ne[0] && u->ne[2] == 1 && u->ne[3] == 1 &&
-               nd->src[3]->ne[0] >= u->ne[1] && nd->src[4]->ne[0] >= u->ne[1];
-    }
+    if (nd->op == KIRI_OP_SHORT_CONV)
+        return kiri_node_short_conv_ok(nd, SHORT_CONV_MAX_TAPS);
     if (nd->op == KIRI_OP_SIGMOID_MUL)
         return kiri_node_all_f32(nd, 2) && nd->src[1]->ne[0] == nd->src[0]->ne[0] &&
                n_rows(nd->src[1]) == n_rows(nd->src[0]);
-    if (nd->op == KIRI_OP_DELTA_GATES) {
-        const int64_t H = nd->src[0]->ne[0];
-        return kiri_node_all_f32(nd, 4) && nd->src[1]->ne[0] == H && nd->src[1]->ne[1] == nd->src[0]->ne[1] &&
-               nd->src[2]->ne[0] == H && nd->src[3]->ne[0] == H && nd->dst->ne[0] == 2 * H &&
-               nd->dst->ne[1] == nd->src[0]->ne[1];
-    }
-    if (nd->op == KIRI_OP_DELTA_NET) {
-        const struct kiri_delta_params *p = &nd->p.delta;
-        const struct kiri_tensor *x = nd->src[0];
-        if (!kiri_node_all_f32(nd, 3) || !nd->src[3] || !nd->src[4] || nd->src[3]->type != KIRI_TYPE_I32 ||
-            nd->src[4]->type != KIRI_TYPE_I32 || p->n_head_k < 1 || p->n_head_v < 1 ||
-            p->n_head_v % p->n_head_k != 0 || p->head_dim < 1 || p->head_dim > DELTA_MAX_HEAD)
-            return 0;
-        const int64_t S = p->head_dim, Hk = p->n_head_k, Hv = p->n_head_v, n = x->ne[1];
-        return x->ne[0] == (2 * Hk + Hv) * S && nd->src[1]->ne[0] == 2 * Hv && nd->src[1]->ne[1] == n &&
-               nd->src[2]->ne[0] == Hv * S * S && nd->dst->ne[0] == Hv * S && nd->dst->ne[1] == n &&
-               nd->src[3]->ne[0] >= n && nd->src[4]->ne[0] >= n;
-    }
+    if (nd->op == KIRI_OP_DELTA_GATES)
+        return kiri_node_delta_gates_ok(nd);
+    if (nd->op == KIRI_OP_DELTA_NET)
+        return kiri_node_delta_net_ok(nd, DELTA_MAX_HEAD);
     return nd->op >= 0 && nd->op < KIRI_OP_COUNT;
 }
 

@@ -26,14 +26,19 @@
  * - Tensors are bound as whole buffers from an offset aligned down to the device's
  *   minStorageBufferOffsetAlignment; the shader gets the remaining byte offset in its push
  *   constants, so tensors at any 4-byte offset (2 for Q8_0 caches) can be bound.
- * - Pipelines are created on first use: a model needs a dozen of the 47 shaders.
+ * - Pipelines are created on first use: a model needs a dozen of the 51 shaders.
+ * - The recurrent ops (SHORT_CONV, DELTA_NET) write their state rows besides their output: both
+ *   count as written for the barriers. Their recurrence runs inside one invocation per channel
+ *   (SHORT_CONV) or per (value head, state row) (DELTA_NET), which walks the step's tokens in
+ *   batch order; channels, heads and rows run in parallel.
  *
  * Numerics: products convert activations as the CPU reference does (Q8_0, Q8_1, Q8_K, F16, BF16
  * rounding; the shaders round conversions and divisions themselves, so the quants are the
  * reference's bytes) and use the same per-block integer sums and float formulas: they agree with
  * it up to the order in which block results are added (the tiled product adds them in the
  * reference's order). Row look-ups, add, mul, scale and STORE_KV are exact; norms, RoPE, SwiGLU,
- * GEGLU, softcap and attention agree to a few ulps (exp, tanh and reduction order differ).
+ * GEGLU, softcap and attention agree to a few ulps (exp, tanh and reduction order differ); the
+ * short convolution and the delta rule add in the reference's order and differ only by exp.
  * tests/test_vulkan.c states the tolerances.
  *
  * Two environment variables exist for tests: KIRI_VULKAN_STAGING=1 makes scratch buffers
@@ -144,13 +149,19 @@ enum {
     P_ATTENTION,
     P_GEGLU,
     P_UNARY,  /* SCALE and SOFTCAP */
+    P_SHORT_CONV,
+    P_SIGMOID_MUL,
+    P_DELTA_GATES,
+    P_DELTA_NET,
     P_COUNT
 };
 
 static void pipeline_name(int id, char *buf, size_t cap)
 {
-    static const char *const singles[] = {"rms_norm", "add", "mul", "swiglu", "rope", "store_kv", "attention",
-                                         "geglu", "unary"};
+    static const char *const singles[] = {"rms_norm",  "add",         "mul",         "swiglu",
+                                         "rope",      "store_kv",    "attention",   "geglu",
+                                         "unary",     "short_conv",  "sigmoid_mul", "delta_gates",
+                                         "delta_net"};
     if (id < P_MATVEC)
         snprintf(buf, cap, "get_rows_%s", wtypes[id - P_GET_ROWS].suffix);
     else if (id < P_MATMAT)
@@ -677,10 +688,10 @@ static void order(struct kiri_backend *be, const struct span *rd, int n_rd, cons
     }
 }
 
-/* Records one dispatch of groups workgroups. b[0] is what it writes, b[1..n) what it reads;
- * weights (never written) need no ordering and are passed with an empty span. */
-static int dispatch(struct kiri_backend *be, int pipe, const struct bind *b, int n, const void *pc,
-                    size_t pc_size, uint64_t groups)
+/* Records one dispatch of groups workgroups. b[0..n_wr) is what it writes, b[n_wr..n) what it
+ * reads; weights (never written) need no ordering and are passed with an empty span. */
+static int dispatch_rw(struct kiri_backend *be, int pipe, const struct bind *b, int n, int n_wr, const void *pc,
+                       size_t pc_size, uint64_t groups)
 {
     VkPipeline p = get_pipeline(be, pipe);
     if (!p || groups == 0)
@@ -715,17 +726,26 @@ static int dispatch(struct kiri_backend *be, int pipe, const struct bind *b, int
         };
     }
     be->fn.vkUpdateDescriptorSets(be->dev, N_BINDINGS, w, 0, NULL);
-    struct span rd[N_BINDINGS];
+    struct span rd[N_BINDINGS], wr[N_BINDINGS];
     int n_rd = 0;
-    for (int i = 1; i < n; i++)
+    for (int i = n_wr; i < n; i++)
         if (b[i].span.buf)
             rd[n_rd++] = b[i].span;
-    order(be, rd, n_rd, &b[0].span, 1);
+    for (int i = 0; i < n_wr; i++)
+        wr[i] = b[i].span;
+    order(be, rd, n_rd, wr, n_wr);
     be->fn.vkCmdBindPipeline(be->cmd_step, VK_PIPELINE_BIND_POINT_COMPUTE, p);
     be->fn.vkCmdBindDescriptorSets(be->cmd_step, VK_PIPELINE_BIND_POINT_COMPUTE, be->pipe_layout, 0, 1, &set, 0, NULL);
     be->fn.vkCmdPushConstants(be->cmd_step, be->pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)pc_size, pc);
     be->fn.vkCmdDispatch(be->cmd_step, (uint32_t)gx, (uint32_t)gy, 1);
     return 0;
+}
+
+/* A dispatch that writes b[0] only. */
+static int dispatch(struct kiri_backend *be, int pipe, const struct bind *b, int n, const void *pc,
+                    size_t pc_size, uint64_t groups)
+{
+    return dispatch_rw(be, pipe, b, n, 1, pc, pc_size, groups);
 }
 
 static uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -748,7 +768,15 @@ struct pc_attention {
     float scale;
     uint32_t window;
 };
-struct pc_unary { uint32_t x_off, x_nb1, d_off, d_nb1, n, rows, op; float c; };
+struct pc_unary { uint32_t x_off, x_nb1, x_nb2, d_off, d_nb1, d_nb2, n, ne1, rows, op; float c; };
+struct pc_short_conv {
+    uint32_t u_off, u_nb1, d_off, d_nb1, w_off, w_nb1, s_off, s_nb1, r_off, p_off, e, n_tok, k, n_slots, silu;
+};
+struct pc_delta_gates { uint32_t b_off, b_nb1, a_off, a_nb1, dt_off, decay_off, d_off, d_nb1, h, n_tok; };
+struct pc_delta_net {
+    uint32_t x_off, x_nb1, g_off, g_nb1, s_off, s_nb1, r_off, p_off, d_off, d_nb1, hk, hv, s, n_tok, n_slots;
+    float scale;
+};
 
 /* The chunk of a source with rows: a weight's i-th chunk, or the whole tensor (one chunk). */
 static int n_chunks(const struct kiri_tensor *t)
@@ -895,14 +923,13 @@ static int rec_binary(struct kiri_backend *be, const struct kiri_node *nd, int p
 static int rec_unary(struct kiri_backend *be, const struct kiri_node *nd, uint32_t op, float c)
 {
     const struct kiri_tensor *x = nd->src[0], *y = nd->dst;
-    int64_t rows, rows_y;
     struct bind b[2];
-    if (kiri_tensor_flat_rows(x, &rows) != 0 || kiri_tensor_flat_rows(y, &rows_y) != 0 || rows_y != rows ||
-        bind_tensor(be, y, 1, &b[0]) != 0 || bind_tensor(be, x, 1, &b[1]) != 0)
+    if (bind_tensor(be, y, 1, &b[0]) != 0 || bind_tensor(be, x, 1, &b[1]) != 0)
         return -1;
-    const struct pc_unary pc = {b[1].rem, u32(x->nb[1]), b[0].rem, u32(y->nb[1]), (uint32_t)x->ne[0],
-                                (uint32_t)rows, op, c};
-    return dispatch(be, P_UNARY, b, 2, &pc, sizeof pc, div_up((uint64_t)x->ne[0] * (uint64_t)rows, 64));
+    const uint64_t rows = (uint64_t)x->ne[1] * (uint64_t)x->ne[2];
+    const struct pc_unary pc = {b[1].rem, u32(x->nb[1]), u32(x->nb[2]), b[0].rem, u32(y->nb[1]), u32(y->nb[2]),
+                                (uint32_t)x->ne[0], (uint32_t)x->ne[1], (uint32_t)rows, op, c};
+    return dispatch(be, P_UNARY, b, 2, &pc, sizeof pc, div_up((uint64_t)x->ne[0] * rows, 64));
 }
 
 static int rec_rope(struct kiri_backend *be, const struct kiri_node *nd)
@@ -969,6 +996,59 @@ static int rec_attention(struct kiri_backend *be, const struct kiri_node *nd)
     return dispatch(be, P_ATTENTION, b, 6, &pc, sizeof pc, (uint64_t)q->ne[2] * (uint64_t)ap->n_head);
 }
 
+/* The recurrent ops bind dst, the state (both written), the input, the kernel or gates, the
+ * state rows and the positions. */
+static int bind_recurrent(const struct kiri_backend *be, const struct kiri_node *nd, struct bind b[6])
+{
+    const struct kiri_tensor *t[6] = {nd->dst, nd->src[2], nd->src[0], nd->src[1], nd->src[3], nd->src[4]};
+    for (int i = 0; i < 6; i++)
+        if (bind_tensor(be, t[i], 1, &b[i]) != 0)
+            return -1;
+    return 0;
+}
+
+static int rec_short_conv(struct kiri_backend *be, const struct kiri_node *nd)
+{
+    const struct kiri_tensor *u = nd->src[0], *w = nd->src[1], *st = nd->src[2], *y = nd->dst;
+    struct bind b[6];
+    if (bind_recurrent(be, nd, b) != 0)
+        return -1;
+    const struct pc_short_conv pc = {b[2].rem, u32(u->nb[1]), b[0].rem, u32(y->nb[1]), b[3].rem, u32(w->nb[1]),
+                                     b[1].rem, u32(st->nb[1]), b[4].rem, b[5].rem, (uint32_t)u->ne[0],
+                                     (uint32_t)u->ne[1], (uint32_t)w->ne[0], (uint32_t)st->ne[1],
+                                     nd->p.conv_silu != 0};
+    return dispatch_rw(be, P_SHORT_CONV, b, 6, 2, &pc, sizeof pc, div_up((uint64_t)u->ne[0], 64));
+}
+
+static int rec_delta_gates(struct kiri_backend *be, const struct kiri_node *nd)
+{
+    const struct kiri_tensor *bt = nd->src[0], *a = nd->src[1], *y = nd->dst;
+    struct bind b[5];
+    if (bind_tensor(be, y, 1, &b[0]) != 0)
+        return -1;
+    for (int i = 0; i < 4; i++)
+        if (bind_tensor(be, nd->src[i], 1, &b[i + 1]) != 0)
+            return -1;
+    const struct pc_delta_gates pc = {b[1].rem, u32(bt->nb[1]), b[2].rem, u32(a->nb[1]), b[3].rem, b[4].rem,
+                                      b[0].rem, u32(y->nb[1]), (uint32_t)bt->ne[0], (uint32_t)bt->ne[1]};
+    return dispatch(be, P_DELTA_GATES, b, 5, &pc, sizeof pc, div_up((uint64_t)bt->ne[0] * (uint64_t)bt->ne[1], 64));
+}
+
+static int rec_delta_net(struct kiri_backend *be, const struct kiri_node *nd)
+{
+    const struct kiri_tensor *x = nd->src[0], *g = nd->src[1], *st = nd->src[2], *y = nd->dst;
+    const struct kiri_delta_params *dp = &nd->p.delta;
+    struct bind b[6];
+    if (bind_recurrent(be, nd, b) != 0)
+        return -1;
+    const struct pc_delta_net pc = {b[2].rem, u32(x->nb[1]), b[3].rem, u32(g->nb[1]), b[1].rem, u32(st->nb[1]),
+                                    b[4].rem, b[5].rem, b[0].rem, u32(y->nb[1]), (uint32_t)dp->n_head_k,
+                                    (uint32_t)dp->n_head_v, (uint32_t)dp->head_dim, (uint32_t)x->ne[1],
+                                    (uint32_t)st->ne[1], dp->scale};
+    return dispatch_rw(be, P_DELTA_NET, b, 6, 2, &pc, sizeof pc,
+                       div_up((uint64_t)dp->n_head_v * (uint64_t)dp->head_dim, 64));
+}
+
 static int rec_node(struct kiri_backend *be, const struct kiri_node *nd)
 {
     switch (nd->op) {
@@ -984,6 +1064,10 @@ static int rec_node(struct kiri_backend *be, const struct kiri_node *nd)
     case KIRI_OP_ROPE: return rec_rope(be, nd);
     case KIRI_OP_STORE_KV: return rec_store_kv(be, nd);
     case KIRI_OP_ATTENTION: return rec_attention(be, nd);
+    case KIRI_OP_SHORT_CONV: return rec_short_conv(be, nd);
+    case KIRI_OP_SIGMOID_MUL: return rec_binary(be, nd, P_SIGMOID_MUL);
+    case KIRI_OP_DELTA_GATES: return rec_delta_gates(be, nd);
+    case KIRI_OP_DELTA_NET: return rec_delta_net(be, nd);
     default: return -1;
     }
 }
@@ -1400,6 +1484,11 @@ static void vk_weight_release(struct kiri_backend *be, struct kiri_tensor *t)
     t->extra = NULL;
 }
 
+/* The largest short-convolution kernel and delta-rule head run (the shaders have no limit of
+ * their own; these are the CPU reference's). */
+#define VK_MAX_TAPS 16
+#define VK_MAX_HEAD 512
+
 static int vk_supports(struct kiri_backend *be, const struct kiri_node *nd)
 {
     (void)be;
@@ -1422,11 +1511,10 @@ static int vk_supports(struct kiri_backend *be, const struct kiri_node *nd)
         return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0];
     case KIRI_OP_SCALE:
     case KIRI_OP_SOFTCAP: {
-        int64_t rows, rows_d;
+        /* (E, ne1, ne2) with strides of their own: dimension 3 must be 1 on both sides. */
         const float c = nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap;
-        return kiri_node_all_f32(nd, 1) && d->ne[0] == s0->ne[0] && kiri_tensor_flat_rows(s0, &rows) == 0 &&
-               kiri_tensor_flat_rows(d, &rows_d) == 0 && rows == rows_d && isfinite(c) &&
-               (nd->op == KIRI_OP_SCALE || c > 0.0f);
+        return kiri_node_all_f32(nd, 1) && d->ne[0] == s0->ne[0] && d->ne[1] == s0->ne[1] && d->ne[2] == s0->ne[2] &&
+               s0->ne[3] == 1 && d->ne[3] == 1 && isfinite(c) && (nd->op == KIRI_OP_SCALE || c > 0.0f);
     }
     case KIRI_OP_ROPE:
         return kiri_node_rope_ok(nd) && isfinite(nd->p.rope.attn_factor);
@@ -1436,6 +1524,18 @@ static int vk_supports(struct kiri_backend *be, const struct kiri_node *nd)
                 (d->type == KIRI_TYPE_Q8_0 && s0->ne[0] % 32 == 0));
     case KIRI_OP_ATTENTION:
         return kiri_node_attention_ok(nd);
+    case KIRI_OP_SHORT_CONV:
+        return kiri_node_short_conv_ok(nd, VK_MAX_TAPS);
+    case KIRI_OP_SIGMOID_MUL: {
+        int64_t rows, rows_g, rows_d;
+        return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0] && d->ne[0] == s0->ne[0] &&
+               kiri_tensor_flat_rows(s0, &rows) == 0 && kiri_tensor_flat_rows(s1, &rows_g) == 0 &&
+               kiri_tensor_flat_rows(d, &rows_d) == 0 && rows_g == rows && rows_d == rows;
+    }
+    case KIRI_OP_DELTA_GATES:
+        return kiri_node_delta_gates_ok(nd);
+    case KIRI_OP_DELTA_NET:
+        return kiri_node_delta_net_ok(nd, VK_MAX_HEAD);
     default:
         return 0;
     }

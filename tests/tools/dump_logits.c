@@ -14,7 +14,8 @@
  *                (without it the rows go into the JSON on stdout as "logits")
  *   --kv TYPE    KV cache type: f16 (default), f32 or q8_0
  *   --n-ctx N    context length (default: the model's training context)
- * Environment: KIRI_BACKEND (auto, cpu, vulkan, cuda; default auto), KIRI_THREADS (default: all).
+ * Environment: KIRI_BACKEND (auto, cpu, vulkan, cuda; default auto), KIRI_THREADS (default: all),
+ * KIRI_GPU_LAYERS (as --gpu-layers: the first N layers on the GPU backend, the rest on the CPU).
  *
  * stdout is one JSON object: {"n_vocab": V, "n_tokens": n, "rows": r, "generated": [...]} plus
  * "logits": [[...], ...] when --out is not given. Errors go to stderr with exit status 1.
@@ -217,6 +218,9 @@ int main(int argc, char **argv)
     long nt;
     if (threads && !parse_int(threads, 0, 4096, &nt))
         mp.n_threads = (int)nt;
+    const char *gpu_layers = getenv("KIRI_GPU_LAYERS"); /* partial offload, as --gpu-layers */
+    if (gpu_layers && !parse_int(gpu_layers, 0, 4096, &nt))
+        mp.gpu_layers = (int)nt;
     mp.vocab_only = o.tokenize;
     struct kiri_model *model = NULL;
     int rc = kiri_model_open(o.model, &mp, &model, &info);

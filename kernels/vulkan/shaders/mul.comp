@@ -1,7 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 /* MUL: dst = a * b, elementwise over (n, rows); b has the rows of a or one row, broadcast to all. In place
- * allowed. One invocation per element. */
+ * allowed. One invocation per element. Built with SIGMOID_MUL: dst = a * sigmoid(b)
+ * (KIRI_OP_SIGMOID_MUL, the attention output times its gate; rows may be strided). */
 layout(local_size_x = 64) in;
 
 layout(set = 0, binding = 0) buffer Dst { float dst[]; };
@@ -24,5 +25,9 @@ void main()
         return;
     const uint i = g % p.n, r = g / p.n;
     const uint ai = ((p.a_off + r * p.a_nb1) >> 2) + i, bi = ((p.b_off + r * p.b_nb1) >> 2) + i;
+#ifdef SIGMOID_MUL
+    dst[((p.d_off + r * p.d_nb1) >> 2) + i] = a[ai] * div_rn(1.0, 1.0 + exp(-b[bi]));
+#else
     dst[((p.d_off + r * p.d_nb1) >> 2) + i] = a[ai] * b[bi];
+#endif
 }
