@@ -364,6 +364,11 @@ struct kiri_batcher_stats {
     int32_t state_slots_total;    /* recurrent-state slots (lfm2's convolutions; 0 without) */
     int32_t state_slots_used;     /* held by running sequences */
     uint64_t state_bytes;         /* the state store, all slots */
+    int32_t snapshots_total;      /* recurrent-state snapshots kept for prefix reuse (0 without) */
+    int32_t snapshots_used;       /* holding one */
+    uint64_t snapshot_bytes;      /* the snapshot store, all of them */
+    uint64_t snapshot_hits;       /* admissions that resumed a prefix from a snapshot */
+    uint64_t snapshot_misses;     /* admissions with a whole prompt block that found none */
     uint64_t spec_drafted[KIRI_SPEC_KINDS];  /* tokens drafted, by enum kiri_spec, since init */
     uint64_t spec_accepted[KIRI_SPEC_KINDS]; /* of those, the ones the model kept */
 };

@@ -50,6 +50,9 @@ struct seq {
     struct kiri_kv_seq kv;          /* owned block table while running */
     int32_t n_published;            /* leading blocks published to the prefix cache */
     uint64_t chain_hash;            /* hash of block n_published - 1 */
+    int32_t branch;                 /* with state snapshots: where its prompt leaves the longest
+                                       cached prefix found at admission (a prefix another prompt
+                                       shares: a snapshot is kept there), 0 if none */
     struct kiri_sampler *sampler;   /* owned while running */
     struct kiri_text_stream text;   /* owned: tokens to text, stop strings */
     /* Structured output. The grammar state survives preemption (only the sampler is rebuilt). */
@@ -185,11 +188,24 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
                               : window_bytes ? "the sliding-window layers' windows and the recurrent layers' state"
                                              : "the recurrent layers' state",
                               p.max_seqs);
+    /* Prefix reuse on a model with recurrent state needs snapshots of the state at block ends:
+     * KIRI_BATCHER_SNAPSHOTS_PER_SEQ for each of max_seqs, each one state's size, in host memory but counted
+     * in the budget. They come off what the budget holds beyond the states and one context of
+     * blocks, so a budget too small for all keeps fewer (none: no prefix is reused). */
+    const size_t snap_each = kiri_model_state_bytes(m);
+    int64_t n_snapshots = snap_each && p.prefix_cache ? (int64_t)KIRI_BATCHER_SNAPSHOTS_PER_SEQ * p.max_seqs : 0;
+    if (n_snapshots && p.kv_memory && per_token) {
+        const size_t context = (size_t)blocks_per_seq * BLOCK_SIZE * per_token;
+        const size_t spare = p.kv_memory > swa_bytes + context ? p.kv_memory - swa_bytes - context : 0;
+        if ((size_t)n_snapshots > spare / snap_each)
+            n_snapshots = (int64_t)(spare / snap_each);
+    }
+    const size_t snap_bytes = (size_t)n_snapshots * snap_each;
     /* With every layer windowed there is no per-token cost: the budget only has to hold the
      * windows, and the global table keeps one context per sequence of (layerless) blocks. */
     int64_t n_blocks;
     if (p.kv_memory && per_token)
-        n_blocks = (int64_t)((p.kv_memory - swa_bytes) / (per_token * BLOCK_SIZE));
+        n_blocks = (int64_t)((p.kv_memory - swa_bytes - snap_bytes) / (per_token * BLOCK_SIZE));
     else
         n_blocks = (int64_t)blocks_per_seq * p.max_seqs;
     if (n_blocks < blocks_per_seq)
@@ -225,7 +241,7 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     }
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
     int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks,
-                                         p.max_seqs, &b->kv);
+                                         p.max_seqs, (int32_t)n_snapshots, &b->kv);
     if (rc == 0)
         rc = kiri_graph_init(m, max_tok, p.max_seqs + p.draft_rows, (int32_t)tables, p.n_ctx, &b->graph);
     if (rc == 0) {
@@ -267,6 +283,8 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->stats.kv_window_blocks_total = (int32_t)n_swa_blocks;
     b->stats.state_slots_total = kiri_kvcache_n_state_slots(b->kv);
     b->stats.state_bytes = kiri_kvcache_state_bytes(b->kv);
+    b->stats.snapshots_total = kiri_kvcache_n_snapshots(b->kv);
+    b->stats.snapshot_bytes = kiri_kvcache_snapshot_bytes(b->kv);
     *out = b;
     return KIRI_OK;
 }
@@ -606,6 +624,10 @@ static void share_prefix(struct kiri_batcher *b, struct seq *s)
         s->chain_hash = h;
     }
     s->n_cached = s->kv.n_tokens;
+    /* Cached blocks past the resumed ones, without a snapshot at their end: another prompt
+     * shares them (a system prompt), so the state where they end is worth keeping. */
+    const int32_t cached = n >= 0 && kiri_kvcache_n_snapshots(b->kv) ? kiri_kvcache_cached_blocks(b->kv, s->tokens, full) : 0;
+    s->branch = cached > (n > 0 ? n : 0) ? cached * BLOCK_SIZE : 0;
 }
 
 /* Moves waiting requests into free running slots while the pool can hold their prompts. Cancelled
@@ -630,7 +652,8 @@ static void admit(struct kiri_batcher *b)
         const int32_t need = (s->n_tokens + BLOCK_SIZE) / BLOCK_SIZE;
         /* Head of line waits for memory rather than letting smaller requests starve it; an
          * empty batch always admits (the pool holds at least one full context). A recurrent-state
-         * slot is always free here: the store has one per sequence of max_seqs. */
+         * slot is always free here: the store has one per sequence of max_seqs (a prefix resumed
+         * from a snapshot takes it in share_prefix). */
         if (b->n_running > 0 && kiri_kvcache_n_available(b->kv) < need)
             break;
         b->waiting = s->next;
@@ -723,6 +746,9 @@ static void logprobs(struct kiri_batcher *b, const struct seq *s, const float *l
     }
 }
 
+/* The end of s's prompt's whole blocks before its last token: what the same prompt reuses. */
+static int32_t prompt_reuse(const struct seq *s) { return (s->n_prompt - 1) / BLOCK_SIZE * BLOCK_SIZE; }
+
 /* Publishes every newly completed block of s to the prefix cache. */
 static void publish(struct kiri_batcher *b, struct seq *s)
 {
@@ -734,6 +760,34 @@ static void publish(struct kiri_batcher *b, struct seq *s)
         kiri_kvcache_publish(b->kv, &s->kv, i, s->chain_hash, t);
         s->n_published++;
     }
+    /* A step that ended exactly at the end of a published block leaves the recurrent state of
+     * that position: a snapshot of it lets a later sequence resume there. Two are kept: at the
+     * end of the prompt's whole blocks before its last token (what the same prompt again
+     * reuses) and at its branch; any other is passing, replaced by the sequence's next (its
+     * latest is what a resume after preemption, or the next turn of a conversation, needs). A
+     * failed copy only loses the snapshot. */
+    if (full > 0 && s->n_published == full && s->kv.n_tokens == full * BLOCK_SIZE) {
+        const int keep = s->kv.n_tokens == prompt_reuse(s) || s->kv.n_tokens == s->branch;
+        (void)kiri_kvcache_snapshot(b->kv, &s->kv, full - 1, s->chain_hash,
+                                    s->tokens + (size_t)(full - 1) * BLOCK_SIZE, keep);
+    }
+}
+
+/* The tokens of a prompt chunk of k from s's next position: with state snapshots, a chunk that
+ * crosses a kept snapshot's position (prompt_reuse, the branch) stops there, and else one that
+ * crosses a block's end stops at the last one it reaches, so that every step ends where a
+ * snapshot can be taken (the recurrence leaves only the state after a step's last token). */
+static int32_t chunk_end(const struct kiri_batcher *b, const struct seq *s, int32_t k)
+{
+    if (!kiri_kvcache_n_snapshots(b->kv))
+        return k;
+    const int32_t at = s->kv.n_tokens, end = at + k, boundary = end / BLOCK_SIZE * BLOCK_SIZE;
+    const int32_t keep[2] = {s->branch, prompt_reuse(s)};
+    int32_t stop = boundary > at ? boundary : end;
+    for (int i = 0; i < 2; i++)
+        if (keep[i] > at && keep[i] < stop)
+            stop = keep[i];
+    return stop - at;
 }
 
 /* Extends the decoding sequences planned[0..n) with drafts, within what the step's budget left:
@@ -790,7 +844,7 @@ static int32_t plan(struct kiri_batcher *b, struct seq **planned, int32_t *take)
                 const int32_t pending = s->n_tokens - s->kv.n_tokens;
                 if ((pass == 0) != (pending == 1))
                     continue;
-                const int32_t k = pass == 0 ? 1 : (pending < budget ? pending : budget);
+                const int32_t k = pass == 0 ? 1 : chunk_end(b, s, pending < budget ? pending : budget);
                 if (k <= 0)
                     continue;
                 const int rc = kiri_kvcache_seq_reserve(b->kv, &s->kv, s->kv.n_tokens + k);
@@ -1108,6 +1162,9 @@ static void kv_stats(struct kiri_batcher *b)
     if (b->swa_blocks_per_seq)
         b->stats.kv_window_blocks_used = b->stats.kv_window_blocks_total - kiri_kvcache_n_available_window(b->kv);
     b->stats.state_slots_used = b->stats.state_slots_total - kiri_kvcache_n_state_free(b->kv);
+    b->stats.snapshots_used = kiri_kvcache_n_snapshots_used(b->kv);
+    b->stats.snapshot_hits = kiri_kvcache_snapshot_hits(b->kv);
+    b->stats.snapshot_misses = kiri_kvcache_snapshot_misses(b->kv);
 }
 
 /* One forward step over every running sequence. Returns 1 if it did work. */

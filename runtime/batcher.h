@@ -10,6 +10,10 @@
 
 #include "kiri.h"
 
+/* Recurrent-state snapshots kept for prefix reuse per sequence of max_seqs (a model with
+ * recurrent layers, the prefix cache on; fewer when the KV budget cannot hold them). */
+#define KIRI_BATCHER_SNAPSHOTS_PER_SEQ 2
+
 /* Queues a held request: its tokens are computed (up to n_ctx of them, none sampled), the
  * callback gets one event with the last token's logits (ev->logits, valid until the next step),
  * and the sequence then waits, keeping its KV blocks, for kiri_batcher_append or a cancel. */

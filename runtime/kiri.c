@@ -254,6 +254,10 @@ void kiri_model_describe(const struct kiri_model *m, char *buf, size_t cap)
     else
         kiri_buf_printf(&text, "kv cache:      %.1f KiB per token (F16); %.2f MiB at the trained context\n",
                 (double)kv_tok / 1024.0, kv_ctx / mib);
+    if (kiri_model_n_recurrent_layers(m))
+        kiri_buf_printf(&text, "snapshots:     %.1f KiB each (the state at a block's end, in host memory), %d per "
+                "sequence, taken from the kv memory for prefix reuse\n", (double)kiri_model_state_bytes(m) / 1024.0,
+                KIRI_BATCHER_SNAPSHOTS_PER_SEQ);
     const uint64_t scratch = kiri_graph_scratch_bytes(m, 512, 1, 4096);
     const double state = (double)kiri_model_state_bytes(m);
     kiri_buf_printf(&text, "memory needed: %.2f MiB resident at the trained context (weights + kv%s + %.2f MiB scratch)\n",

@@ -62,6 +62,18 @@ struct kiri_kvcache {
     size_t state_bytes;
     int32_t *state_free;                      /* owned: stack of free slots */
     int32_t n_state_free;
+    /* State snapshots (kiri_kvcache_snapshot): n_snap host copies of one slot's state (every
+     * recurrent layer's row, snap_bytes in all), each kept with the cached global block it ends. */
+    int32_t n_snap;
+    size_t snap_bytes;
+    char *snap;                               /* owned: n_snap * snap_bytes */
+    int32_t *snap_block;                      /* owned (n_snap): its global block, -1 free */
+    uint64_t *snap_stamp;                     /* owned (n_snap): last use, for LRU eviction */
+    uint64_t *snap_gen;                       /* owned (n_snap): bumped at each take */
+    uint8_t *snap_shared;                     /* owned (n_snap): a sequence resumed from it */
+    int32_t *snap_of;                         /* owned (global blocks): its snapshot, -1 none */
+    int32_t n_snap_used;
+    uint64_t snap_clock, snap_hits, snap_misses;
 };
 
 static struct pool *pool_of(struct kiri_kvcache *c, int layer)
@@ -163,6 +175,32 @@ static size_t layer_size(size_t row, int32_t n_blocks, int block_size, int n_lay
     return row * slots;
 }
 
+/* Allocates n snapshots of bytes each (none for n = 0). */
+static int snap_init(struct kiri_kvcache *c, int32_t n, size_t bytes)
+{
+    if (n < 0 || n > (1 << 20) || (n && bytes > SIZE_MAX / 4 / (size_t)n))
+        return KIRI_E_INVALID_ARG;
+    if (n == 0)
+        return KIRI_OK;
+    const int32_t nb = c->pool[0].n_blocks;
+    c->snap = kiri_mem_alloc((size_t)n * bytes);
+    c->snap_block = kiri_mem_array((size_t)n, sizeof *c->snap_block);
+    c->snap_stamp = kiri_mem_calloc((size_t)n, sizeof *c->snap_stamp);
+    c->snap_gen = kiri_mem_calloc((size_t)n, sizeof *c->snap_gen);
+    c->snap_shared = kiri_mem_calloc((size_t)n, 1);
+    c->snap_of = kiri_mem_array((size_t)nb, sizeof *c->snap_of);
+    if (!c->snap || !c->snap_block || !c->snap_stamp || !c->snap_gen || !c->snap_shared || !c->snap_of)
+        return KIRI_E_NOMEM;
+    for (int32_t i = 0; i < n; i++)
+        c->snap_block[i] = -1;
+    for (int32_t i = 0; i < nb; i++)
+        c->snap_of[i] = -1;
+    c->n_snap = n;
+    c->snap_bytes = bytes;
+    c->bytes += (size_t)n * bytes;
+    return KIRI_OK;
+}
+
 /* Allocates the recurrent state of st's layers, each on its part's backend: a layer with keys of
  * its own cannot have state (KIRI_E_INVALID_ARG). */
 static int state_init(struct kiri_kvcache *c, const struct kiri_kvcache_state *st)
@@ -224,7 +262,7 @@ static int state_init(struct kiri_kvcache *c, const struct kiri_kvcache_state *s
     for (int32_t i = 0; i < st->n_slots; i++)
         c->state_free[i] = st->n_slots - 1 - i;
     c->n_state_free = st->n_slots;
-    return KIRI_OK;
+    return snap_init(c, st->n_snapshots, total / (size_t)st->n_slots);
 }
 
 int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
@@ -459,6 +497,12 @@ void kiri_kvcache_free(struct kiri_kvcache *c)
             c->state_part[p].iface->buffer_free(c->state_part[p].be, c->state_part[p].buffer);
     kiri_mem_free(c->state);
     kiri_mem_free(c->state_free);
+    kiri_mem_free(c->snap);
+    kiri_mem_free(c->snap_block);
+    kiri_mem_free(c->snap_stamp);
+    kiri_mem_free(c->snap_gen);
+    kiri_mem_free(c->snap_shared);
+    kiri_mem_free(c->snap_of);
     kiri_mem_free(c);
 }
 
@@ -521,8 +565,17 @@ static void unlink_cached(struct pool *p, int32_t id)
     p->n_cached--;
 }
 
-/* Frees the least recently used cached block that only the cache references. */
-static int evict_one(struct pool *p)
+/* Frees snapshot i (it is taken). */
+static void snap_drop(struct kiri_kvcache *c, int32_t i)
+{
+    c->snap_of[c->snap_block[i]] = -1;
+    c->snap_block[i] = -1;
+    c->snap_shared[i] = 0;
+    c->n_snap_used--;
+}
+
+/* Frees the least recently used cached block that only the cache references, and its snapshot. */
+static int evict_one(struct kiri_kvcache *c, struct pool *p)
 {
     int32_t best = -1;
     for (int32_t id = 0; id < p->n_blocks; id++)
@@ -531,15 +584,17 @@ static int evict_one(struct pool *p)
     if (best < 0)
         return 0;
     unlink_cached(p, best);
+    if (p == &c->pool[0] && c->snap_of && c->snap_of[best] >= 0)
+        snap_drop(c, c->snap_of[best]);
     p->n_evictable--;
     unref(p, best);
     return 1;
 }
 
 /* Takes n blocks (n <= available(p)) into ids, evicting cached blocks when too few are free. */
-static void take(struct pool *p, int32_t n, int32_t *ids)
+static void take(struct kiri_kvcache *c, struct pool *p, int32_t n, int32_t *ids)
 {
-    while (p->n_free < n && evict_one(p))
+    while (p->n_free < n && evict_one(c, p))
         ;
     for (int32_t i = 0; i < n; i++) {
         const int32_t id = p->free_list[--p->n_free];
@@ -634,15 +689,109 @@ static void release_window(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
         unref(&c->pool[1], seq->wblocks[seq->w_lo++]);
 }
 
+/* Copies state slot `row` to snapshot i (to_snap) or snapshot i into the slot, layer by layer. */
+static int snap_copy(struct kiri_kvcache *c, int32_t row, int32_t i, int to_snap)
+{
+    char *snap = c->snap + (size_t)i * c->snap_bytes;
+    size_t at = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        struct kiri_tensor *t = &c->state[l];
+        if (!t->ne[1])
+            continue;
+        const struct part *pt = &c->state_part[l < c->n_first ? 0 : 1];
+        const size_t n = t->nb[1], off = (size_t)row * n;
+        int rc = 0;
+        if (t->data)
+            memcpy(to_snap ? snap + at : (char *)t->data + off, to_snap ? (char *)t->data + off : snap + at, n);
+        else if (to_snap)
+            rc = pt->iface->tensor_get(pt->be, t, snap + at, off, n);
+        else
+            rc = pt->iface->tensor_set(pt->be, t, snap + at, off, n);
+        if (rc != 0)
+            return KIRI_E_BACKEND;
+        at += n;
+    }
+    return KIRI_OK;
+}
+
+/* A snapshot slot for a new one: a free slot, else the least recently used one's. */
+static int32_t snap_slot(struct kiri_kvcache *c)
+{
+    int32_t best = -1;
+    for (int32_t i = 0; i < c->n_snap; i++) {
+        if (c->snap_block[i] < 0)
+            return i;
+        if (best < 0 || c->snap_stamp[i] < c->snap_stamp[best])
+            best = i;
+    }
+    snap_drop(c, best);
+    return best;
+}
+
+int kiri_kvcache_snapshot(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
+                          const int32_t *tokens, int keep)
+{
+    if (!c->n_snap || seq->state <= 0 || i < 0 || i >= seq->n_blocks ||
+        (int64_t)seq->n_tokens != (int64_t)(i + 1) * c->block_size)
+        return 0;
+    const int32_t id = find_cached(&c->pool[0], c->block_size, hash, tokens);
+    if (id < 0 || c->snap_of[id] >= 0)
+        return 0;
+    /* The sequence's own earlier passing snapshot is superseded by this one unless another
+     * sequence resumed from it (a slot since reused has another generation). */
+    const int32_t prev = seq->snap - 1;
+    if (prev >= 0 && prev < c->n_snap && c->snap_gen[prev] == seq->snap_gen && c->snap_block[prev] >= 0 &&
+        !c->snap_shared[prev])
+        snap_drop(c, prev);
+    seq->snap = 0;
+    const int32_t k = snap_slot(c);
+    if (snap_copy(c, seq->state - 1, k, 1) != KIRI_OK)
+        return KIRI_E_BACKEND;
+    c->snap_block[k] = id;
+    c->snap_of[id] = k;
+    c->snap_stamp[k] = ++c->snap_clock;
+    c->snap_gen[k]++;
+    c->snap_shared[k] = 0;
+    c->n_snap_used++;
+    if (!keep) {
+        seq->snap = k + 1;
+        seq->snap_gen = c->snap_gen[k];
+    }
+    return 1;
+}
+
+int32_t kiri_kvcache_cached_blocks(const struct kiri_kvcache *c, const int32_t *tokens, int32_t n_blocks)
+{
+    uint64_t h = 0;
+    int32_t i = 0;
+    for (; i < n_blocks; i++) {
+        const int32_t *t = tokens + (size_t)i * (size_t)c->block_size;
+        h = kiri_kvcache_block_hash(h, t, c->block_size);
+        if (find_cached(&c->pool[0], c->block_size, h, t) < 0)
+            break;
+    }
+    return i;
+}
+
+int32_t kiri_kvcache_n_snapshots(const struct kiri_kvcache *c) { return c->n_snap; }
+int32_t kiri_kvcache_n_snapshots_used(const struct kiri_kvcache *c) { return c->n_snap_used; }
+size_t kiri_kvcache_snapshot_bytes(const struct kiri_kvcache *c) { return (size_t)c->n_snap * c->snap_bytes; }
+uint64_t kiri_kvcache_snapshot_hits(const struct kiri_kvcache *c) { return c->snap_hits; }
+uint64_t kiri_kvcache_snapshot_misses(const struct kiri_kvcache *c) { return c->snap_misses; }
+
 int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, const int32_t *tokens,
                                       int32_t n_blocks, uint64_t *hash)
 {
     *hash = 0;
-    /* A recurrent layer's state after a prefix is not kept (only the latest, per sequence), so
-     * a sequence that took a cached prefix could not resume it: a cache with state shares
-     * nothing and every prompt is computed from its start. */
-    if (seq->n_blocks != 0 || n_blocks <= 0 || c->n_state_slots)
+    /* With recurrent state a prefix is resumed only from a snapshot of the state at its end,
+     * into a state slot of the sequence's own. */
+    const int stateful = c->n_state_slots != 0;
+    if (seq->n_blocks != 0 || n_blocks <= 0)
         return 0;
+    if (stateful && (!c->n_snap || seq->state || c->n_state_free == 0)) {
+        c->snap_misses += c->n_snap != 0;
+        return 0;
+    }
     const int bs = c->block_size;
     struct pool *g = &c->pool[0], *w = &c->pool[1];
     /* The longest run of cached global blocks; with a window, the longest prefix of it whose
@@ -656,13 +805,31 @@ int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq
             break;
         if (c->window && find_cached(w, bs, h, t) < 0)
             last_miss = i;
-        if (!c->window || last_miss < window_first_block(c, (int64_t)(i + 1) * bs))
+        if ((!c->window || last_miss < window_first_block(c, (int64_t)(i + 1) * bs)) &&
+            (!stateful || c->snap_of[find_cached(g, bs, h, t)] >= 0))
             best = i + 1;
     }
+    if (stateful)
+        c->snap_misses += best == 0;
     if (best == 0)
         return 0;
     if (grow_table(c, seq, best) != KIRI_OK)
         return KIRI_E_NOMEM;
+    if (stateful) {
+        /* The state after the prefix: its last block's snapshot, into a slot of the sequence's. */
+        uint64_t hh = 0;
+        for (int32_t i = 0; i < best; i++)
+            hh = kiri_kvcache_block_hash(hh, tokens + (size_t)i * (size_t)bs, bs);
+        const int32_t k = c->snap_of[find_cached(g, bs, hh, tokens + (size_t)(best - 1) * (size_t)bs)];
+        const int32_t row = c->state_free[c->n_state_free - 1];
+        if (snap_copy(c, row, k, 0) != KIRI_OK)
+            return 0; /* a device failed: the prompt is computed whole */
+        c->n_state_free--;
+        seq->state = row + 1;
+        c->snap_stamp[k] = ++c->snap_clock;
+        c->snap_shared[k] = 1;
+        c->snap_hits++;
+    }
     const int32_t lo = c->window ? window_first_block(c, (int64_t)best * bs) : 0;
     h = 0;
     for (int32_t i = 0; i < best; i++) {
@@ -688,8 +855,8 @@ int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq
 void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
                           const int32_t *tokens)
 {
-    if (i < 0 || i >= seq->n_blocks || c->n_state_slots)
-        return; /* nothing is shared from a cache with state (kiri_kvcache_seq_share_prefix) */
+    if (i < 0 || i >= seq->n_blocks || (c->n_state_slots && !c->n_snap))
+        return; /* nothing is shared from a cache with state but no snapshots */
     publish_block(&c->pool[0], c->block_size, seq->blocks[i], hash, tokens);
     if (c->window && seq->wblocks && i >= seq->w_lo)
         publish_block(&c->pool[1], c->block_size, seq->wblocks[i], hash, tokens);
@@ -711,9 +878,9 @@ int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, in
         return KIRI_E_CONTEXT_FULL;
     if (more && grow_table(c, seq, need) != KIRI_OK)
         return KIRI_E_NOMEM;
-    take(&c->pool[0], more, seq->blocks + seq->n_blocks);
+    take(c, &c->pool[0], more, seq->blocks + seq->n_blocks);
     if (c->window)
-        take(&c->pool[1], more, seq->wblocks + seq->n_blocks);
+        take(c, &c->pool[1], more, seq->wblocks + seq->n_blocks);
     if (more)
         seq->n_blocks = need;
     if (new_state)
@@ -743,6 +910,14 @@ int kiri_kvcache_seq_truncate(struct kiri_kvcache *c, struct kiri_kv_seq *seq, i
 
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
 {
+    /* Its cached blocks become the most recently used, the last first, so eviction takes a
+     * prefix from its end and what stays is still a prefix. */
+    for (int32_t i = seq->n_blocks - 1; i >= 0; i--)
+        if (c->pool[0].cached[seq->blocks[i]])
+            c->pool[0].stamp[seq->blocks[i]] = ++c->pool[0].clock;
+    for (int32_t i = seq->n_blocks - 1; seq->wblocks && i >= seq->w_lo; i--)
+        if (c->pool[1].cached[seq->wblocks[i]])
+            c->pool[1].stamp[seq->wblocks[i]] = ++c->pool[1].clock;
     for (int32_t i = 0; i < seq->n_blocks; i++)
         unref(&c->pool[0], seq->blocks[i]);
     for (int32_t i = seq->w_lo; seq->wblocks && i < seq->n_blocks; i++)
@@ -753,6 +928,7 @@ void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
     if (seq->state > 0 && seq->state <= c->n_state_slots && c->n_state_free < c->n_state_slots)
         c->state_free[c->n_state_free++] = seq->state - 1;
     seq->state = 0;
+    seq->snap = 0;
 }
 
 void kiri_kvcache_seq_free(struct kiri_kvcache *c, struct kiri_kv_seq *seq)

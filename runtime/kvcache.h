@@ -19,8 +19,13 @@
  * the backend that runs the layer. A
  * sequence takes a slot with its first reservation and gives it back with its blocks
  * (kiri_kvcache_seq_clear), so admission, preemption and cancellation handle both at once. The
- * state holds only the latest position's, so a cache with state shares no prefix: every
- * sequence is computed from position 0, whose step starts the state from zeros.
+ * state holds only the latest position's, so a prefix is shared only through a snapshot: a host
+ * copy of a slot's state taken when a step ends exactly at the end of a cached global block
+ * (kiri_kvcache_snapshot), kept with that block in one of a fixed number of snapshot slots
+ * allocated at init (none: nothing is shared), dropped with the block when it is evicted or,
+ * least recently used first, when a new snapshot needs its slot. A sequence that takes a
+ * prefix gets the snapshot of its last block copied into its state slot and computes the rest;
+ * a sequence computed from position 0 starts the state from zeros.
  *
  * Invariants: a block is either on its pool's free list (count 0) or referenced by at least one
  * sequence or the prefix cache; position p of a sequence lives in slot table[p / block_size] *
@@ -51,6 +56,8 @@ struct kiri_kv_seq {
                                stale); NULL for a cache without a window */
     int32_t w_lo;
     int32_t state;          /* its recurrent-state slot + 1; 0: none (yet) */
+    int32_t snap;           /* its latest passing snapshot + 1 (kiri_kvcache_snapshot); 0: none */
+    uint64_t snap_gen;      /* that snapshot's generation, to tell a slot since reused */
 };
 
 /* The sliding-window layers of kiri_kvcache_init_windowed. */
@@ -100,6 +107,7 @@ struct kiri_kvcache_layout {
 struct kiri_kvcache_state {
     const int64_t *dims;    /* borrowed (n_layer) */
     int32_t n_slots;
+    int32_t n_snapshots;    /* snapshot slots, each one slot's state, in host memory (0: none) */
 };
 /* kiri_kvcache_init_windowed with a layout (NULL: every layer kv_dim, its own). */
 int kiri_kvcache_init_layers(const struct kiri_backend_iface *iface, struct kiri_backend *be, int n_first,
@@ -134,6 +142,26 @@ int32_t kiri_kvcache_n_state_slots(const struct kiri_kvcache *c);
 int32_t kiri_kvcache_n_state_free(const struct kiri_kvcache *c);
 size_t kiri_kvcache_state_bytes(const struct kiri_kvcache *c);
 int32_t kiri_kvcache_seq_state_row(const struct kiri_kv_seq *seq);
+/* Keeps a copy of seq's state as the state after its block i (seq->n_tokens must be exactly
+ * (i + 1) * block_size, the block published under hash), with the cached block, evicting the
+ * least recently used snapshot when every slot is taken. The sequence's previous passing
+ * snapshot (one taken without keep) is dropped first unless a sequence resumed from it, so a
+ * sequence holds at most one passing snapshot, its latest, besides those it keeps. Returns 1
+ * when taken, 0 when not (no snapshots, no such cached block, or it has one already),
+ * KIRI_E_BACKEND when the device failed to copy. */
+int kiri_kvcache_snapshot(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
+                          const int32_t *tokens, int keep);
+/* The longest run of tokens' whole blocks (at most n_blocks) cached in the global pool, whether
+ * or not they have snapshots. */
+int32_t kiri_kvcache_cached_blocks(const struct kiri_kvcache *c, const int32_t *tokens, int32_t n_blocks);
+/* Snapshot slots, those holding one, their bytes (all slots), and since init the prefixes resumed
+ * from one (hits) and the admissions with a whole block before their last token that found none
+ * (misses). */
+int32_t kiri_kvcache_n_snapshots(const struct kiri_kvcache *c);
+int32_t kiri_kvcache_n_snapshots_used(const struct kiri_kvcache *c);
+size_t kiri_kvcache_snapshot_bytes(const struct kiri_kvcache *c);
+uint64_t kiri_kvcache_snapshot_hits(const struct kiri_kvcache *c);
+uint64_t kiri_kvcache_snapshot_misses(const struct kiri_kvcache *c);
 /* Whether layer attends keys kept in the cache (its own or its source's): 0 for a recurrent one. */
 int kiri_kvcache_layer_has_kv(const struct kiri_kvcache *c, int layer);
 /* The window of the windowed layers (0 without a windowed pool), and whether layer is one. */
@@ -173,7 +201,8 @@ void kiri_kvcache_seq_free(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
 /* ---- prefix sharing ----
  * A full block is identified by a chain hash over every token from position 0 to its end, so
  * equal hashes mean equal prefixes (the block's own tokens are compared too, against collisions).
- * Published blocks stay cached after their sequences end, until the pool needs them back. */
+ * Published blocks stay cached after their sequences end, until the pool needs them back (the least
+ * recently used first; a sequence's blocks, when it ends, count as used last to first). */
 
 /* The chain hash of a block holding tokens[0..n) whose predecessor block has hash parent (0 for
  * the first block). */
@@ -184,12 +213,14 @@ uint64_t kiri_kvcache_block_hash(uint64_t parent, const int32_t *tokens, int n);
  * earlier ones are stale entries). A prefix whose windowed blocks were evicted is cut back to one
  * whose are not, or to none. Returns the blocks shared (seq->n_tokens is that many blocks) and
  * the chain hash of the last in *hash (0 for none); KIRI_E_NOMEM when the tables cannot grow
- * (nothing shared). A cache with recurrent state shares nothing (0). */
+ * (nothing shared). With recurrent state the prefix must also end in a block with a snapshot:
+ * the sequence takes a state slot filled from it (nothing is shared when no slot is free or the
+ * device fails the copy). */
 int32_t kiri_kvcache_seq_share_prefix(struct kiri_kvcache *c, struct kiri_kv_seq *seq, const int32_t *tokens,
                                       int32_t n_blocks, uint64_t *hash);
 /* Publishes block index i of seq (full, its keys and values final) under hash, in each pool
  * independently (the windowed block when it is live); a no-op for a pool where a block with that
- * hash is already cached, and for a cache with recurrent state. */
+ * hash is already cached, and for a cache with recurrent state but no snapshot slots. */
 void kiri_kvcache_publish(struct kiri_kvcache *c, const struct kiri_kv_seq *seq, int32_t i, uint64_t hash,
                           const int32_t *tokens);
 /* Cached (published) blocks of the global pool, and global blocks shared since init. */

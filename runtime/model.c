@@ -1725,11 +1725,12 @@ size_t kiri_model_kv_bytes_window(const struct kiri_model *m, int kv_type)
 int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
                             struct kiri_kvcache **out)
 {
-    return kiri_model_kvcache_init_swa(m, kv_type, block_size, n_blocks, 0, 1, out);
+    return kiri_model_kvcache_init_swa(m, kv_type, block_size, n_blocks, 0, 1, 0, out);
 }
 
 int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
-                                int32_t n_swa_blocks, int32_t n_state_slots, struct kiri_kvcache **out)
+                                int32_t n_swa_blocks, int32_t n_state_slots, int32_t n_snapshots,
+                                struct kiri_kvcache **out)
 {
     uint8_t layers[KIRI_MAX_LAYERS];
     int64_t kv_dim[KIRI_MAX_LAYERS], state_dim[KIRI_MAX_LAYERS];
@@ -1743,7 +1744,7 @@ int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int blo
         source[l] = L->kv_source;
     }
     const struct kiri_kvcache_window w = {layers, m->hp.swa_window, n_swa_blocks};
-    const struct kiri_kvcache_state st = {state_dim, n_state_slots};
+    const struct kiri_kvcache_state st = {state_dim, n_state_slots, n_snapshots};
     const struct kiri_kvcache_layout lay = {kv_dim, source, kiri_model_n_recurrent_layers(m) ? &st : NULL};
     return kiri_kvcache_init_layers(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
                                     (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks,

@@ -227,10 +227,11 @@ int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_s
 /* The same, with the sliding-window layers (layer.swa, hp.swa_window > 0) keeping only their
  * window in a pool of n_swa_blocks blocks (kiri_kvcache_init_windowed); n_swa_blocks = 0, or a
  * model without such layers, is kiri_model_kvcache_init. The recurrent layers (layer.recurrent)
- * keep no keys but n_state_slots sequences' state (kiri_kvcache_state; kiri_model_kvcache_init
- * makes one slot). */
+ * keep no keys but n_state_slots sequences' state and n_snapshots snapshots of it for prefix
+ * reuse (kiri_kvcache_state; kiri_model_kvcache_init makes one slot and no snapshot). */
 int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
-                                int32_t n_swa_blocks, int32_t n_state_slots, struct kiri_kvcache **out);
+                                int32_t n_swa_blocks, int32_t n_state_slots, int32_t n_snapshots,
+                                struct kiri_kvcache **out);
 /* Layers that attend only the last hp.swa_window keys (0 when swa_window is 0). */
 int kiri_model_n_swa_layers(const struct kiri_model *m);
 /* Recurrent layers (lfm2's short-convolution blocks), and the bytes of one sequence's state in

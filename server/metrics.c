@@ -374,6 +374,17 @@ static void render_batcher(struct kiri_buf *b, const struct kiri_batcher_stats *
     gauge_int(b, "kiri_state_slots_used", "Recurrent-state slots held by running sequences.", s->state_slots_used);
     gauge_int(b, "kiri_state_bytes", "Bytes of the recurrent-state store, taken from the KV memory budget.",
               (int64_t)s->state_bytes);
+    gauge_int(b, "kiri_state_snapshots_capacity",
+              "Recurrent-state snapshots kept at block ends for prefix reuse (0 without recurrent layers).",
+              s->snapshots_total);
+    gauge_int(b, "kiri_state_snapshots_used", "Recurrent-state snapshots holding a state.", s->snapshots_used);
+    gauge_int(b, "kiri_state_snapshot_bytes", "Bytes of the snapshot store, taken from the KV memory budget.",
+              (int64_t)s->snapshot_bytes);
+    counter(b, "kiri_state_snapshot_hits_total", "Admissions that resumed a cached prefix from a state snapshot.",
+            s->snapshot_hits);
+    counter(b, "kiri_state_snapshot_misses_total",
+            "Admissions with a whole prompt block that found no cached prefix with a state snapshot.",
+            s->snapshot_misses);
     counter(b, "kiri_prefix_cache_hit_blocks_total", "KV blocks reused from the prefix cache.",
             s->prefix_hit_blocks);
     gauge_int(b, "kiri_batch_size_tokens", "Tokens in the last batch step.", s->last_batch_tokens);

@@ -800,6 +800,11 @@ void kiri_models_stats(struct kiri_models *r, struct kiri_batcher_stats *out)
         out->state_slots_total += st.state_slots_total;
         out->state_slots_used += st.state_slots_used;
         out->state_bytes += st.state_bytes;
+        out->snapshots_total += st.snapshots_total;
+        out->snapshots_used += st.snapshots_used;
+        out->snapshot_bytes += st.snapshot_bytes;
+        out->snapshot_hits += st.snapshot_hits;
+        out->snapshot_misses += st.snapshot_misses;
         if (i == def || !out->kv_block_size)
             out->kv_block_size = st.kv_block_size;
         out->prefix_hit_blocks += st.prefix_hit_blocks;

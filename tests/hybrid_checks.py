@@ -3,7 +3,8 @@ layers keep a per-sequence state beside the KV cache. TinyModel puts a tiny file
 the shape test_families' Case and prompt() read; the kiri serve checks take the tiny file, a tag
 for the log and the family's numbers (its state per sequence, a pool too small for three), and
 hold every completion to llama.cpp's greedy continuation (test_families.held_to_llama_cpp, an
-F32 cache, logprobs within 1e-3)."""
+F32 cache, logprobs within 1e-3). A prefix is reused from a snapshot of the recurrent state kept
+at a block's end (16 tokens a block): cached_tokens in usage counts its tokens."""
 
 import json
 import os
@@ -24,6 +25,8 @@ STORY = "Once upon a time, there was a little girl named Lily. She loved to play
 OPENINGS = ["Lily saw a bird. ", "The sun was hot. ", "Her dog barked. ", "A cat sat down. ", "The rain fell. ",
             "Tom had a kite. ", "The boat was red. ", "Sam ate a pie. ", "A frog jumped. "]
 SERVE = ["--ctx", str(N_CTX), "--chunk", "16", "--kv-type", "f32"]
+BLOCK = 16
+SNAPSHOTS_PER_SEQ = 2
 
 
 class TinyModel:
@@ -52,48 +55,131 @@ def at_once(srv, prompts):
     return out
 
 
+def reusable(prompt_tokens):
+    """The tokens a repeated prompt of prompt_tokens reuses: its whole blocks before its last
+    token (which is computed for the logits)."""
+    return (prompt_tokens - 1) // BLOCK * BLOCK
+
+
+def equal_logprobs(a, b, tol=1e-5):
+    """Two completions of one prompt: the same text, each token's logprob within tol."""
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    err = np.abs(np.array(a["choices"][0]["logprobs"]["token_logprobs"]) -
+                 np.array(b["choices"][0]["logprobs"]["token_logprobs"])).max()
+    assert err <= tol, err
+
+
 def batching_and_repeated_prompt(start_server, path, tag, state_bytes):
     """Three requests at once (batched) give llama.cpp's greedy continuations, the same tokens as
-    one at a time; the same prompt alone again shares no prefix (cached_tokens 0) and gives the
-    same completion, logprobs and all; /metrics shows a state slot of state_bytes for each of the
-    3 sequences, none held once every request has ended (within 10 s of the last answer)."""
+    one at a time (which they follow, so each reuses its own prompt's prefix); the same prompt
+    alone again reuses its whole blocks (cached_tokens) from a state snapshot and gives the same
+    completion, logprobs and all; /metrics shows a state slot of state_bytes for each of the 3
+    sequences, none held once every request has ended (within 10 s of the last answer), and 2
+    snapshots of that size per sequence, some taken and hit."""
     srv = start_server(["-m", path, "--parallel", "3"] + SERVE, model=False)
     prompts = [s + STORY for s in OPENINGS[:3]]
     alone = [complete(srv, p) for p in prompts]
     together = at_once(srv, prompts)
     for p, a, b in zip(prompts, alone, together):
         tf.held_to_llama_cpp(path, p, b, tag, 1e-3)
-        assert a["choices"][0]["text"] == b["choices"][0]["text"]
         # A step of several tokens may take other product kernels: the same tokens, logprobs
         # within float rounding.
-        err = np.abs(np.array(a["choices"][0]["logprobs"]["token_logprobs"]) -
-                     np.array(b["choices"][0]["logprobs"]["token_logprobs"])).max()
-        assert err <= 1e-5, err
+        equal_logprobs(a, b)
     again = complete(srv, prompts[0])
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, again["usage"]
-    assert again["choices"][0] == alone[0]["choices"][0]
+    n = again["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == reusable(n) > 0, again["usage"]
+    tf.held_to_llama_cpp(path, prompts[0], again, tag, 1e-3)
+    equal_logprobs(again, alone[0])
     # The loop frees a sequence's slot after its last event reached the client: wait for it.
     deadline = time.monotonic() + 10
     while (m := srv.metrics())["kiri_state_slots_used"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert (m["kiri_state_slots_capacity"], m["kiri_state_bytes"], m["kiri_state_slots_used"]) == \
         (3, 3 * state_bytes, 0), m
+    n_snap = 3 * SNAPSHOTS_PER_SEQ
+    assert (m["kiri_state_snapshots_capacity"], m["kiri_state_snapshot_bytes"]) == (n_snap, n_snap * state_bytes), m
+    assert 0 < m["kiri_state_snapshots_used"] <= n_snap, m
+    # alone's three found nothing; together's three and again resumed from a snapshot.
+    assert (m["kiri_state_snapshot_misses_total"], m["kiri_state_snapshot_hits_total"]) == (3, 4), m
 
 
-def preemption(start_server, path, tag, budget):
-    """Three requests at once in a pool of `budget` bytes (the states come off it first, then too
-    few blocks for three): one is preempted, its blocks and state slot freed, and later
-    recomputed from its tokens; every completion is llama.cpp's. The round is sent again (at most
-    three times) until the server counts a preemption, as a late thread may miss the others."""
+def reused_prefix(start_server, path, tag):
+    """A long prompt in prompt chunks of 40 tokens (a chunk that would end inside a block stops at
+    the block's end, where the state is kept): the same prompt again reuses every whole block
+    before its last token and gives the same completion, logprobs and all; the prompt with more
+    text after it reuses at least the blocks they share; each completion is llama.cpp's; /metrics
+    counts one miss (the first) and two hits."""
+    srv = start_server(["-m", path, "--parallel", "2", "--ctx", str(N_CTX), "--chunk", "40", "--kv-type", "f32"],
+                       model=False)
+    text = OPENINGS[4] + STORY + STORY
+    first = complete(srv, text)
+    n = first["usage"]["prompt_tokens"]
+    assert n > 4 * BLOCK and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, first["usage"]
+    tf.held_to_llama_cpp(path, text, first, tag, 1e-3)
+    second = complete(srv, text)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == reusable(n), second["usage"]
+    tf.held_to_llama_cpp(path, text, second, tag, 1e-3)
+    equal_logprobs(first, second)
+    longer = text + OPENINGS[5]
+    third = complete(srv, longer)
+    assert third["usage"]["prompt_tokens_details"]["cached_tokens"] >= reusable(n) - BLOCK, third["usage"]
+    tf.held_to_llama_cpp(path, longer, third, tag, 1e-3)
+    m = srv.metrics()
+    assert (m["kiri_state_snapshot_misses_total"], m["kiri_state_snapshot_hits_total"]) == (1, 2), m
+
+
+def shared_system_prompt(start_server, path, tag):
+    """Three prompts that share a long opening (a system prompt) and differ after it: the first
+    finds nothing; the second finds the shared blocks cached without a snapshot at their end (a
+    miss), so its prompt chunk stops there and keeps one; the third resumes from it (cached_tokens
+    at least 4 blocks, a hit). Prompt chunks of 40 tokens; every completion is llama.cpp's."""
+    srv = start_server(["-m", path, "--parallel", "2", "--ctx", str(N_CTX), "--chunk", "40", "--kv-type", "f32"],
+                       model=False)
+    system = OPENINGS[6] + STORY + STORY
+    cached = []
+    for user in OPENINGS[7:9] + OPENINGS[:1]:
+        res = complete(srv, system + user)
+        tf.held_to_llama_cpp(path, system + user, res, tag, 1e-3)
+        cached.append(res["usage"]["prompt_tokens_details"]["cached_tokens"])
+    m = srv.metrics()
+    assert cached[0] == cached[1] == 0 and cached[2] >= 4 * BLOCK, cached
+    assert (m["kiri_state_snapshot_misses_total"], m["kiri_state_snapshot_hits_total"]) == (2, 1), m
+
+
+def snapshots_in_budget(start_server, path, budget, snapshots, blocks):
+    """With --kv-memory the snapshots come off what the budget holds beyond the 3 states and one
+    context of blocks: `snapshots` of the 6 fit, and `blocks` blocks are left."""
     srv = start_server(["-m", path, "--parallel", "3", "--kv-memory", str(budget)] + SERVE, model=False)
+    m = srv.metrics()
+    assert (m["kiri_state_snapshots_capacity"], m["kiri_kv_blocks_capacity"]) == (snapshots, blocks), m
+
+
+def preemption(start_server, path, tag, budget, snapshots=0, parallel=3):
+    """Three requests at once in a pool of `budget` bytes (the states come off it first, then too
+    few blocks for three): one is preempted, its blocks and state slot freed, and later resumed
+    (from a snapshot of its state where its blocks are still cached, else recomputed from its
+    tokens); every completion is llama.cpp's. The round is sent again (at most three times) until
+    the server counts a preemption, as a late thread may miss the others. With `snapshots` (the
+    budget holds them beyond one context), a preempted sequence resumes from one: the round also
+    needs a snapshot hit; without, the budget holds none and nothing is reused. `parallel`
+    sequences run at once."""
+    srv = start_server(["-m", path, "--parallel", str(parallel), "--kv-memory", str(budget)] + SERVE, model=False)
+    seen = []
     for r in range(3):
-        p0 = srv.metrics()["kiri_preemptions_total"]
+        m0 = srv.metrics()
+        assert m0["kiri_state_snapshots_capacity"] == snapshots, m0
         prompts = [s + STORY + STORY for s in OPENINGS[3 * r:3 * r + 3]]
         for p, res in zip(prompts, at_once(srv, prompts)):
             tf.held_to_llama_cpp(path, p, res, tag, 1e-3)
-        if srv.metrics()["kiri_preemptions_total"] > p0:
+        m = srv.metrics()
+        hit = m["kiri_state_snapshot_hits_total"] > m0["kiri_state_snapshot_hits_total"]
+        assert snapshots or not hit, m
+        preempted = m["kiri_preemptions_total"] > m0["kiri_preemptions_total"]
+        if preempted and hit == (snapshots > 0):
             return
-    pytest.fail("the pool held all three in every round: no preemption to check")
+        seen.append((preempted, hit))
+    pytest.fail("no round with a preemption" + (" resumed from a snapshot" if snapshots else "") +
+                f": (preempted, hit) per round {seen}")
 
 
 def refused_budget(kiri_bin, path, budget, named):

@@ -2,8 +2,9 @@
  * reservations, reuse of freed blocks, and allocation failures; a windowed pool for sliding-window
  * layers (its size, blocks released as the window slides, prefix sharing cut back to what every
  * layer still has cached); layers of different row sizes and layers that read another layer's
- * keys and values (gemma4); recurrent state per sequence (lfm2); rolling a sequence back (rejected
- * speculative tokens) across block boundaries, in both pools, never into a shared block. */
+ * keys and values (gemma4); recurrent state per sequence (lfm2) and its snapshots for prefix reuse;
+ * rolling a sequence back (rejected speculative tokens) across block boundaries, in both pools,
+ * never into a shared block. */
 #include <string.h>
 
 #include "backend.h"
@@ -433,16 +434,26 @@ static void test_teardown(void)
  * layer its own size, as qwen35's and lfm2's differ), 1 and 3 attention; two state slots. A slot
  * comes with the first reservation and goes back with the blocks; a third sequence waits for one
  * (nothing taken); no prefix is shared or published. */
+/* The hybrid layout of test_state, blocks of 4, 6 of them, with n_snapshots snapshots. */
+static struct kiri_kvcache *hybrid_cache(int32_t n_snapshots)
+{
+    const int64_t dims[4] = {0, 64, 0, 64};
+    const int64_t rec[4] = {24, 0, 40, 0};
+    const struct kiri_kvcache_state st = {rec, 2, n_snapshots};
+    const struct kiri_kvcache_layout lay = {dims, NULL, &st};
+    struct kiri_kvcache *c = NULL;
+    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 4, 0, KIRI_TYPE_F16, 4, 6,
+                                          NULL, &lay, &c), n_snapshots > (1 << 20) ? KIRI_E_INVALID_ARG : 0);
+    return c;
+}
+
 static void test_state(void)
 {
     const int64_t dims[4] = {0, 64, 0, 64};
     const int32_t src[4] = {0, 1, 2, 3};
     const int64_t rec[4] = {24, 0, 40, 0};
-    const struct kiri_kvcache_state st = {rec, 2};
-    const struct kiri_kvcache_layout lay = {dims, src, &st};
-    struct kiri_kvcache *c = NULL;
-    CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 4, 0, KIRI_TYPE_F16, 4, 6,
-                                          NULL, &lay, &c), 0);
+    const struct kiri_kvcache_state st = {rec, 2, 0};
+    struct kiri_kvcache *c = hybrid_cache(0);
     if (!c)
         return;
     CHECK_EQ_INT(kiri_kvcache_state_bytes(c), (24 + 40) * 4 * 2);
@@ -504,5 +515,121 @@ static void test_state(void)
                                           &bad2, &c), KIRI_E_INVALID_ARG);
 }
 
+/* The state of seq's slot in the hybrid layout's two recurrent layers (24 and 40 floats): set to
+ * base + 100 * layer + j, and whether it holds that. */
+static void set_state(struct kiri_kvcache *c, const struct kiri_kv_seq *s, float base)
+{
+    for (int l = 0; l < 4; l += 2) {
+        const struct kiri_tensor *t = kiri_kvcache_state(c, l);
+        float *row = (float *)t->data + (size_t)kiri_kvcache_seq_state_row(s) * (size_t)t->ne[0];
+        for (int64_t j = 0; j < t->ne[0]; j++)
+            row[j] = base + 100.0f * (float)l + (float)j;
+    }
+}
+
+static int state_is(struct kiri_kvcache *c, const struct kiri_kv_seq *s, float base)
+{
+    int ok = kiri_kvcache_seq_state_row(s) >= 0;
+    for (int l = 0; ok && l < 4; l += 2) {
+        const struct kiri_tensor *t = kiri_kvcache_state(c, l);
+        const float *row = (const float *)t->data + (size_t)kiri_kvcache_seq_state_row(s) * (size_t)t->ne[0];
+        for (int64_t j = 0; j < t->ne[0]; j++)
+            ok &= row[j] == base + 100.0f * (float)l + (float)j;
+    }
+    return ok;
+}
+
+/* State snapshots (the hybrid layout of test_state, two slots, two snapshots): one is taken only
+ * for a published block whose end is the sequence's position, once; a prefix is shared up to the
+ * last block with one, whose state lands in the new sequence's own slot, and not at all without a
+ * free slot (a miss); a third snapshot evicts the least recently used; a block evicted from the
+ * pool takes its snapshot along; a sequence's newer passing snapshot supersedes its older one. */
+static void test_state_snapshots(void)
+{
+    struct kiri_kvcache *c = hybrid_cache(2);
+    if (!c)
+        return;
+    CHECK_EQ_INT(kiri_kvcache_n_snapshots(c), 2);
+    CHECK_EQ_INT(kiri_kvcache_snapshot_bytes(c), 2 * (24 + 40) * 4);
+    CHECK_EQ_INT(kiri_kvcache_bytes(c), 2 * 2 * 64 * 2 * 24 + (24 + 40) * 4 * 2 + 2 * (24 + 40) * 4);
+    const int32_t toks[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    const uint64_t h0 = kiri_kvcache_block_hash(0, toks, 4), h1 = kiri_kvcache_block_hash(h0, toks + 4, 4),
+                   h2 = kiri_kvcache_block_hash(h1, toks + 8, 4);
+    struct kiri_kv_seq a = {0}, d = {0}, e = {0}, f = {0};
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 12), 0);
+    set_state(c, &a, 1000);
+    a.n_tokens = 4;
+    CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 0, h0, toks, 1), 0); /* not published */
+    kiri_kvcache_publish(c, &a, 0, h0, toks);
+    CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 0, h0, toks, 1), 1);
+    CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 0, h0, toks, 1), 0); /* it has one */
+    set_state(c, &a, 2000);
+    a.n_tokens = 8;
+    kiri_kvcache_publish(c, &a, 1, h1, toks + 4);
+    CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 0, h0, toks, 1), 0); /* the state is not block 0's end */
+    CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 1, h1, toks + 4, 1), 1);
+    CHECK_EQ_INT(kiri_kvcache_n_snapshots_used(c), 2);
+
+    /* Block 2 is not cached: the prefix stops at block 1, with block 1's state. */
+    uint64_t h = 0;
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, toks, 3, &h), 2);
+    CHECK(h == h1);
+    CHECK_EQ_INT(d.n_tokens, 8);
+    CHECK(kiri_kvcache_seq_state_row(&d) != kiri_kvcache_seq_state_row(&a));
+    CHECK(state_is(c, &d, 2000) && state_is(c, &a, 2000));
+    CHECK_EQ_INT(kiri_kvcache_snapshot_hits(c), 1);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 0);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &e, toks, 1, &h), 0); /* no state slot left */
+    CHECK_EQ_INT(kiri_kvcache_snapshot_misses(c), 1);
+    kiri_kvcache_seq_clear(c, &d);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &e, toks, 1, &h), 1);
+    CHECK(state_is(c, &e, 1000));
+    kiri_kvcache_seq_clear(c, &e);
+
+    /* A third snapshot takes the least recently used one's slot: block 1's (block 0's was used
+     * since), so a prefix of two blocks is cut back to one. */
+    set_state(c, &a, 3000);
+    a.n_tokens = 12;
+    kiri_kvcache_publish(c, &a, 2, h2, toks + 8);
+    CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 2, h2, toks + 8, 1), 1);
+    CHECK_EQ_INT(kiri_kvcache_n_snapshots_used(c), 2);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, toks, 3, &h), 3);
+    CHECK(state_is(c, &d, 3000));
+    kiri_kvcache_seq_clear(c, &d);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &e, toks, 2, &h), 1);
+    CHECK(state_is(c, &e, 1000));
+    kiri_kvcache_seq_clear(c, &e);
+
+    /* Blocks evicted from the pool take their snapshots with them. */
+    kiri_kvcache_seq_clear(c, &a);
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &f, 24), 0);
+    CHECK_EQ_INT(kiri_kvcache_n_cached(c), 0);
+    CHECK_EQ_INT(kiri_kvcache_n_snapshots_used(c), 0);
+    kiri_kvcache_seq_clear(c, &f);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &e, toks, 2, &h), 0);
+
+    /* A sequence keeps only its latest passing snapshot. */
+    const int32_t other[8] = {9, 9, 9, 9, 8, 8, 8, 8};
+    const uint64_t g0 = kiri_kvcache_block_hash(0, other, 4), g1 = kiri_kvcache_block_hash(g0, other + 4, 4);
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 8), 0);
+    a.n_tokens = 4;
+    kiri_kvcache_publish(c, &a, 0, g0, other);
+    CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 0, g0, other, 0), 1);
+    a.n_tokens = 8;
+    kiri_kvcache_publish(c, &a, 1, g1, other + 4);
+    CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 1, g1, other + 4, 0), 1);
+    CHECK_EQ_INT(kiri_kvcache_n_snapshots_used(c), 1);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, other, 1, &h), 0);
+    CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &e, other, 2, &h), 2);
+    kiri_kvcache_seq_free(c, &a);
+    kiri_kvcache_seq_free(c, &d);
+    kiri_kvcache_seq_free(c, &e);
+    kiri_kvcache_seq_free(c, &f);
+    kiri_kvcache_free(c);
+
+    /* Snapshot counts beyond the limit are refused. */
+    CHECK(hybrid_cache((1 << 20) + 1) == NULL);
+}
+
 TEST_MAIN(test_setup, test_blocks_and_slots, test_bad_shapes, test_window_pool, test_window_pool_full, test_truncate,
-          test_window_prefix, test_window_none, test_layout, test_state, test_allocation_failures, test_teardown)
+          test_window_prefix, test_window_none, test_layout, test_state, test_state_snapshots, test_allocation_failures, test_teardown)

@@ -8,10 +8,11 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
   - on every CPU kernel tier this machine runs (c, avx2, avx512);
   - three sequences side by side in one batching loop (each step's convolution walks several
     sequences' states);
-  - through kiri serve: greedy completions unchanged by batching, a repeated prompt (no prefix is
-    shared from a cache with recurrent state: the second is computed whole and equals the
-    first), preemption in a pool too small for three (recomputed from the tokens, the state
-    started again), and a request after a cancelled one in the same slot;
+  - through kiri serve: greedy completions unchanged by batching, a repeated prompt (its whole
+    blocks reused from a snapshot of the convolution state at a block's end: the same completion
+    as the first), a prompt that extends a cached one, preemption in a pool too small for three
+    (recomputed from the tokens without room for snapshots, resumed from one with), snapshots
+    sized from --kv-memory, and a request after a cancelled one in the same slot;
   - on Vulkan (lavapipe): token by token and in chunks of 5, F32 and Q8_0 files, and with the
     first three layers on Vulkan and the others on the CPU (convolution states on both), and
     three sequences batched;
@@ -156,13 +157,16 @@ def test_lfm2_vulkan_batched(lc, batch_tool):
 
 def test_lfm2_info_shows_state(lfm2_files, kiri_bin):
     """kiri info names the convolution layers and their state per sequence: 4 layers x 2 inputs
-    x 64 channels x 4 bytes = 2 KiB."""
+    x 64 channels x 4 bytes = 2 KiB; and the snapshots of it kept for prefix reuse, 2 KiB each,
+    2 per sequence."""
     r = subprocess.run([str(kiri_bin), "info", "-m", lfm2_files["lfm2-a"]], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("short conv:")), "")
     assert "4 of 6 layers" in line and "3 taps" in line and "2.0 KiB per sequence" in line, r.stdout
     assert "in the 2 attention layers" in r.stdout, r.stdout
+    snap = next((ln for ln in r.stdout.splitlines() if ln.startswith("snapshots:")), "")
+    assert "2.0 KiB each" in snap and "2 per sequence" in snap, r.stdout
 
 
 # ------------------------------------------------------------------------------------------------
@@ -171,8 +175,8 @@ def test_lfm2_info_shows_state(lfm2_files, kiri_bin):
 
 def test_lfm2_server_batching_and_repeated_prompt(start_server, lfm2_files):
     """hybrid_checks.batching_and_repeated_prompt: batched equals alone equals llama.cpp; a
-    repeated prompt computed whole; a state slot of 2 KiB (test_lfm2_info_shows_state) for each
-    of the 3 sequences in /metrics."""
+    repeated prompt reuses its blocks from a state snapshot; a state slot of 2 KiB
+    (test_lfm2_info_shows_state) and 2 snapshots for each of the 3 sequences in /metrics."""
     hs.batching_and_repeated_prompt(start_server, lfm2_files["lfm2-a"], "lfm2-a", 2048)
 
 
@@ -182,8 +186,38 @@ POOL = 8 * 8192 + 3 * 2048
 
 
 def test_lfm2_server_preemption(start_server, lfm2_files):
-    """hybrid_checks.preemption in a pool of 8 blocks and 3 states of 2 KiB."""
+    """hybrid_checks.preemption in a pool of 8 blocks and 3 states of 2 KiB: no room for
+    snapshots, a preempted sequence is recomputed from its tokens."""
     hs.preemption(start_server, lfm2_files["lfm2-a"], "lfm2-a", POOL)
+
+
+def test_lfm2_server_preemption_resumes_from_snapshot(start_server, lfm2_files):
+    """hybrid_checks.preemption, two sequences at once in a pool of 11 blocks (too few for two of
+    6), 2 states and 4 snapshots of 2 KiB: the later one is preempted with its 5 whole blocks
+    cached, the other's last block takes only its fifth, and it resumes from the snapshot kept at
+    its prompt's last whole block."""
+    hs.preemption(start_server, lfm2_files["lfm2-a"], "lfm2-a", 11 * 8192 + 2 * 2048 + 4 * 2048, snapshots=4,
+                  parallel=2)
+
+
+def test_lfm2_server_shared_system_prompt(start_server, lfm2_files):
+    """hybrid_checks.shared_system_prompt: the third of three prompts with one opening resumes
+    from the snapshot the second kept where they part."""
+    hs.shared_system_prompt(start_server, lfm2_files["lfm2-a"], "lfm2-a")
+
+
+def test_lfm2_server_reused_prefix(start_server, lfm2_files):
+    """hybrid_checks.reused_prefix: a repeated long prompt, and one that extends it, reuse its
+    blocks from state snapshots and give llama.cpp's continuations."""
+    hs.reused_prefix(start_server, lfm2_files["lfm2-a"], "lfm2-a")
+
+
+@pytest.mark.parametrize("budget,snapshots,blocks", [(POOL, 0, 8), (POOL + 2 * 2048 + 2047, 2, 8),
+                                                     (POOL + 6 * 2048 + 3 * 8192, 6, 11)])
+def test_lfm2_snapshots_from_the_budget(budget, snapshots, blocks, start_server, lfm2_files):
+    """hybrid_checks.snapshots_in_budget: none beyond one context, 2 for 2 states' bytes beyond
+    it, all 6 and 3 blocks more."""
+    hs.snapshots_in_budget(start_server, lfm2_files["lfm2-a"], budget, snapshots, blocks)
 
 
 @pytest.mark.parametrize("budget,named", [(POOL - 1, "holds 112 tokens"),

@@ -13,9 +13,11 @@ reference by test_families.py's criteria (its check(), whose docstring gives the
     batched;
   - three sequences side by side in one batching loop (each step's recurrences walk several
     sequences' states);
-  - through kiri serve: greedy completions unchanged by batching, a repeated prompt (computed
-    whole: no prefix is shared from a cache with recurrent state), preemption in a pool too small
-    for three, and a request after a cancelled one in the same slot; the state's bytes in
+  - through kiri serve: greedy completions unchanged by batching, a repeated prompt (its whole
+    blocks reused from a snapshot of the delta-rule state and convolution window at a block's
+    end: the same completion as the first), a prompt that extends a cached one, preemption in a
+    pool too small for three (recomputed without room for snapshots, resumed from one with), and
+    a request after a cancelled one in the same slot; the state's and the snapshots' bytes in
     /metrics and taken from --kv-memory;
   - the multi-token-prediction block of qwen35-b loaded and left unused, said so at load; a
     vision tower's tensors likewise;
@@ -200,13 +202,16 @@ STATE_A = 3 * (3 * 128 + 4 * 16 * 16) * 4
 
 
 def test_qwen35_info_shows_state(qwen35_files, kiri_bin):
-    """kiri info names the Gated DeltaNet layers and their state per sequence."""
+    """kiri info names the Gated DeltaNet layers and their state per sequence, and the snapshots
+    of it kept for prefix reuse (as large, 2 per sequence)."""
     r = subprocess.run([str(kiri_bin), "info", "-m", qwen35_files["qwen35-a"]], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("delta net:")), "")
     assert "3 of 4 layers" in line and "4 taps" in line and f"{STATE_A / 1024:.1f} KiB per sequence" in line, r.stdout
     assert "in the 1 attention layers" in r.stdout, r.stdout
+    snap = next((ln for ln in r.stdout.splitlines() if ln.startswith("snapshots:")), "")
+    assert f"{STATE_A / 1024:.1f} KiB each" in snap and "2 per sequence" in snap, r.stdout
     r = subprocess.run([str(kiri_bin), "info", "-m", qwen35_files["qwen35-b"]], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "mtp head:      1 multi-token-prediction layer" in r.stdout, r.stdout
@@ -218,8 +223,8 @@ def test_qwen35_info_shows_state(qwen35_files, kiri_bin):
 
 def test_qwen35_server_batching_and_repeated_prompt(start_server, qwen35_files):
     """hybrid_checks.batching_and_repeated_prompt: batched equals alone equals llama.cpp; a
-    repeated prompt computed whole; a state slot of STATE_A for each of the 3 sequences in
-    /metrics."""
+    repeated prompt reuses its blocks from a state snapshot; a state slot of STATE_A and 2
+    snapshots for each of the 3 sequences in /metrics."""
     hs.batching_and_repeated_prompt(start_server, qwen35_files["qwen35-a"], "qwen35-a", STATE_A)
 
 
@@ -232,6 +237,35 @@ def test_qwen35_server_preemption(start_server, qwen35_files):
     """hybrid_checks.preemption in a pool of 8 blocks and 3 states: a preempted sequence's delta-rule
     state and convolution window are freed with its blocks and computed again from its tokens."""
     hs.preemption(start_server, qwen35_files["qwen35-a"], "qwen35-a", POOL)
+
+
+def test_qwen35_server_preemption_resumes_from_snapshot(start_server, qwen35_files):
+    """hybrid_checks.preemption, two sequences at once in a pool of 11 blocks (too few for two of
+    6), 2 states and 4 snapshots: the later one is preempted with its 5 whole blocks cached and
+    resumes from the snapshot of its delta-rule state kept at its prompt's last whole block."""
+    hs.preemption(start_server, qwen35_files["qwen35-a"], "qwen35-a", 11 * 8192 + 2 * STATE_A + 4 * STATE_A,
+                  snapshots=4, parallel=2)
+
+
+def test_qwen35_server_shared_system_prompt(start_server, qwen35_files):
+    """hybrid_checks.shared_system_prompt: the third of three prompts with one opening resumes
+    from the snapshot the second kept where they part."""
+    hs.shared_system_prompt(start_server, qwen35_files["qwen35-a"], "qwen35-a")
+
+
+def test_qwen35_server_reused_prefix(start_server, qwen35_files):
+    """hybrid_checks.reused_prefix: a repeated long prompt, and one that extends it, reuse its
+    blocks from snapshots of the delta-rule state and give llama.cpp's continuations."""
+    hs.reused_prefix(start_server, qwen35_files["qwen35-a"], "qwen35-a")
+
+
+@pytest.mark.parametrize("budget,snapshots,blocks", [(POOL, 0, 8), (POOL + 3 * STATE_A - 1, 2, 10),
+                                                     (POOL + 6 * STATE_A + 3 * 8192, 6, 11)])
+def test_qwen35_snapshots_from_the_budget(budget, snapshots, blocks, start_server, qwen35_files):
+    """hybrid_checks.snapshots_in_budget: none beyond one context; 2 for a byte less than 3
+    states beyond it, whose rest (a state less a byte) holds 2 more blocks; all 6 and 3 blocks
+    more."""
+    hs.snapshots_in_budget(start_server, qwen35_files["qwen35-a"], budget, snapshots, blocks)
 
 
 @pytest.mark.parametrize("budget,named", [(POOL - 1, "holds 112 tokens"),

@@ -278,7 +278,8 @@ static void test_kvcache_place(void)
 
 /* A hybrid cache split after layer 1: layer 0's recurrent state (below n_first) on Vulkan, layer
  * 2's on the CPU, each holding what is written to it; moving the attention layer between the
- * backends keeps them, moving a layer with state is refused. */
+ * backends keeps them, moving a layer with state is refused. A snapshot of a sequence's state
+ * taken from both backends lands in another sequence's slot on both. */
 static void test_kvcache_state_split(void)
 {
     bc.mode = MODE_AS_IS;
@@ -288,7 +289,7 @@ static void test_kvcache_state_split(void)
     CHECK_EQ_INT(CPU->init(&cc, &cpu, msg, sizeof msg), 0);
     CHECK_EQ_INT(start_vulkan(), 0);
     const int64_t dims[4] = {0, 64, 0, 64}, rec[4] = {24, 0, 40, 0};
-    const struct kiri_kvcache_state st = {rec, 2};
+    const struct kiri_kvcache_state st = {rec, 2, 1};
     const struct kiri_kvcache_layout lay = {dims, NULL, &st};
     struct kiri_kvcache *c = NULL;
     if (vk)
@@ -310,6 +311,24 @@ static void test_kvcache_state_split(void)
         CHECK_EQ_INT(VK->tensor_get(vk, s0, out, 0, sizeof out), 0);
         CHECK(memcmp(in, out, sizeof in) == 0);
         CHECK(memcmp(s2->data, in, 40 * sizeof(float)) == 0);
+        /* The first sequence takes slot 0 (rows in[0, 24) and in[0, 40)); its snapshot after
+         * one block resumes a second sequence in slot 1. */
+        const int32_t toks[4] = {5, 6, 7, 8};
+        const uint64_t h = kiri_kvcache_block_hash(0, toks, 4);
+        struct kiri_kv_seq a = {0}, d = {0};
+        CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 4), 0);
+        CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), 0);
+        a.n_tokens = 4;
+        kiri_kvcache_publish(c, &a, 0, h, toks);
+        CHECK_EQ_INT(kiri_kvcache_snapshot(c, &a, 0, h, toks, 1), 1);
+        uint64_t hh = 0;
+        CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, toks, 1, &hh), 1);
+        CHECK_EQ_INT(kiri_kvcache_seq_state_row(&d), 1);
+        CHECK_EQ_INT(VK->tensor_get(vk, s0, out, 24 * sizeof(float), 24 * sizeof(float)), 0);
+        CHECK(memcmp(in, out, 24 * sizeof(float)) == 0);
+        CHECK(memcmp((const float *)s2->data + 40, in, 40 * sizeof(float)) == 0);
+        kiri_kvcache_seq_free(c, &a);
+        kiri_kvcache_seq_free(c, &d);
     }
     kiri_kvcache_free(c);
     if (vk)
