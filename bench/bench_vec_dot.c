@@ -17,8 +17,9 @@
  * rows as the CPU backend calls the kernels, in milliseconds per product (best of several), for
  * the AVX2 table and the best table of this CPU (AVX-512 where it has it). One thread.
  *
- * Usage: bench_vec_dot [n] [milliseconds per measurement] [gemm|prefill]   (defaults 4096, 200;
- * with "gemm", only the gemm tables; with "prefill", only the prefill table)
+ * Usage: bench_vec_dot [n] [milliseconds per measurement] [gemm|one|prefill]   (defaults 4096, 200;
+ * with "gemm", only the gemm tables; with "one", only the one-token table; with "prefill", only
+ * the prefill table)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,7 +178,8 @@ int main(int argc, char **argv)
 {
     int64_t n = argc > 1 ? atoll(argv[1]) : 4096;
     double ms = argc > 2 ? atof(argv[2]) : 200.0;
-    const int only_gemm = argc > 3 && strcmp(argv[3], "gemm") == 0;
+    const int only_one = argc > 3 && strcmp(argv[3], "one") == 0;
+    const int only_gemm = only_one || (argc > 3 && strcmp(argv[3], "gemm") == 0);
     const int only_prefill = argc > 3 && strcmp(argv[3], "prefill") == 0;
     if (n <= 0 || n % 256 != 0) {
         fprintf(stderr, "bench_vec_dot: n must be a positive multiple of 256\n");
@@ -260,7 +262,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_vec_dot: out of memory\n");
         return 1;
     }
-    static const int gtypes[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q6_K};
+    static const int gtypes[] = {KIRI_TYPE_Q4_0, KIRI_TYPE_Q8_0, KIRI_TYPE_Q4_K, KIRI_TYPE_Q5_K, KIRI_TYPE_Q6_K};
     printf("\n%-6s %14s %14s %14s %14s   (one-token gemm tiles, GB/s of weights, 1 thread)\n", "gemm",
            "avx2 L2", "best L2", "avx2 DRAM", "best DRAM");
     for (size_t c = 0; c < sizeof gtypes / sizeof gtypes[0]; c++) {
@@ -278,7 +280,7 @@ int main(int argc, char **argv)
     }
     printf("\n%-6s %3s %14s %14s %14s %14s   (small-batch gemm tiles, GB/s of weights, 1 thread)\n", "gemm",
            "nt", "avx2 L2", "best L2", "avx2 DRAM", "best DRAM");
-    for (size_t c = 0; c < sizeof gtypes / sizeof gtypes[0]; c++) {
+    for (size_t c = 0; c < (only_one ? 0 : sizeof gtypes / sizeof gtypes[0]); c++) {
         const int t = gtypes[c], vt = kiri_cpu_vec_dot_type(t);
         if (!g2.gemm[t])
             continue;

@@ -39,6 +39,7 @@
 
 #if defined(__x86_64__)
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -813,6 +814,12 @@ static inline void put4(float *out, const float v[4], int64_t r, int64_t nr)
  * only, or a second, farther prefetch to L2 were all slower. */
 #define PREFETCH_ROWS 8
 
+/* Where the K-quant one-token and small-batch kernels prefetch to. On a Zen 4 (family 19h) the
+ * first-level prefetches of those kernels capped a thread's streaming at about a third of the
+ * memory bandwidth, and prefetching into L2 instead doubled it (bench_vec_dot, one-token GB/s
+ * from DRAM); on a Zen 5 the first level was the faster one. */
+enum prefetch_level { PREFETCH_L1, PREFETCH_L2 };
+
 /* Prefetches `bytes` from p on, one line per 64 bytes. */
 AVX512 static inline void prefetch_span(const char *p, size_t bytes)
 {
@@ -843,7 +850,7 @@ static const uint16_t q4k_scale_idx[4][4][32] = {
  * Each token's float operations are the one-token kernel's, in its order, so a token gets the
  * same floats alone or in a batch. */
 AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                               float *dst, size_t ds, int64_t nr, int m)
+                                               float *dst, size_t ds, int64_t nr, int m, enum prefetch_level lv)
 {
     const struct kiri_block_q8_K *y[4];
     for (int t = 0; t < 4; t++)
@@ -869,8 +876,12 @@ AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t 
             const size_t o = (size_t)b * bs;
             if (pf) /* written out: GCC 12 drops prefetch_span's prefetches in this inlined body */
                 for (int i = 0; i < 4; i++)
-                    for (size_t po = 0; po < bs; po += 64)
-                        _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
+                    for (size_t po = 0; po < bs; po += 64) {
+                        if (lv == PREFETCH_L2)
+                            _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T1);
+                        else
+                            _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
+                    }
             /* Each token's activation, in the order of the rows' nibble vectors (see above), and
              * its bsums of each sub-block (pairs of 16) as 8 int16 in every lane. */
             __m512i p[4][4], bs2[4];
@@ -949,19 +960,31 @@ AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t 
     }
 }
 
-AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
+                                          enum prefetch_level lv)
 {
-    q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1);
+    if (lv == PREFETCH_L2)
+        q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L2);
+    else
+        q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L1);
 }
 
 /* 2-4 tokens; the dispatch turns m into a constant. */
 AVX512 OUT_OF_LINE static void q4_K_rows_small(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                               float *dst, size_t ds, int64_t nr, int m)
+                                               float *dst, size_t ds, int64_t nr, int m, enum prefetch_level lv)
 {
+    if (lv == PREFETCH_L2) {
+        switch (m) {
+        case 2: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 2, PREFETCH_L2); break;
+        case 3: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 3, PREFETCH_L2); break;
+        default: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 4, PREFETCH_L2); break;
+        }
+        return;
+    }
     switch (m) {
-    case 2: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 2); break;
-    case 3: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 3); break;
-    default: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 4); break;
+    case 2: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 2, PREFETCH_L1); break;
+    case 3: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 3, PREFETCH_L1); break;
+    default: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 4, PREFETCH_L1); break;
     }
 }
 
@@ -986,7 +1009,7 @@ static const uint16_t q6k_scale_idx[4][32] = {
  * weights once like one token; each token's float operations are the one-token kernel's, in its
  * order. */
 AVX512 SPECIALIZE static inline void q6_K_rows(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                               float *dst, size_t ds, int64_t nr, int m)
+                                               float *dst, size_t ds, int64_t nr, int m, enum prefetch_level lv)
 {
     const struct kiri_block_q8_K *y[4];
     for (int t = 0; t < 4; t++)
@@ -1010,8 +1033,12 @@ AVX512 SPECIALIZE static inline void q6_K_rows(int64_t k, const void *w, size_t 
             const size_t o = (size_t)b * bs;
             if (pf) /* written out, not prefetch_span: see q4_K_rows */
                 for (int i = 0; i < 4; i++)
-                    for (size_t po = 0; po < bs; po += 64)
-                        _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
+                    for (size_t po = 0; po < bs; po += 64) {
+                        if (lv == PREFETCH_L2)
+                            _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T1);
+                        else
+                            _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
+                    }
             __m512i av[4][4], nbs[4];
             UNROLL
             for (int t = 0; t < 4; t++) {
@@ -1083,19 +1110,31 @@ AVX512 SPECIALIZE static inline void q6_K_rows(int64_t k, const void *w, size_t 
     }
 }
 
-AVX512 OUT_OF_LINE static void q6_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+AVX512 OUT_OF_LINE static void q6_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
+                                          enum prefetch_level lv)
 {
-    q6_K_rows(k, w, ws, a, 0, out, 0, nr, 1);
+    if (lv == PREFETCH_L2)
+        q6_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L2);
+    else
+        q6_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L1);
 }
 
 /* 2-4 tokens; the dispatch turns m into a constant. */
 AVX512 OUT_OF_LINE static void q6_K_rows_small(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                               float *dst, size_t ds, int64_t nr, int m)
+                                               float *dst, size_t ds, int64_t nr, int m, enum prefetch_level lv)
 {
+    if (lv == PREFETCH_L2) {
+        switch (m) {
+        case 2: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 2, PREFETCH_L2); break;
+        case 3: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 3, PREFETCH_L2); break;
+        default: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 4, PREFETCH_L2); break;
+        }
+        return;
+    }
     switch (m) {
-    case 2: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 2); break;
-    case 3: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 3); break;
-    default: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 4); break;
+    case 2: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 2, PREFETCH_L1); break;
+    case 3: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 3, PREFETCH_L1); break;
+    default: q6_K_rows(k, w, ws, a, as, dst, ds, nr, 4, PREFETCH_L1); break;
     }
 }
 
@@ -1251,16 +1290,28 @@ AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const v
         gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
 }
 
-AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+AVX512 static inline void gemm_q4_K(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
+                                     size_t ds, int64_t nr, int64_t nt, enum prefetch_level lv)
 {
     if (nt >= 2 && nt <= 4) {
-        q4_K_rows_small(k, w, ws, a, as, dst, ds, nr, (int)nt);
+        q4_K_rows_small(k, w, ws, a, as, dst, ds, nr, (int)nt, lv);
         return;
     }
     const int64_t t = gemm16_k(k, w, ws, unpack16_q4_K, 0, a, as, dst, ds, nr, nt);
     for (int64_t i = t; i < nt; i++)
-        q4_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr);
+        q4_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr, lv);
+}
+
+AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q4_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L1);
+}
+
+AVX512 static void gemm_q4_K_avx512_l2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q4_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L2);
 }
 
 /* Q5_K: the Q4_K octets on its unpacked quants; up to four tokens (decode, small batches) and
@@ -1274,32 +1325,57 @@ AVX512 static void gemm_q5_K_avx512(int64_t k, const void *w, size_t ws, const v
                                       nt - t);
 }
 
-AVX512 static void gemm_q6_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+AVX512 static inline void gemm_q6_K(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
+                                     size_t ds, int64_t nr, int64_t nt, enum prefetch_level lv)
 {
     if (nt >= 2 && nt <= 4) {
-        q6_K_rows_small(k, w, ws, a, as, dst, ds, nr, (int)nt);
+        q6_K_rows_small(k, w, ws, a, as, dst, ds, nr, (int)nt, lv);
         return;
     }
     const int64_t t = gemm16_k(k, w, ws, unpack16_q6_K, 1, a, as, dst, ds, nr, nt);
     for (int64_t i = t; i < nt; i++)
-        q6_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr);
+        q6_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr, lv);
+}
+
+AVX512 static void gemm_q6_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q6_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L1);
+}
+
+AVX512 static void gemm_q6_K_avx512_l2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q6_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L2);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Table
  * ------------------------------------------------------------------------------------------- */
 
+/* AMD family 19h (Zen 3 and Zen 4; of those only Zen 4 has AVX-512): see enum prefetch_level. */
+static int is_amd_family_19h(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u) /* "Auth"enticAMD */
+        return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    const unsigned base = (a >> 8) & 0xF, ext = (a >> 20) & 0xFF;
+    return base == 0xF && base + ext == 0x19;
+}
+
 void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
 {
+    const int l2 = is_amd_family_19h();
     k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx512;
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx512;
-    k->gemm[KIRI_TYPE_Q4_K] = gemm_q4_K_avx512;
+    k->gemm[KIRI_TYPE_Q4_K] = l2 ? gemm_q4_K_avx512_l2 : gemm_q4_K_avx512;
     k->gemm[KIRI_TYPE_Q5_K] = gemm_q5_K_avx512;
     k->gemm[KIRI_TYPE_Q4_1] = gemm_q4_1_avx512;
     k->gemm[KIRI_TYPE_Q5_0] = gemm_q5_0_avx512;
     k->gemm[KIRI_TYPE_Q5_1] = gemm_q5_1_avx512;
-    k->gemm[KIRI_TYPE_Q6_K] = gemm_q6_K_avx512;
+    k->gemm[KIRI_TYPE_Q6_K] = l2 ? gemm_q6_K_avx512_l2 : gemm_q6_K_avx512;
     k->gemm_stream[KIRI_TYPE_Q4_0] = 4; /* gemm16: tile_rows_m */
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
     k->gemm_stream[KIRI_TYPE_Q4_K] = 4; /* q4_K_rows_small */
