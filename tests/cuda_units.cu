@@ -10,7 +10,9 @@
  * conversion and by STORE_KV into a Q8_0 cache) must write the reference's bytes; and the
  * elementwise formulas of GEGLU and SOFTCAP (geglu_value, softcap_value) must agree with their
  * definitions in runtime/backend.h, evaluated in double, within 1e-5 of max(1, |y|), and with
- * the reference's rows (kiri_cpu_geglu_row, kiri_cpu_softcap_row) within 4e-6.
+ * the reference's rows (kiri_cpu_geglu_row, kiri_cpu_softcap_row) within 4e-6; and the hybrid
+ * models' helpers (sigmoid, softplus, one short-convolution step, one delta-rule row step)
+ * against their definitions in double (check_recurrent).
  * The kernels themselves (indexing, warps, launches) are checked on a GPU by cuda_check. */
 #include <math.h>
 #include <stdio.h>
@@ -184,6 +186,85 @@ static void check_elementwise(void)
     }
 }
 
+/* The hybrid models' helpers against runtime/backend.h's definitions evaluated in double:
+ * sigmoid_value and softplus_value (DELTA_GATES, SIGMOID_MUL) within 4e-6 of max(1, |y|);
+ * short_conv_step over a sequence of tokens (zeros before the first, the state strided as the
+ * kernel keeps it) within 1e-5 of max(1, sum |w u|), with and without SiLU; delta_row_step for
+ * every row of a head's state over a sequence of tokens (decay, delta update, read-out) against
+ * the whole S x S recurrence within 1e-5 of max(1, sum |M q|), heads of 16 and 13 (the
+ * 8-sum tails). */
+static void check_recurrent(void)
+{
+    for (int i = -3000; i <= 3000; i++) {
+        const float x = (float)i * 0.01f; /* [-30, 30]: past softplus's switch at 20 */
+        const double ws = 1.0 / (1.0 + exp(-(double)x)), wp = log1p(exp((double)x));
+        const float gs = sigmoid_value(x), gp = softplus_value(x);
+        check(fabs(gs - ws) <= 4e-6 * fmax(1.0, fabs(ws)), "sigmoid_value", KIRI_TYPE_F32, i, gs, ws);
+        check(fabs(gp - wp) <= 4e-6 * fmax(1.0, fabs(wp)), "softplus_value", KIRI_TYPE_F32, i, gp, wp);
+    }
+    enum { T = 9, STRIDE = 5 };
+    for (int k = 2; k <= 4; k++)
+        for (int silu = 0; silu < 2; silu++) {
+            float w[4], u[T], state[3 * STRIDE];
+            for (int j = 0; j < k; j++)
+                w[j] = frand();
+            for (int t = 0; t < T; t++)
+                u[t] = 2.0f * frand();
+            for (int j = 0; j < 3 * STRIDE; j++)
+                state[j] = 0.0f;
+            for (int t = 0; t < T; t++) {
+                double want = 0.0, mag = 0.0;
+                for (int j = 0; j < k; j++) {
+                    const int src = t - k + 1 + j;
+                    const double v = src >= 0 ? (double)w[j] * u[src] : 0.0;
+                    want += v;
+                    mag += fabs(v);
+                }
+                if (silu)
+                    want = want / (1.0 + exp(-want));
+                const float got = short_conv_step(state, STRIDE, w, k, u[t], silu);
+                check(fabs(got - want) <= 1e-5 * fmax(1.0, mag), silu ? "short_conv_step (silu)" : "short_conv_step",
+                      KIRI_TYPE_F32, 100 * k + t, got, want);
+            }
+        }
+    const int sizes[2] = {16, 13};
+    for (int c = 0; c < 2; c++) {
+        const int S = sizes[c];
+        static double M[16][16];
+        static float m[16][16];
+        memset(M, 0, sizeof M);
+        memset(m, 0, sizeof m);
+        for (int t = 0; t < T; t++) {
+            float q[16], kk[16], v[16];
+            for (int i = 0; i < S; i++) {
+                q[i] = frand() / 4.0f;
+                kk[i] = frand() / 4.0f;
+                v[i] = frand();
+            }
+            const float beta = 0.5f + 0.5f * frand() * 0.9f, g = -0.5f + 0.4f * frand();
+            const double decay = exp((double)g);
+            double d[16];
+            for (int j = 0; j < S; j++) {
+                double pred = 0.0;
+                for (int i = 0; i < S; i++)
+                    pred += (M[j][i] *= decay) * kk[i];
+                d[j] = beta * (v[j] - pred);
+            }
+            for (int j = 0; j < S; j++) {
+                double want = 0.0, mag = 0.0;
+                for (int i = 0; i < S; i++) {
+                    M[j][i] += d[j] * kk[i];
+                    want += M[j][i] * q[i];
+                    mag += fabs(M[j][i] * q[i]);
+                }
+                const float got = delta_row_step(m[j], kk, q, v[j], beta, expf(g), S);
+                check(fabs(got - want) <= 1e-5 * fmax(1.0, mag), "delta_row_step", KIRI_TYPE_F32, 100 * S + t, got,
+                      want);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const int64_t ks[] = {256, 512, 4096};
@@ -206,6 +287,7 @@ int main(void)
     check_type<KIRI_TYPE_BF16>(172);
     check_quantize_block();
     check_elementwise();
+    check_recurrent();
     fprintf(stderr, "cuda_units: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
 }
