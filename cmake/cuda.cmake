@@ -74,7 +74,7 @@ elseif(KIRI_CUDA)
   endif()
   set(_cu_headers ${_cu_dir}/common.cuh ${_cu_dir}/cuda_kernels.h ${CMAKE_SOURCE_DIR}/runtime/backend.h)
   set(_cu_objs "")
-  foreach(_name quantize matvec get_rows rows store_kv attention)
+  foreach(_name quantize matvec get_rows rows store_kv attention recurrent)
     add_custom_command(
       OUTPUT ${_cu_out}/${_name}.o
       COMMAND ${KIRI_NVCC} ${_cu_flags} -c ${_cu_dir}/${_name}.cu -o ${_cu_out}/${_name}.o

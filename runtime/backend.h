@@ -358,7 +358,8 @@ static inline int kiri_node_attention_ok(const struct kiri_node *nd)
            p->window >= 0;
 }
 
-/* The shapes KIRI_OP_SHORT_CONV, KIRI_OP_DELTA_GATES and KIRI_OP_DELTA_NET take (every backend
+/* The shapes KIRI_OP_SHORT_CONV, KIRI_OP_SIGMOID_MUL (rows walked with one stride each, as a GPU
+ * kernel takes them), KIRI_OP_DELTA_GATES and KIRI_OP_DELTA_NET take (every backend
  * that runs them checks these, with the largest kernel / head its kernels hold). */
 static inline int kiri_node_short_conv_ok(const struct kiri_node *nd, int64_t max_taps)
 {
@@ -367,6 +368,15 @@ static inline int kiri_node_short_conv_ok(const struct kiri_node *nd, int64_t ma
            nd->src[4]->type == KIRI_TYPE_I32 && w->ne[0] >= 2 && w->ne[0] <= max_taps && w->ne[1] == u->ne[0] &&
            nd->dst->ne[0] == u->ne[0] && nd->dst->ne[1] == u->ne[1] && st->ne[0] == (w->ne[0] - 1) * u->ne[0] &&
            u->ne[2] == 1 && u->ne[3] == 1 && nd->src[3]->ne[0] >= u->ne[1] && nd->src[4]->ne[0] >= u->ne[1];
+}
+
+static inline int kiri_node_sigmoid_mul_ok(const struct kiri_node *nd)
+{
+    const struct kiri_tensor *x = nd->src[0], *g = nd->src[1];
+    int64_t rows, rows_g, rows_d;
+    return g && kiri_node_all_f32(nd, 2) && g->ne[0] == x->ne[0] && nd->dst->ne[0] == x->ne[0] &&
+           kiri_tensor_flat_rows(x, &rows) == 0 && kiri_tensor_flat_rows(g, &rows_g) == 0 &&
+           kiri_tensor_flat_rows(nd->dst, &rows_d) == 0 && rows_g == rows && rows_d == rows;
 }
 
 static inline int kiri_node_delta_gates_ok(const struct kiri_node *nd)

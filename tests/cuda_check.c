@@ -8,7 +8,10 @@
  *   softcap (in place, 3-D); RoPE (normal and neox, partial rotation, frequency factors, scaling,
  *   attn_factor); STORE_KV into F32, F16 and Q8_0 caches; attention over F32, F16 and Q8_0 caches
  *   with GQA through scrambled block tables, with and without a sliding window (table entries
- *   below the window poisoned);
+ *   below the window poisoned); the hybrid models' ops (backend_check_recurrent_ops: SIGMOID_MUL,
+ *   SCALE over qwen35's strided head views, SHORT_CONV with and without SiLU, DELTA_GATES and
+ *   DELTA_NET, over two interleaved sequences, one starting at position 0, the state carried
+ *   across two steps);
  * - all of it twice: with weights copied into device memory (discrete GPUs) and with weights used
  *   in place from registered host memory (what an integrated GPU such as Jetson's does);
  * - whole models against the CPU backend (the one --backend cpu runs): models/stories260K.gguf
@@ -80,6 +83,7 @@ static void ops_in_mode(const char *weights, const char *label)
     if (cu) {
         bc.be = cu;
         backend_check_ops(&bc);
+        backend_check_recurrent_ops(&bc);
         n_rows_failed += backend_check_print_table(&bc, stdout);
         bc.be = NULL;
         char desc[128] = "";

@@ -10,7 +10,10 @@
  * conversion and by STORE_KV into a Q8_0 cache) must write the reference's bytes; and the
  * elementwise formulas of GEGLU and SOFTCAP (geglu_value, softcap_value) must agree with their
  * definitions in runtime/backend.h, evaluated in double, within 1e-5 of max(1, |y|), and with
- * the reference's rows (kiri_cpu_geglu_row, kiri_cpu_softcap_row) within 4e-6.
+ * the reference's rows (kiri_cpu_geglu_row, kiri_cpu_softcap_row) within 4e-6; and the hybrid
+ * models' helpers (sigmoid, softplus, one short-convolution step, one delta-rule row step)
+ * against their definitions in double (check_recurrent); and the backend's supports on the
+ * hybrid models' nodes as the runtime asks at load (check_supports).
  * The kernels themselves (indexing, warps, launches) are checked on a GPU by cuda_check. */
 #include <math.h>
 #include <stdio.h>
@@ -184,6 +187,185 @@ static void check_elementwise(void)
     }
 }
 
+/* The hybrid models' helpers against runtime/backend.h's definitions evaluated in double:
+ * sigmoid_value and softplus_value (DELTA_GATES, SIGMOID_MUL) within 4e-6 of max(1, |y|);
+ * short_conv_step over a sequence of tokens (zeros before the first, the state strided as the
+ * kernel keeps it) within 1e-5 of max(1, sum |w u|), with and without SiLU; delta_row_step for
+ * every row of a head's state over a sequence of tokens (decay, delta update, read-out) against
+ * the whole S x S recurrence within 1e-5 of max(1, sum |M q|), heads of 16 and 13 (the
+ * 8-sum tails). */
+static void check_recurrent(void)
+{
+    for (int i = -3000; i <= 3000; i++) {
+        const float x = (float)i * 0.01f; /* [-30, 30]: past softplus's switch at 20 */
+        const double ws = 1.0 / (1.0 + exp(-(double)x)), wp = log1p(exp((double)x));
+        const float gs = sigmoid_value(x), gp = softplus_value(x);
+        check(fabs(gs - ws) <= 4e-6 * fmax(1.0, fabs(ws)), "sigmoid_value", KIRI_TYPE_F32, i, gs, ws);
+        check(fabs(gp - wp) <= 4e-6 * fmax(1.0, fabs(wp)), "softplus_value", KIRI_TYPE_F32, i, gp, wp);
+    }
+    enum { T = 9, STRIDE = 5 };
+    for (int k = 2; k <= 4; k++)
+        for (int silu = 0; silu < 2; silu++) {
+            float w[4], u[T], state[3 * STRIDE];
+            for (int j = 0; j < k; j++)
+                w[j] = frand();
+            for (int t = 0; t < T; t++)
+                u[t] = 2.0f * frand();
+            for (int j = 0; j < 3 * STRIDE; j++)
+                state[j] = 0.0f;
+            for (int t = 0; t < T; t++) {
+                double want = 0.0, mag = 0.0;
+                for (int j = 0; j < k; j++) {
+                    const int src = t - k + 1 + j;
+                    const double v = src >= 0 ? (double)w[j] * u[src] : 0.0;
+                    want += v;
+                    mag += fabs(v);
+                }
+                if (silu)
+                    want = want / (1.0 + exp(-want));
+                const float got = short_conv_step(state, STRIDE, w, k, u[t], silu);
+                check(fabs(got - want) <= 1e-5 * fmax(1.0, mag), silu ? "short_conv_step (silu)" : "short_conv_step",
+                      KIRI_TYPE_F32, 100 * k + t, got, want);
+            }
+        }
+    const int sizes[2] = {16, 13};
+    for (int c = 0; c < 2; c++) {
+        const int S = sizes[c];
+        static double M[16][16];
+        static float m[16][16];
+        memset(M, 0, sizeof M);
+        memset(m, 0, sizeof m);
+        for (int t = 0; t < T; t++) {
+            float q[16], kk[16], v[16];
+            for (int i = 0; i < S; i++) {
+                q[i] = frand() / 4.0f;
+                kk[i] = frand() / 4.0f;
+                v[i] = frand();
+            }
+            const float beta = 0.5f + 0.5f * frand() * 0.9f, g = -0.5f + 0.4f * frand();
+            const double decay = exp((double)g);
+            double d[16];
+            for (int j = 0; j < S; j++) {
+                double pred = 0.0;
+                for (int i = 0; i < S; i++)
+                    pred += (M[j][i] *= decay) * kk[i];
+                d[j] = beta * (v[j] - pred);
+            }
+            for (int j = 0; j < S; j++) {
+                double want = 0.0, mag = 0.0;
+                for (int i = 0; i < S; i++) {
+                    M[j][i] += d[j] * kk[i];
+                    want += M[j][i] * q[i];
+                    mag += fabs(M[j][i] * q[i]);
+                }
+                const float got = delta_row_step(m[j], kk, q, v[j], beta, expf(g), S);
+                check(fabs(got - want) <= 1e-5 * fmax(1.0, mag), "delta_row_step", KIRI_TYPE_F32, 100 * S + t, got,
+                      want);
+            }
+        }
+    }
+}
+
+/* The backend's supports on the hybrid models' nodes as runtime/model.c asks at load (tensors not
+ * yet on the device) and as the graph builds them: qwen35's short convolution with SiLU over a
+ * state view, the delta rule, its gates, SCALE over a strided head view of q, the gated
+ * attention's SIGMOID_MUL; refused past the kernels' limits (17 taps, heads of 513) and with an
+ * I32 tensor in place of an F32 one. */
+extern "C" const struct kiri_backend_iface kiri_cuda_backend_iface;
+
+static struct kiri_tensor f32_rows(int64_t e, int64_t n, size_t row_bytes)
+{
+    struct kiri_tensor t;
+    memset(&t, 0, sizeof t);
+    t.type = KIRI_TYPE_F32;
+    t.ne[0] = e;
+    t.ne[1] = n;
+    t.ne[2] = t.ne[3] = 1;
+    t.nb[0] = 4;
+    t.nb[1] = row_bytes ? row_bytes : 4 * (size_t)e;
+    t.nb[2] = t.nb[3] = t.nb[1] * (size_t)n;
+    return t;
+}
+
+static void check_supports(void)
+{
+    int (*supports)(struct kiri_backend *, const struct kiri_node *) = kiri_cuda_backend_iface.supports;
+    const int64_t S = 16, Hk = 2, Hv = 4, K = 4, n = 3, C = (2 * Hk + Hv) * S, slots = 5;
+    const int64_t window = (K - 1) * C, delta = Hv * S * S;
+    struct kiri_tensor qkv = f32_rows(C, n, 0), w = f32_rows(K, C, 0), gates = f32_rows(2 * Hv, n, 0);
+    struct kiri_tensor state = f32_rows(window, slots, 4 * (size_t)(window + delta));
+    struct kiri_tensor dstate = state, y = f32_rows(Hv * S, n, 0), ids = f32_rows(n, 1, 0);
+    dstate.ne[0] = delta;
+    ids.type = KIRI_TYPE_I32;
+    struct kiri_node nd;
+    memset(&nd, 0, sizeof nd);
+    nd.op = KIRI_OP_SHORT_CONV;
+    nd.dst = &qkv;
+    nd.src[0] = &qkv;
+    nd.src[1] = &w;
+    nd.src[2] = &state;
+    nd.src[3] = nd.src[4] = &ids;
+    nd.p.conv_silu = 1;
+    check(supports(NULL, &nd), "supports short_conv", KIRI_TYPE_F32, K, 0, 1);
+    struct kiri_tensor w17 = f32_rows(17, C, 0), st17 = f32_rows(16 * C, slots, 0);
+    nd.src[1] = &w17;
+    nd.src[2] = &st17;
+    check(!supports(NULL, &nd), "supports short_conv (17 taps refused)", KIRI_TYPE_F32, 17, 1, 0);
+    nd.src[1] = &w;
+    nd.src[2] = &ids;
+    check(!supports(NULL, &nd), "supports short_conv (I32 state refused)", KIRI_TYPE_I32, K, 1, 0);
+
+    memset(&nd, 0, sizeof nd);
+    nd.op = KIRI_OP_DELTA_NET;
+    nd.dst = &y;
+    nd.src[0] = &qkv;
+    nd.src[1] = &gates;
+    nd.src[2] = &dstate;
+    nd.src[3] = nd.src[4] = &ids;
+    nd.p.delta.n_head_k = (int)Hk;
+    nd.p.delta.n_head_v = (int)Hv;
+    nd.p.delta.head_dim = (int)S;
+    nd.p.delta.scale = 0.25f;
+    check(supports(NULL, &nd), "supports delta_net", KIRI_TYPE_F32, S, 0, 1);
+    struct kiri_tensor big_x = f32_rows(3 * 513, n, 0), big_g = f32_rows(2, n, 0), big_y = f32_rows(513, n, 0);
+    struct kiri_tensor big_s = f32_rows(513 * 513, slots, 0);
+    nd.dst = &big_y;
+    nd.src[0] = &big_x;
+    nd.src[1] = &big_g;
+    nd.src[2] = &big_s;
+    nd.p.delta.n_head_k = nd.p.delta.n_head_v = 1;
+    nd.p.delta.head_dim = 513;
+    check(!supports(NULL, &nd), "supports delta_net (head 513 refused)", KIRI_TYPE_F32, 513, 1, 0);
+
+    struct kiri_tensor beta = f32_rows(Hv, n, 0), alpha = f32_rows(Hv, n, 0), dt = f32_rows(Hv, 1, 0);
+    memset(&nd, 0, sizeof nd);
+    nd.op = KIRI_OP_DELTA_GATES;
+    nd.dst = &gates;
+    nd.src[0] = &beta;
+    nd.src[1] = &alpha;
+    nd.src[2] = nd.src[3] = &dt;
+    check(supports(NULL, &nd), "supports delta_gates", KIRI_TYPE_F32, Hv, 0, 1);
+
+    /* q's heads inside the fused rows: (S, Hk, n), rows S apart, tokens C apart. */
+    struct kiri_tensor qh = f32_rows(S, Hk, 0);
+    qh.ne[2] = n;
+    qh.nb[2] = qh.nb[3] = 4 * (size_t)C;
+    memset(&nd, 0, sizeof nd);
+    nd.op = KIRI_OP_SCALE;
+    nd.dst = nd.src[0] = &qh;
+    nd.p.scale = 0.25f;
+    check(supports(NULL, &nd), "supports scale (strided heads)", KIRI_TYPE_F32, S, 0, 1);
+
+    /* The gated attention: (D, H, n) output times the gate's heads, 2D apart. */
+    struct kiri_tensor att = f32_rows(S, Hv, 0), gate = f32_rows(S, Hv, 8 * (size_t)S);
+    att.ne[2] = gate.ne[2] = n;
+    memset(&nd, 0, sizeof nd);
+    nd.op = KIRI_OP_SIGMOID_MUL;
+    nd.dst = nd.src[0] = &att;
+    nd.src[1] = &gate;
+    check(supports(NULL, &nd), "supports sigmoid_mul (strided gate)", KIRI_TYPE_F32, S, 0, 1);
+}
+
 int main(void)
 {
     const int64_t ks[] = {256, 512, 4096};
@@ -206,6 +388,8 @@ int main(void)
     check_type<KIRI_TYPE_BF16>(172);
     check_quantize_block();
     check_elementwise();
+    check_recurrent();
+    check_supports();
     fprintf(stderr, "cuda_units: %d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;
 }

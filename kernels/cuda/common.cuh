@@ -136,6 +136,67 @@ HD float geglu_value(float g, float u)
  * bound), the C library's on the host; the division IEEE-rounded (nvcc's default -prec-div). */
 HD float softcap_value(float x, float c) { return c * tanhf(x / c); }
 
+/* ---- the hybrid models' recurrences (runtime/backend.h), shared by recurrent.cu and
+ * tests/cuda_units.cu; written in the CPU reference's order (kernels/cpu/cpu_backend.c) ---- */
+
+HD float sigmoid_value(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* softplus as the reference writes it: the identity past 20. */
+HD float softplus_value(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
+
+/* One token of one channel of SHORT_CONV: state holds the channel's K - 1 previous inputs, oldest
+ * first, `stride` floats apart; returns the output for input x and shifts x into the state. The
+ * taps add oldest input first. */
+HD float short_conv_step(float *state, size_t stride, const float *w, int k, float x, int silu)
+{
+    float sum = 0.0f;
+    for (int j = 0; j + 1 < k; j++)
+        sum += state[(size_t)j * stride] * w[j];
+    sum += x * w[k - 1];
+    for (int j = 0; j + 2 < k; j++)
+        state[(size_t)j * stride] = state[(size_t)(j + 1) * stride];
+    state[(size_t)(k - 2) * stride] = x;
+    return silu ? sum / (1.0f + expf(-sum)) : sum;
+}
+
+/* The reference's dot_f32 order: 8 running sums combined pairwise, then the tail in order. */
+HD float combine8(const float acc[8])
+{
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* One token of one row m (S floats: a value dimension over the key dimensions) of a delta-rule
+ * state: m *= decay, d = beta (v - m . k), m += d k; returns m . q (unscaled). */
+HD float delta_row_step(float *m, const float *k, const float *q, float v, float beta, float decay, int s)
+{
+    const int full = s - s % 8;
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < full; i += 8)
+        for (int l = 0; l < 8; l++) {
+            m[i + l] *= decay;
+            acc[l] += m[i + l] * k[i + l];
+        }
+    float pred = combine8(acc);
+    for (int i = full; i < s; i++) {
+        m[i] *= decay;
+        pred += m[i] * k[i];
+    }
+    const float d = (v - pred) * beta;
+    for (int l = 0; l < 8; l++)
+        acc[l] = 0.0f;
+    for (int i = 0; i < full; i += 8)
+        for (int l = 0; l < 8; l++) {
+            m[i + l] += d * k[i + l];
+            acc[l] += m[i + l] * q[i + l];
+        }
+    float y = combine8(acc);
+    for (int i = full; i < s; i++) {
+        m[i] += d * k[i];
+        y += m[i] * q[i];
+    }
+    return y;
+}
+
 /* ---- loads ---- */
 
 HD uint32_t ld_u32_a2(const uint8_t *p)

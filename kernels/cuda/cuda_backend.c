@@ -19,6 +19,9 @@
  *   synchronize waits. Products convert the activations first (cuda_kernels.h); consecutive
  *   products over the same rows (q/k/v, gate/up) share one conversion until a node writes those
  *   rows.
+ * - The recurrent state of the hybrid models (SHORT_CONV windows, DELTA_NET matrices) lives in
+ *   this backend's buffers, one row per sequence, as the KV cache does; the kernels update the
+ *   rows in place (recurrent.cu).
  * - Every entry point selects the backend's device first: the runtime may call from any thread.
  */
 #include <cuda_runtime_api.h>
@@ -484,11 +487,18 @@ static int visible(const struct kiri_node *nd)
     return 1;
 }
 
+/* The largest short-convolution kernel and delta-rule head the kernels take (they have no limit
+ * of their own; these are the CPU reference's). */
+#define CU_MAX_TAPS 16
+#define CU_MAX_HEAD 512
+
+/* The op, types and shapes (the runtime asks this at load, of tensors not yet placed; compute
+ * also requires every tensor where the device sees it). */
 static int cu_supports(struct kiri_backend *be, const struct kiri_node *nd)
 {
     (void)be;
     const struct kiri_tensor *d = nd->dst, *s0 = nd->src[0], *s1 = nd->src[1];
-    if (!d || !s0 || !visible(nd))
+    if (!d || !s0)
         return 0;
     int64_t rows = 0;
     switch (nd->op) {
@@ -510,11 +520,11 @@ static int cu_supports(struct kiri_backend *be, const struct kiri_node *nd)
                kiri_tensor_flat_rows(s1, &rows) == 0 && kiri_tensor_flat_rows(d, &rows) == 0;
     case KIRI_OP_SCALE:
     case KIRI_OP_SOFTCAP: {
-        int64_t rows_d = 0;
+        /* (E, ne1, ne2) with strides of their own (qwen35's q / k head views): dimension 3 must be
+         * 1 on both sides. */
         const float c = nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap;
-        return kiri_node_all_f32(nd, 1) && d->ne[0] == s0->ne[0] && kiri_tensor_flat_rows(s0, &rows) == 0 &&
-               kiri_tensor_flat_rows(d, &rows_d) == 0 && rows == rows_d && isfinite(c) &&
-               (nd->op == KIRI_OP_SCALE || c > 0.0f);
+        return kiri_node_all_f32(nd, 1) && d->ne[0] == s0->ne[0] && d->ne[1] == s0->ne[1] && d->ne[2] == s0->ne[2] &&
+               s0->ne[3] == 1 && d->ne[3] == 1 && isfinite(c) && (nd->op == KIRI_OP_SCALE || c > 0.0f);
     }
     case KIRI_OP_ROPE:
         return kiri_node_rope_ok(nd) && s0->ne[3] == 1 && isfinite(nd->p.rope.attn_factor);
@@ -524,6 +534,14 @@ static int cu_supports(struct kiri_backend *be, const struct kiri_node *nd)
                 (d->type == KIRI_TYPE_Q8_0 && s0->ne[0] % 32 == 0));
     case KIRI_OP_ATTENTION:
         return kiri_node_attention_ok(nd);
+    case KIRI_OP_SHORT_CONV:
+        return kiri_node_short_conv_ok(nd, CU_MAX_TAPS) && nd->src[1]->ne[2] == 1 && nd->src[1]->ne[3] == 1;
+    case KIRI_OP_SIGMOID_MUL:
+        return kiri_node_sigmoid_mul_ok(nd);
+    case KIRI_OP_DELTA_GATES:
+        return kiri_node_delta_gates_ok(nd);
+    case KIRI_OP_DELTA_NET:
+        return kiri_node_delta_net_ok(nd, CU_MAX_HEAD);
     default:
         return 0;
     }
@@ -576,19 +594,23 @@ static int run_node(struct kiri_backend *be, const struct kiri_node *nd)
     case KIRI_OP_ADD:
     case KIRI_OP_MUL:
     case KIRI_OP_SWIGLU:
-    case KIRI_OP_GEGLU: {
+    case KIRI_OP_GEGLU:
+    case KIRI_OP_SIGMOID_MUL: {
         int64_t rows_b = 0;
         kiri_tensor_flat_rows(s0, &rows);
         kiri_tensor_flat_rows(s1, &rows_b);
-        const int op = nd->op == KIRI_OP_ADD ? 0 : nd->op == KIRI_OP_MUL ? 1 : nd->op == KIRI_OP_SWIGLU ? 2 : 3;
+        const int op = nd->op == KIRI_OP_ADD      ? 0
+                       : nd->op == KIRI_OP_MUL    ? 1
+                       : nd->op == KIRI_OP_SWIGLU ? 2
+                       : nd->op == KIRI_OP_GEGLU  ? 3
+                                                  : 4;
         return kiri_cuda_binary(op, (const float *)dev_ptr(s0), s0->nb[1], (const float *)dev_ptr(s1),
                                 rows_b == 1 ? 0 : s1->nb[1], (float *)dev_ptr(d), d->nb[1], s0->ne[0], rows, be->stream);
     }
     case KIRI_OP_SCALE:
     case KIRI_OP_SOFTCAP:
-        kiri_tensor_flat_rows(s0, &rows);
-        return kiri_cuda_unary(nd->op == KIRI_OP_SCALE ? 0 : 1, (const float *)dev_ptr(s0), s0->nb[1],
-                               (float *)dev_ptr(d), d->nb[1], s0->ne[0], rows,
+        return kiri_cuda_unary(nd->op == KIRI_OP_SCALE ? 0 : 1, (const float *)dev_ptr(s0), s0->nb[1], s0->nb[2],
+                               (float *)dev_ptr(d), d->nb[1], d->nb[2], s0->ne[0], s0->ne[1], s0->ne[1] * s0->ne[2],
                                nd->op == KIRI_OP_SCALE ? nd->p.scale : nd->p.softcap, be->stream);
     case KIRI_OP_ROPE: {
         const struct kiri_rope_params *rp = &nd->p.rope;
@@ -611,6 +633,29 @@ static int run_node(struct kiri_backend *be, const struct kiri_node *nd)
         };
         return kiri_cuda_attention(&a, be->stream);
     }
+    case KIRI_OP_SHORT_CONV: {
+        const struct kiri_tensor *w = s1, *st = nd->src[2];
+        const struct kiri_cuda_short_conv a = {
+            (const float *)dev_ptr(s0), (const float *)dev_ptr(w), s0->nb[1], w->nb[1], (float *)dev_ptr(st),
+            st->nb[1], (const int32_t *)dev_ptr(nd->src[3]), (const int32_t *)dev_ptr(nd->src[4]), (float *)dev_ptr(d),
+            d->nb[1], s0->ne[0], s0->ne[1], st->ne[1], (int)w->ne[0], nd->p.conv_silu != 0,
+        };
+        return kiri_cuda_short_conv(&a, be->stream);
+    }
+    case KIRI_OP_DELTA_GATES:
+        return kiri_cuda_delta_gates((const float *)dev_ptr(s0), s0->nb[1], (const float *)dev_ptr(s1), s1->nb[1],
+                                     (const float *)dev_ptr(nd->src[2]), (const float *)dev_ptr(nd->src[3]),
+                                     (float *)dev_ptr(d), d->nb[1], s0->ne[0], s0->ne[1], be->stream);
+    case KIRI_OP_DELTA_NET: {
+        const struct kiri_delta_params *p = &nd->p.delta;
+        const struct kiri_tensor *st = nd->src[2];
+        const struct kiri_cuda_delta_net a = {
+            (const float *)dev_ptr(s0), (const float *)dev_ptr(s1), s0->nb[1], s1->nb[1], (float *)dev_ptr(st),
+            st->nb[1], (const int32_t *)dev_ptr(nd->src[3]), (const int32_t *)dev_ptr(nd->src[4]), (float *)dev_ptr(d),
+            d->nb[1], p->n_head_k, p->n_head_v, p->head_dim, s0->ne[1], st->ne[1], p->scale,
+        };
+        return kiri_cuda_delta_net(&a, be->stream);
+    }
     default:
         return -1;
     }
@@ -623,7 +668,7 @@ static int cu_compute(struct kiri_backend *be, const struct kiri_node *nodes, in
     size_t act = 0;
     for (int i = 0; i < n_nodes; i++) {
         const struct kiri_node *nd = &nodes[i];
-        if (!cu_supports(be, nd))
+        if (!visible(nd) || !cu_supports(be, nd))
             return -1;
         if (nd->op == KIRI_OP_MATMUL) {
             int64_t n = 0;

@@ -55,13 +55,16 @@ int kiri_cuda_rms_norm(const float *x, size_t x_nb1, size_t x_nb2, const float *
                        void *stream);
 
 /* op 0: y = a + b, 1: y = a * b, 2: y = silu(a) * b, 3: y = gelu(a) * b (GEGLU, tanh
- * approximation), over rows of n; b_nb1 = 0 broadcasts b's first row. */
+ * approximation), 4: y = a * sigmoid(b) (SIGMOID_MUL), over rows of n; b_nb1 = 0 broadcasts b's
+ * first row. */
 int kiri_cuda_binary(int op, const float *a, size_t a_nb1, const float *b, size_t b_nb1, float *y,
                      size_t y_nb1, int64_t n, int64_t rows, void *stream);
 
-/* op 0: y = x * c (SCALE), 1: y = c * tanh(x / c) (SOFTCAP, c > 0), over rows of n. y may be x. */
-int kiri_cuda_unary(int op, const float *x, size_t x_nb1, float *y, size_t y_nb1, int64_t n, int64_t rows, float c,
-                    void *stream);
+/* op 0: y = x * c (SCALE), 1: y = c * tanh(x / c) (SOFTCAP, c > 0), over rows of n; row r of
+ * (n, ne1, ...) lives at (r % ne1) * nb1 + (r / ne1) * nb2 on each side (strided head views).
+ * y may be x. */
+int kiri_cuda_unary(int op, const float *x, size_t x_nb1, size_t x_nb2, float *y, size_t y_nb1, size_t y_nb2,
+                    int64_t n, int64_t ne1, int64_t rows, float c, void *stream);
 
 /* RoPE in place on x (head_dim, n_head, n_tok) with head stride nb1 and token stride nb2 at
  * positions pos; ff (n_rot / 2 values) may be NULL. theta_scale = freq_base^(-2 / n_rot), computed
@@ -91,6 +94,43 @@ struct kiri_cuda_attention {
     int window; /* > 0: a token with n keys attends keys [max(0, n - window), n) only */
 };
 int kiri_cuda_attention(const struct kiri_cuda_attention *a, void *stream);
+
+/* SHORT_CONV (runtime/backend.h): u (e, n_tok) rows u_nb1 apart; kernel w (k taps per channel,
+ * rows w_nb1 apart); state rows ((k - 1) * e floats) s_nb1 apart, n_slots of them; rows and pos
+ * (n_tok) I32; dst rows d_nb1 apart (dst may be u). */
+struct kiri_cuda_short_conv {
+    const float *u, *w;
+    size_t u_nb1, w_nb1;
+    float *state;
+    size_t s_nb1;
+    const int32_t *rows, *pos;
+    float *dst;
+    size_t d_nb1;
+    int64_t e, n_tok, n_slots;
+    int k, silu;
+};
+int kiri_cuda_short_conv(const struct kiri_cuda_short_conv *a, void *stream);
+
+/* DELTA_GATES: dst row t (d_nb1 apart) = h values sigmoid(b), then h values softplus(a + dt) *
+ * decay, from rows b and a (b_nb1, a_nb1 apart) and dt, decay (h values). */
+int kiri_cuda_delta_gates(const float *b, size_t b_nb1, const float *a, size_t a_nb1, const float *dt,
+                          const float *decay, float *dst, size_t d_nb1, int64_t h, int64_t n_tok, void *stream);
+
+/* DELTA_NET: x (q, k, v per token) rows x_nb1 apart; gates (beta, g) rows g_nb1 apart; state rows
+ * (n_head_v * head_dim^2 floats) s_nb1 apart, n_slots of them; rows and pos (n_tok) I32. */
+struct kiri_cuda_delta_net {
+    const float *x, *gates;
+    size_t x_nb1, g_nb1;
+    float *state;
+    size_t s_nb1;
+    const int32_t *rows, *pos;
+    float *dst;
+    size_t d_nb1;
+    int n_head_k, n_head_v, head_dim;
+    int64_t n_tok, n_slots;
+    float scale;
+};
+int kiri_cuda_delta_net(const struct kiri_cuda_delta_net *a, void *stream);
 
 /* 0 when this binary holds code the current device can run, else the CUDA error (for example
  * "no kernel image is available"). */

@@ -1,4 +1,4 @@
-/* Row operations: RMS norm, add / mul / SwiGLU / GEGLU, scale / softcap, RoPE, with the CPU reference's formulas
+/* Row operations: RMS norm, add / mul / SwiGLU / GEGLU / sigmoid-mul, scale / softcap, RoPE, with the CPU reference's formulas
  * (kernels/cpu/ops.c): the sum of squares in double, RoPE angles advanced by repeated
  * multiplication from the position, each pair rotated with the reference's products. */
 #include "common.cuh"
@@ -55,8 +55,10 @@ __global__ void binary(const float *a, size_t a_nb1, const float *b, size_t b_nb
         out[i] = x * z;
     else if (OP == 2)
         out[i] = (x / (1.0f + expf(-x))) * z;
-    else
+    else if (OP == 3)
         out[i] = geglu_value(x, z);
+    else
+        out[i] = x * sigmoid_value(z);
 }
 
 extern "C" int kiri_cuda_binary(int op, const float *a, size_t a_nb1, const float *b, size_t b_nb1, float *y,
@@ -75,38 +77,41 @@ extern "C" int kiri_cuda_binary(int op, const float *a, size_t a_nb1, const floa
             binary<1><<<grid, 256, 0, st>>>(ar, a_nb1, br, b_nb1, yr, y_nb1, n);
         else if (op == 2)
             binary<2><<<grid, 256, 0, st>>>(ar, a_nb1, br, b_nb1, yr, y_nb1, n);
-        else
+        else if (op == 3)
             binary<3><<<grid, 256, 0, st>>>(ar, a_nb1, br, b_nb1, yr, y_nb1, n);
+        else
+            binary<4><<<grid, 256, 0, st>>>(ar, a_nb1, br, b_nb1, yr, y_nb1, n);
     }
     return (int)cudaGetLastError();
 }
 
-/* One value per thread: grid (values / 256, rows). */
+/* One value per thread: grid (values / 256, rows r0 + blockIdx.y); row r at (r % ne1) * nb1 +
+ * (r / ne1) * nb2. */
 template <int OP>
-__global__ void unary(const float *x, size_t x_nb1, float *y, size_t y_nb1, int64_t n, float c)
+__global__ void unary(const float *x, size_t x_nb1, size_t x_nb2, float *y, size_t y_nb1, size_t y_nb2, int64_t n,
+                      int64_t ne1, int64_t r0, float c)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
-    const float v = ((const float *)((const char *)x + blockIdx.y * x_nb1))[i];
-    ((float *)((char *)y + blockIdx.y * y_nb1))[i] = OP == 0 ? v * c : softcap_value(v, c);
+    const int64_t r = r0 + blockIdx.y, r1 = r % ne1, r2 = r / ne1;
+    const float v = ((const float *)((const char *)x + (size_t)r1 * x_nb1 + (size_t)r2 * x_nb2))[i];
+    ((float *)((char *)y + (size_t)r1 * y_nb1 + (size_t)r2 * y_nb2))[i] = OP == 0 ? v * c : softcap_value(v, c);
 }
 
-extern "C" int kiri_cuda_unary(int op, const float *x, size_t x_nb1, float *y, size_t y_nb1, int64_t n, int64_t rows,
-                               float c, void *stream)
+extern "C" int kiri_cuda_unary(int op, const float *x, size_t x_nb1, size_t x_nb2, float *y, size_t y_nb1,
+                               size_t y_nb2, int64_t n, int64_t ne1, int64_t rows, float c, void *stream)
 {
     cudaStream_t st = (cudaStream_t)stream;
-    if (n <= 0 || rows <= 0)
+    if (n <= 0 || rows <= 0 || ne1 <= 0)
         return 0;
     for (int64_t r = 0; r < rows; r += KIRI_CUDA_MAX_GRID_Y) {
         const int64_t nr = rows - r < KIRI_CUDA_MAX_GRID_Y ? rows - r : KIRI_CUDA_MAX_GRID_Y;
         const dim3 grid((unsigned)((n + 255) / 256), (unsigned)nr);
-        const float *xr = (const float *)((const char *)x + (size_t)r * x_nb1);
-        float *yr = (float *)((char *)y + (size_t)r * y_nb1);
         if (op == 0)
-            unary<0><<<grid, 256, 0, st>>>(xr, x_nb1, yr, y_nb1, n, c);
+            unary<0><<<grid, 256, 0, st>>>(x, x_nb1, x_nb2, y, y_nb1, y_nb2, n, ne1, r, c);
         else
-            unary<1><<<grid, 256, 0, st>>>(xr, x_nb1, yr, y_nb1, n, c);
+            unary<1><<<grid, 256, 0, st>>>(x, x_nb1, x_nb2, y, y_nb1, y_nb2, n, ne1, r, c);
     }
     return (int)cudaGetLastError();
 }

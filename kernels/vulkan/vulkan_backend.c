@@ -1526,12 +1526,8 @@ static int vk_supports(struct kiri_backend *be, const struct kiri_node *nd)
         return kiri_node_attention_ok(nd);
     case KIRI_OP_SHORT_CONV:
         return kiri_node_short_conv_ok(nd, VK_MAX_TAPS);
-    case KIRI_OP_SIGMOID_MUL: {
-        int64_t rows, rows_g, rows_d;
-        return s1 && kiri_node_all_f32(nd, 2) && s1->ne[0] == s0->ne[0] && d->ne[0] == s0->ne[0] &&
-               kiri_tensor_flat_rows(s0, &rows) == 0 && kiri_tensor_flat_rows(s1, &rows_g) == 0 &&
-               kiri_tensor_flat_rows(d, &rows_d) == 0 && rows_g == rows && rows_d == rows;
-    }
+    case KIRI_OP_SIGMOID_MUL:
+        return kiri_node_sigmoid_mul_ok(nd);
     case KIRI_OP_DELTA_GATES:
         return kiri_node_delta_gates_ok(nd);
     case KIRI_OP_DELTA_NET:
