@@ -172,7 +172,7 @@ AVX512 static inline void fifth_bits16(__m512i h, __m512i q[8])
         const int c = 0x01010101 * (j / 2); /* byte j / 2 of each 32-bit lane, within 128 bits */
         const __m512i idx = _mm512_set4_epi32(0x0C0C0C0C + c, 0x08080808 + c, 0x04040404 + c, c);
         const __m512i spread = _mm512_shuffle_epi8(h, idx);
-        const __mmask64 set = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x08040201 << (4 * (j % 2))));
+        const __mmask64 set = _mm512_test_epi8_mask(spread, _mm512_set1_epi32((int)(0x08040201u << (4 * (j % 2)))));
         q[j] = _mm512_mask_add_epi8(q[j], set, q[j], b4);
     }
 }
