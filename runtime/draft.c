@@ -7,6 +7,7 @@
 #include "kiri.h"
 #include "mem.h"
 #include "model.h"
+#include "sampler.h"
 
 int32_t kiri_draft_ngram(const int32_t *tokens, int32_t n, int32_t *draft, int32_t max)
 {
@@ -113,16 +114,6 @@ static const float *draft_step(struct model_drafter *d)
     return d->ended ? NULL : d->logits;
 }
 
-/* Greedy: the largest logit, ties to the lowest id (the sampler's rule). */
-static int32_t argmax(const float *l, int32_t n)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[best])
-            best = i;
-    return best;
-}
-
 static int32_t model_propose(struct kiri_drafter *base, uint64_t seq, const int32_t *tokens, int32_t n,
                              int32_t *draft, int32_t max)
 {
@@ -164,7 +155,7 @@ static int32_t model_propose(struct kiri_drafter *base, uint64_t seq, const int3
             rc = KIRI_E_BACKEND;
             break;
         }
-        draft[k] = argmax(lg, d->n_vocab);
+        draft[k] = kiri_sampler_argmax(lg, d->n_vocab);
         if (++k == max)
             break;
         if ((rc = kiri_batcher_append(d->loop, sl->held, &draft[k - 1], 1, NULL)) == KIRI_OK)

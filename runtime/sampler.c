@@ -267,7 +267,7 @@ static void apply_penalties(struct kiri_sampler *s, cand *pool)
 /* NaN is treated as -infinity so it never wins a comparison it should not. */
 static float clean(float x) { return isnan(x) ? -INFINITY : x; }
 
-static int32_t argmax(const float *logits, int32_t n)
+int32_t kiri_sampler_argmax(const float *logits, int32_t n)
 {
     int32_t best = 0;
     float bl = clean(logits[0]);
@@ -407,7 +407,7 @@ int32_t kiri_sampler_dist(struct kiri_sampler *s, const float *logits,
 int32_t kiri_sampler_sample(struct kiri_sampler *s, const float *logits)
 {
     if (s->params.temperature <= 0.0f && !s->ring)
-        return argmax(logits, s->n_vocab);
+        return kiri_sampler_argmax(logits, s->n_vocab);
     double u = s->params.temperature > 0.0f ? rng_uniform(s->rng) : 0.0;
     cand *c;
     int32_t n = distribution(s, logits, &c);

@@ -73,6 +73,9 @@ void kiri_sampler_accept(struct kiri_sampler *s, int32_t token);
  * not accept the token: call kiri_sampler_accept with it. Always returns an id in [0, n_vocab). */
 int32_t kiri_sampler_sample(struct kiri_sampler *s, const float *logits);
 
+/* The largest logit, ties to the lowest id, NaN never winning: greedy's pick, which drafters share. */
+int32_t kiri_sampler_argmax(const float *logits, int32_t n);
+
 /* Verifies a drafted token against the distribution p that kiri_sampler_sample would draw from
  * for these logits, by the rule of speculative sampling for a draft proposed with certainty: draft
  * is kept (*accepted = 1) with probability p(draft); otherwise (*accepted = 0) the token is drawn
