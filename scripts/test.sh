@@ -11,7 +11,7 @@
 #   fuzz       a short libFuzzer run of each parser (GGUF, OpenAI request bodies, JSON Schema) over its seeds
 #   arm64      the static aarch64 build under qemu-aarch64 (scripts/test-arm64.sh): every unit
 #              test, the NEON kernels on three emulated cores, the CLI and the server
-# Every build here has KIRI_WERROR on: a warning fails the tier. Ends with one line
+# Every build here has KIRI_WERROR on: a warning fails the tier. Prints each tier's seconds; ends with one line
 # "N passed, N failed" counting the tiers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,10 +25,10 @@ TIERS=("${@:-${ALL_TIERS[@]}}")
 wants() { case " ${TIERS[*]} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 tier() { # name, command...
-  local name=$1; shift
+  local name=$1 start=$SECONDS; shift
   echo "==== $name"
-  if "$@"; then passed=$((passed + 1)); echo "==== $name: ok"
-  else failed=$((failed + 1)); failed_names+=("$name"); echo "==== $name: FAILED"; fi
+  if "$@"; then passed=$((passed + 1)); echo "==== $name: ok ($((SECONDS - start)) s)"
+  else failed=$((failed + 1)); failed_names+=("$name"); echo "==== $name: FAILED ($((SECONDS - start)) s)"; fi
 }
 
 build() { # dir, extra cmake args...
@@ -113,5 +113,5 @@ fi
 
 echo
 [ ${#failed_names[@]} -eq 0 ] || echo "failed tiers: ${failed_names[*]}"
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed ($((SECONDS / 60)) min $((SECONDS % 60)) s)"
 [ "$failed" -eq 0 ]
