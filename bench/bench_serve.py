@@ -295,6 +295,8 @@ def one_request(port, prompt, max_tokens, timeout):
                 j = json.loads(data)
                 if j.get("usage"):
                     r["usage"] = j["usage"]
+                if j.get("timings"):  # llama-server's own counts (draft_n, draft_n_accepted)
+                    r["timings"] = j["timings"]
                 for ch in j.get("choices") or []:
                     if r["t_first"] is None:
                         r["t_first"] = now
