@@ -39,7 +39,6 @@ Usage: bench_spec.py [--kiri PATH] [--llama-bin DIR] [--model FILE] [--draft FIL
 import argparse
 import copy
 import http.client
-import json
 import os
 import platform
 import re
@@ -217,11 +216,7 @@ def main():
                                                    "tasks", "ctx", "cpu_kernels", "nice")},
            "tasks": TASKS, "server_flags": MODE_FLAGS, "runs": runs, "best": best, "markdown": md,
            "elapsed_seconds": time.time() - t_start}
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as f:
-        json.dump(out, f, indent=1)
-    print(md)
-    print(f"\n(results: {a.json}, server logs: {a.log_dir}, {time.time() - t_start:.0f} s)", file=sys.stderr)
+    bench_cpu.save_report(a.json, out, md, t_start, a.log_dir)
     return 0
 
 
