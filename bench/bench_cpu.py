@@ -498,12 +498,18 @@ def main():
         "membw_samples_best_median_gbps": bw_samples, "targets": TARGETS, "results": results, "markdown": md,
         "elapsed_seconds": time.time() - t_start, "quick": a.quick,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as f:
+    save_report(a.json, out, md, t_start)
+    return 0
+
+
+def save_report(path, out, md, t_start, logs=""):
+    """Writes a run's JSON record to path and prints its markdown table."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
         json.dump(out, f, indent=1)
     print(md)
-    print(f"\n(results: {a.json}, {time.time() - t_start:.0f} s)", file=sys.stderr)
-    return 0
+    print(f"\n(results: {path}{', server logs: ' + logs if logs else ''}, {time.time() - t_start:.0f} s)",
+          file=sys.stderr)
 
 
 def llama_cpp_version():

@@ -295,6 +295,8 @@ def one_request(port, prompt, max_tokens, timeout):
                 j = json.loads(data)
                 if j.get("usage"):
                     r["usage"] = j["usage"]
+                if j.get("timings"):  # llama-server's own counts (draft_n, draft_n_accepted)
+                    r["timings"] = j["timings"]
                 for ch in j.get("choices") or []:
                     if r["t_first"] is None:
                         r["t_first"] = now
@@ -627,11 +629,7 @@ def main():
         "targets": TARGETS, "single_stream": single, "levels": levels, "markdown": md,
         "elapsed_seconds": time.time() - t_start, "quick": a.quick,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as f:
-        json.dump(out, f, indent=1)
-    print(md)
-    print(f"\n(results: {a.json}, server logs: {a.log_dir}, {time.time() - t_start:.0f} s)", file=sys.stderr)
+    bench_cpu.save_report(a.json, out, md, t_start, a.log_dir)
     return 0
 
 
