@@ -196,7 +196,9 @@ struct kiri_generate_params {
  * decoding one token at a time. Rejected positions are dropped from the KV cache. The draft length
  * follows the acceptance rate of each sequence, a sequence whose drafts are mostly rejected pauses
  * drafting, and a step with many decoding sequences drafts nothing (verification is no longer
- * free). A model with recurrent layers (lfm2) cannot drop positions yet: it never speculates. */
+ * free). A model with recurrent layers (lfm2, qwen35) keeps the state after each drafted token in
+ * a spare slot (kiri_batcher_stats.state_slots_spec), the one at the kept length becoming the
+ * sequence's. */
 enum kiri_spec {
     KIRI_SPEC_NONE = 0,
     KIRI_SPEC_NGRAM = 1,       /* prompt lookup: the tokens that followed the latest earlier
@@ -361,7 +363,8 @@ struct kiri_batcher_stats {
                                      layers, plus the sliding-window layers' own pool */
     int32_t kv_window_blocks_total; /* that pool's blocks (0 without one) */
     int32_t kv_window_blocks_used;
-    int32_t state_slots_total;    /* recurrent-state slots (lfm2's convolutions; 0 without) */
+    int32_t state_slots_total;    /* recurrent-state slots (lfm2's convolutions; 0 without): one per
+                                     sequence, and state_slots_spec */
     int32_t state_slots_used;     /* held by running sequences */
     uint64_t state_bytes;         /* the state store, all slots */
     int32_t snapshots_total;      /* recurrent-state snapshots kept for prefix reuse (0 without) */
@@ -371,6 +374,8 @@ struct kiri_batcher_stats {
     uint64_t snapshot_misses;     /* admissions with a whole prompt block that found none */
     uint64_t spec_drafted[KIRI_SPEC_KINDS];  /* tokens drafted, by enum kiri_spec, since init */
     uint64_t spec_accepted[KIRI_SPEC_KINDS]; /* of those, the ones the model kept */
+    int32_t state_slots_spec;     /* of state_slots_total, the spare ones that keep the state after
+                                     each drafted token, to roll back to (0 without state) */
 };
 
 int kiri_batcher_init(struct kiri_model *model, const struct kiri_batcher_params *params,

@@ -221,7 +221,8 @@ enum kiri_op {
                            updates that row in place to the sequence's last K - 1 inputs. A token
                            at position 0 (src[4] (n) I32) starts its sequence: its state reads as
                            zeros. Tokens of one sequence run in batch order; in place allowed.
-                           With p.conv_silu the output is silu of the sum (qwen35) */
+                           With p.conv_silu the output is silu of the sum (qwen35). State rows
+                           read elsewhere: see KIRI_OP_DELTA_NET */
     KIRI_OP_SIGMOID_MUL, /* dst (E, R) = src[0] (E, R) * sigmoid(src[1] (E, R)); rows may be strided
                            (the attention output times its gate); in place allowed */
     KIRI_OP_DELTA_GATES, /* dst (2H, n) F32, per token: H values sigmoid(src[0] (H, n)), then H
@@ -235,7 +236,12 @@ enum kiri_op {
                            key dim i) in row src[3][t] (I32) of src[2] (Hv*S*S, slots) F32, head
                            after head; per token M *= exp(g), d = beta * (v - M k), M += d k^T,
                            out = p.delta.scale * M q. A token at position 0 (src[4] (n) I32) starts
-                           from a zero state. Tokens of one sequence run in batch order */
+                           from a zero state. Tokens of one sequence run in batch order.
+                           Both recurrent ops: src[3] may be (n, 2); then token t starts from the
+                           state in row src[3][1][t] (the row its sequence's previous token wrote)
+                           and leaves the state after it in row src[3][0][t], which takes a copy
+                           first when the two differ (and never holds another sequence's state):
+                           a speculative step keeps the state after every token, for rollback */
     KIRI_OP_COUNT
 };
 
@@ -358,6 +364,20 @@ static inline int kiri_node_attention_ok(const struct kiri_node *nd)
            p->window >= 0;
 }
 
+/* The recurrent ops' state rows (src[3]): n I32 rows written, and optionally a second row of
+ * those read (backend.h, KIRI_OP_DELTA_NET). */
+static inline int kiri_state_rows_ok(const struct kiri_tensor *rows, int64_t n)
+{
+    return rows->type == KIRI_TYPE_I32 && rows->ne[0] >= n && (rows->ne[1] == 1 || rows->ne[1] == 2) &&
+           rows->ne[2] == 1 && rows->ne[3] == 1 && rows->nb[0] == 4 && rows->nb[1] == (size_t)rows->ne[0] * 4;
+}
+
+/* Bytes from the rows written to the rows read: 0 when they are the same. */
+static inline size_t kiri_state_rows_read_offset(const struct kiri_tensor *rows)
+{
+    return rows->ne[1] > 1 ? rows->nb[1] : 0;
+}
+
 /* The shapes KIRI_OP_SHORT_CONV, KIRI_OP_SIGMOID_MUL (rows walked with one stride each, as a GPU
  * kernel takes them), KIRI_OP_DELTA_GATES and KIRI_OP_DELTA_NET take (every backend
  * that runs them checks these, with the largest kernel / head its kernels hold). */
@@ -367,7 +387,7 @@ static inline int kiri_node_short_conv_ok(const struct kiri_node *nd, int64_t ma
     return w && st && kiri_node_all_f32(nd, 3) && nd->src[3] && nd->src[4] && nd->src[3]->type == KIRI_TYPE_I32 &&
            nd->src[4]->type == KIRI_TYPE_I32 && w->ne[0] >= 2 && w->ne[0] <= max_taps && w->ne[1] == u->ne[0] &&
            nd->dst->ne[0] == u->ne[0] && nd->dst->ne[1] == u->ne[1] && st->ne[0] == (w->ne[0] - 1) * u->ne[0] &&
-           u->ne[2] == 1 && u->ne[3] == 1 && nd->src[3]->ne[0] >= u->ne[1] && nd->src[4]->ne[0] >= u->ne[1];
+           u->ne[2] == 1 && u->ne[3] == 1 && kiri_state_rows_ok(nd->src[3], u->ne[1]) && nd->src[4]->ne[0] >= u->ne[1];
 }
 
 static inline int kiri_node_sigmoid_mul_ok(const struct kiri_node *nd)
@@ -398,7 +418,7 @@ static inline int kiri_node_delta_net_ok(const struct kiri_node *nd, int64_t max
     const int64_t S = p->head_dim, Hk = p->n_head_k, Hv = p->n_head_v, n = x->ne[1];
     return x->ne[0] == (2 * Hk + Hv) * S && nd->src[1]->ne[0] == 2 * Hv && nd->src[1]->ne[1] == n &&
            nd->src[2]->ne[0] == Hv * S * S && nd->dst->ne[0] == Hv * S && nd->dst->ne[1] == n &&
-           nd->src[3]->ne[0] >= n && nd->src[4]->ne[0] >= n;
+           kiri_state_rows_ok(nd->src[3], n) && nd->src[4]->ne[0] >= n;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -100,10 +100,13 @@ struct kiri_batcher {
     /* Step scratch, sized at init. */
     int32_t *b_tokens, *b_pos, *b_slots, *b_nkv, *b_toff, *b_tables, *b_rows;
     int32_t *b_swa_slots, *b_swa_tables; /* with a windowed pool only */
-    int32_t *b_state_rows;          /* with recurrent layers only */
+    int32_t *b_state_rows;          /* with recurrent layers only: the state rows written */
+    int32_t *b_state_from;          /* and those read (a speculative step's differ) */
+    int held_history;               /* held sequences keep their steps' states (a draft model's loop) */
     struct seq **b_out_seq;         /* (max_seqs) sequences sampled this step ... */
     int32_t *b_out_first;           /* (max_seqs) ... the first of their logit rows */
-    int spec_ok;                    /* drafts can be verified (draft rows, no recurrent state) */
+    int spec_ok;                    /* drafts can be verified (draft rows; with recurrent state,
+                                       spare state slots to roll back to) */
     struct kiri_drafter *draft_model; /* owned, or NULL: the drafter of KIRI_SPEC_DRAFT */
     int spec_said;                  /* why not was logged */
     float *b_logits;                /* owned (n_vocab): logits after bias and grammar mask */
@@ -141,6 +144,12 @@ static void batcher_main(void *arg);
 
 int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *params, struct kiri_batcher **out,
                       struct kiri_status_info *info)
+{
+    return kiri_batcher_init_held(m, params, 0, out, info);
+}
+
+int kiri_batcher_init_held(struct kiri_model *m, const struct kiri_batcher_params *params, int held_history,
+                           struct kiri_batcher **out, struct kiri_status_info *info)
 {
     kiri_error_clear(info);
     struct kiri_batcher_params p;
@@ -180,6 +189,11 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
      * from the budget first, like the windows, so that state never limits admission either. */
     const size_t window_bytes = (size_t)n_swa_blocks * BLOCK_SIZE * swa_token;
     const size_t state_bytes = kiri_model_state_bytes(m) * (size_t)p.max_seqs;
+    /* Drafts come out of the step's chunk budget, so the step never grows past chunk + max_seqs. */
+    if (p.draft_rows > p.chunk)
+        p.draft_rows = p.chunk;
+    if (p.draft_rows > KIRI_SPEC_MAX_DRAFT * p.max_seqs)
+        p.draft_rows = KIRI_SPEC_MAX_DRAFT * p.max_seqs;
     const size_t swa_bytes = window_bytes + state_bytes;
     if (p.kv_memory && p.kv_memory < swa_bytes)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "a KV budget of %zu bytes is less than the %zu %s need for %d sequences",
@@ -193,19 +207,29 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
      * in the budget. They come off what the budget holds beyond the states and one context of
      * blocks, so a budget too small for all keeps fewer (none: no prefix is reused). */
     const size_t snap_each = kiri_model_state_bytes(m);
+    const size_t context = (size_t)blocks_per_seq * BLOCK_SIZE * per_token;
+    size_t spare = p.kv_memory > swa_bytes + context ? p.kv_memory - swa_bytes - context : 0;
+    /* Speculation on a model with recurrent state keeps the state after each drafted token of a
+     * step in a slot of its own, to roll back to (kiri_kvcache_seq_state_step): one spare slot
+     * per draft row; a held loop's sequences keep a history of their steps' states each (a
+     * draft model's). They come off the budget before the snapshots; fewer when it is short
+     * (none: no speculation). */
+    int64_t n_spec_states = !snap_each ? 0
+                            : held_history ? (int64_t)KIRI_KVCACHE_STATE_HISTORY * p.max_seqs
+                            : p.spec_max_seqs > 0 ? p.draft_rows : 0;
+    if (n_spec_states && p.kv_memory && per_token && (size_t)n_spec_states > spare / snap_each)
+        n_spec_states = (int64_t)(spare / snap_each);
+    const size_t spec_state_bytes = (size_t)n_spec_states * snap_each;
+    spare -= p.kv_memory && per_token ? spec_state_bytes : 0;
     int64_t n_snapshots = snap_each && p.prefix_cache ? (int64_t)KIRI_BATCHER_SNAPSHOTS_PER_SEQ * p.max_seqs : 0;
-    if (n_snapshots && p.kv_memory && per_token) {
-        const size_t context = (size_t)blocks_per_seq * BLOCK_SIZE * per_token;
-        const size_t spare = p.kv_memory > swa_bytes + context ? p.kv_memory - swa_bytes - context : 0;
-        if ((size_t)n_snapshots > spare / snap_each)
-            n_snapshots = (int64_t)(spare / snap_each);
-    }
+    if (n_snapshots && p.kv_memory && per_token && (size_t)n_snapshots > spare / snap_each)
+        n_snapshots = (int64_t)(spare / snap_each);
     const size_t snap_bytes = (size_t)n_snapshots * snap_each;
     /* With every layer windowed there is no per-token cost: the budget only has to hold the
      * windows, and the global table keeps one context per sequence of (layerless) blocks. */
     int64_t n_blocks;
     if (p.kv_memory && per_token)
-        n_blocks = (int64_t)((p.kv_memory - swa_bytes - snap_bytes) / (per_token * BLOCK_SIZE));
+        n_blocks = (int64_t)((p.kv_memory - swa_bytes - spec_state_bytes - snap_bytes) / (per_token * BLOCK_SIZE));
     else
         n_blocks = (int64_t)blocks_per_seq * p.max_seqs;
     if (n_blocks < blocks_per_seq)
@@ -225,13 +249,8 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->next_id = 1;
     b->accepting = 1;
     const int32_t max_tok = p.chunk + p.max_seqs;
-    /* Drafts come out of the step's chunk budget, so the step never grows past max_tok. */
-    if (p.draft_rows > p.chunk)
-        p.draft_rows = p.chunk;
-    if (p.draft_rows > KIRI_SPEC_MAX_DRAFT * p.max_seqs)
-        p.draft_rows = KIRI_SPEC_MAX_DRAFT * p.max_seqs;
-    b->p = p;
-    b->spec_ok = p.draft_rows > 0 && kiri_model_n_recurrent_layers(m) == 0;
+    b->held_history = held_history && snap_each;
+    b->spec_ok = p.draft_rows > 0 && (!snap_each || n_spec_states > 0);
     if (b->spec_ok && p.draft_model) {
         const int rc = kiri_drafter_model_init(m, p.draft_model, p.max_seqs, p.n_ctx, p.chunk, &b->draft_model, info);
         if (rc < 0) {
@@ -241,7 +260,7 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     }
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
     int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks,
-                                         p.max_seqs, (int32_t)n_snapshots, &b->kv);
+                                         p.max_seqs + (int32_t)n_spec_states, (int32_t)n_snapshots, &b->kv);
     if (rc == 0)
         rc = kiri_graph_init(m, max_tok, p.max_seqs + p.draft_rows, (int32_t)tables, p.n_ctx, &b->graph);
     if (rc == 0) {
@@ -264,7 +283,8 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
              !(b->b_swa_tables = kiri_mem_array(tables, sizeof(int32_t)))))
             rc = KIRI_E_NOMEM;
         if (rc == 0 && kiri_model_n_recurrent_layers(m) &&
-            !(b->b_state_rows = kiri_mem_array((size_t)max_tok, sizeof(int32_t))))
+            (!(b->b_state_rows = kiri_mem_array((size_t)max_tok, sizeof(int32_t))) ||
+             !(b->b_state_from = kiri_mem_array((size_t)max_tok, sizeof(int32_t)))))
             rc = KIRI_E_NOMEM;
     }
     if (rc == 0)
@@ -283,6 +303,7 @@ int kiri_batcher_init(struct kiri_model *m, const struct kiri_batcher_params *pa
     b->stats.kv_window_blocks_total = (int32_t)n_swa_blocks;
     b->stats.state_slots_total = kiri_kvcache_n_state_slots(b->kv);
     b->stats.state_bytes = kiri_kvcache_state_bytes(b->kv);
+    b->stats.state_slots_spec = (int32_t)n_spec_states;
     b->stats.snapshots_total = kiri_kvcache_n_snapshots(b->kv);
     b->stats.snapshot_bytes = kiri_kvcache_snapshot_bytes(b->kv);
     *out = b;
@@ -371,7 +392,7 @@ static void start_speculation(struct kiri_batcher *b, struct seq *s)
         kiri_platform_mutex_unlock(b->lock);
         if (!said)
             fprintf(stderr, "kiri: speculative decoding is off: %s\n",
-                    b->p.draft_rows ? "this model's recurrent state cannot roll back rejected tokens yet"
+                    b->p.draft_rows ? "the KV budget leaves no room for the recurrent state of drafted tokens"
                                     : "the serving loop was made without draft rows");
         return;
     }
@@ -802,6 +823,9 @@ static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *t
         budget = b->p.draft_rows;
     if (decoding > b->p.spec_max_seqs)
         return;
+    /* With recurrent state each drafted token keeps its state in a spare slot of its own. */
+    if (b->b_state_rows && budget > kiri_kvcache_n_state_free(b->kv))
+        budget = kiri_kvcache_n_state_free(b->kv);
     for (int32_t j = 0; j < n && budget > 0; j++) {
         struct seq *s = planned[j];
         if (!s->drafter || take[j] != 1 || s->n_tokens - s->kv.n_tokens != 1 || s->n_generated < s->spec_resume)
@@ -1128,9 +1152,12 @@ static void verify(struct kiri_batcher *b, struct seq *s, const float *lg, doubl
     kiri_platform_mutex_unlock(b->lock);
     if (ended)
         return;
-    /* Every token but the new pending one is now computed and kept. */
+    /* Every token but the new pending one is now computed and kept; with recurrent state, the
+     * state after the last of them becomes the sequence's, and the others go back. */
     if (kiri_kvcache_seq_truncate(b->kv, &s->kv, s->n_tokens - 1) != KIRI_OK)
-        s->status = KIRI_E_BACKEND; /* cannot happen: its own blocks, nothing published past the end */
+        s->status = KIRI_E_BACKEND; /* cannot happen: its own blocks, nothing published past the end,
+                                       the state of every drafted position kept */
+    kiri_kvcache_seq_state_forget(b->kv, &s->kv);
     s->n_draft = 0;
     adapt(s, drafted, kept);
     publish(b, s);
@@ -1201,11 +1228,16 @@ static int step(struct kiri_batcher *b)
             b->b_slots[n_tok] = kiri_kvcache_slot(b->kv, &s->kv, p);
             if (b->swa_blocks_per_seq)
                 b->b_swa_slots[n_tok] = kiri_kvcache_slot_window(b->kv, &s->kv, p);
-            if (b->b_state_rows)
-                b->b_state_rows[n_tok] = kiri_kvcache_seq_state_row(&s->kv);
             b->b_nkv[n_tok] = p + 1;
             b->b_toff[n_tok] = toff;
             n_tok++;
+        }
+        if (b->b_state_rows) {
+            /* Drafts keep the state after each token, to roll back to; so does a held sequence
+             * of a loop that keeps a history, after each step. */
+            const int32_t fresh = s->n_draft > 0 ? s->n_draft : s->held && b->held_history ? 1 : 0;
+            kiri_kvcache_seq_state_step(b->kv, &s->kv, take[j], fresh, b->b_state_rows + n_tok - take[j],
+                                        b->b_state_from + n_tok - take[j]);
         }
         if (!all_rows && s->kv.n_tokens + take[j] == s->n_tokens)
             b->b_rows[n_out++] = n_tok - 1;
@@ -1219,7 +1251,7 @@ static int step(struct kiri_batcher *b)
     if (n_out > 0 || n_tok > 0) {
         struct kiri_batch batch = {n_tok, b->b_tokens, b->b_pos, b->b_slots, b->b_nkv, b->b_toff, b->b_tables,
                                    n_tab, b->b_rows, n_out > 0 ? n_out : 1, b->b_swa_slots, b->b_swa_tables,
-                                   b->b_state_rows};
+                                   b->b_state_rows, b->b_state_from};
         if (n_out == 0)
             b->b_rows[0] = n_tok - 1; /* logits nobody reads: a chunk in the middle of a prompt */
         rc = kiri_graph_run(b->graph, b->kv, &batch, &logits, NULL);
@@ -1392,6 +1424,7 @@ void kiri_batcher_free(struct kiri_batcher *b)
     kiri_mem_free(b->b_swa_slots);
     kiri_mem_free(b->b_swa_tables);
     kiri_mem_free(b->b_state_rows);
+    kiri_mem_free(b->b_state_from);
     kiri_mem_free(b->b_rows);
     kiri_mem_free(b->b_out_seq);
     kiri_mem_free(b->b_out_first);

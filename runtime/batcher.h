@@ -14,6 +14,13 @@
  * recurrent layers, the prefix cache on; fewer when the KV budget cannot hold them). */
 #define KIRI_BATCHER_SNAPSHOTS_PER_SEQ 2
 
+/* kiri_batcher_init for a loop of held sequences that kiri_batcher_truncate cuts back on a model
+ * with recurrent layers (a draft model's): with held_history, each step of a held sequence keeps
+ * the state it passed in a slot of its own (kvcache.h, state history), at most
+ * KIRI_KVCACHE_STATE_HISTORY of them per sequence, allocated at init. */
+int kiri_batcher_init_held(struct kiri_model *m, const struct kiri_batcher_params *params, int held_history,
+                           struct kiri_batcher **out, struct kiri_status_info *info);
+
 /* Queues a held request: its tokens are computed (up to n_ctx of them, none sampled), the
  * callback gets one event with the last token's logits (ev->logits, valid until the next step),
  * and the sequence then waits, keeping its KV blocks, for kiri_batcher_append or a cancel. */

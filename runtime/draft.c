@@ -213,16 +213,15 @@ int kiri_drafter_model_init(const struct kiri_model *target, struct kiri_model *
     int rc = same_vocabulary(target, draft, info);
     if (rc < 0)
         return rc;
-    if (kiri_model_n_recurrent_layers(draft))
-        return kiri_error_set(info, KIRI_E_INVALID_ARG,
-                              "the draft model has recurrent layers, whose state cannot drop rejected tokens yet");
     struct model_drafter *d = kiri_mem_calloc(1, sizeof *d);
     if (!d)
         return kiri_error_set(info, KIRI_E_NOMEM, "out of memory");
     d->base = (struct kiri_drafter){"draft", model_propose, model_release, model_free};
     d->n_vocab = kiri_model_n_vocab(draft);
     d->n_ctx = n_ctx;
-    /* Its own loop: no prefix sharing (each sequence computes its own), no drafts of its own. */
+    /* Its own loop: no prefix sharing (each sequence computes its own), no drafts of its own;
+     * a draft model with recurrent layers keeps the state of each step, so that its sequences
+     * can be cut back to what the target kept. */
     struct kiri_batcher_params bp;
     kiri_batcher_params_default(&bp);
     bp.n_ctx = n_ctx;
@@ -231,7 +230,7 @@ int kiri_drafter_model_init(const struct kiri_model *target, struct kiri_model *
     bp.queue_cap = max_seqs;
     bp.prefix_cache = 0;
     bp.draft_rows = 0;
-    if ((rc = kiri_batcher_init(draft, &bp, &d->loop, info)) < 0) {
+    if ((rc = kiri_batcher_init_held(draft, &bp, 1, &d->loop, info)) < 0) {
         model_free(&d->base);
         return rc;
     }

@@ -45,7 +45,7 @@ enum {
     T_BCX,      /* (3E, n) the input projection: B, C and x of each token */
     T_BCX_B, T_BCX_C, T_BCX_X, /* (E, n) views of its three parts (rows of 3E) */
     T_CONV_OUT, /* (E, n) the block's output, over T_BCX's memory */
-    T_STATE_ROWS, /* (n) I32 each token's recurrent-state slot */
+    T_STATE_ROWS, /* (n, 2) I32 each token's recurrent-state slot written, then the one read */
     /* qwen35 (empty without; S head size, Hk/Hv key/value heads, C = 2 Hk S + Hv S): */
     T_QG,       /* (2 D H, n) the gated attention's query projection: per head D queries, D gates */
     T_QG_Q, T_QG_GATE, /* (D, H n) views of its queries and gates (rows 2 D apart) */
@@ -146,7 +146,7 @@ static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t e
     }
     if (recurrent) {
         bytes[T_BCX] = hp->arch == KIRI_ARCH_LFM2 ? 3 * E * (size_t)n * 4 : 0;
-        bytes[T_STATE_ROWS] = (size_t)n * 4;
+        bytes[T_STATE_ROWS] = 2 * (size_t)n * 4; /* the rows written, then those read */
     }
     const size_t S = (size_t)hp->ssm_head_dim, Hv = (size_t)hp->ssm_v_heads;
     const size_t C = (2 * (size_t)hp->ssm_k_heads + Hv) * S;
@@ -413,8 +413,15 @@ static int upload_inputs(struct kiri_graph *g, struct side *s, const struct kiri
     rc |= upload(s, slots, b->slots, (size_t)n * 4);
     rc |= upload(s, tables, b->tables, (size_t)b->n_table_entries * 4);
     if (b->state_rows) {
-        struct kiri_tensor *rows = shape(s, T_STATE_ROWS, KIRI_TYPE_I32, n, 1, 1);
-        rc |= upload(s, rows, b->state_rows, (size_t)n * 4);
+        struct kiri_tensor *rows = shape(s, T_STATE_ROWS, KIRI_TYPE_I32, n, 2, 1);
+        const int32_t *from = b->state_from ? b->state_from : b->state_rows;
+        if (rows->data) {
+            memcpy(rows->data, b->state_rows, (size_t)n * 4);
+            memcpy((char *)rows->data + (size_t)n * 4, from, (size_t)n * 4);
+        } else {
+            rc |= s->iface->tensor_set(s->be, rows, b->state_rows, 0, (size_t)n * 4);
+            rc |= s->iface->tensor_set(s->be, rows, from, (size_t)n * 4, (size_t)n * 4);
+        }
     }
     if (b->swa_slots) {
         struct kiri_tensor *swa_slots = shape(s, T_SWA_SLOTS, KIRI_TYPE_I32, n, 1, 1);
@@ -809,7 +816,8 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
     if (recurrent != (b->state_rows != NULL))
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "the batch's state slots do not match the model");
     for (int32_t i = 0; recurrent && i < n; i++)
-        if (b->state_rows[i] < 0 || b->state_rows[i] >= kiri_kvcache_n_state_slots(kv))
+        if (b->state_rows[i] < 0 || b->state_rows[i] >= kiri_kvcache_n_state_slots(kv) ||
+            (b->state_from && (b->state_from[i] < 0 || b->state_from[i] >= kiri_kvcache_n_state_slots(kv))))
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch token %d has an invalid state slot", i);
     for (int32_t i = 0; i < n_out; i++)
         if (b->out_rows[i] < 0 || b->out_rows[i] >= n)

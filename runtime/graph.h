@@ -25,7 +25,10 @@ struct kiri_status_info;
  * count; entries below a token's window are stale and never read); NULL otherwise. A model
  * with recurrent layers reads and updates token i's sequence state in row state_rows[i] of the
  * cache's (kiri_kvcache_state), the tokens of one sequence in order, a token at position 0
- * starting it from zeros; NULL for a model without. */
+ * starting it from zeros; NULL for a model without. With state_from (NULL: the same rows) token
+ * i starts from the state in row state_from[i] instead, and row state_rows[i] receives the state
+ * after it (a speculative step keeps the state after each of its tokens:
+ * kiri_kvcache_seq_state_step). */
 struct kiri_batch {
     int32_t n_tokens;
     const int32_t *tokens;
@@ -40,6 +43,7 @@ struct kiri_batch {
     const int32_t *swa_slots;
     const int32_t *swa_tables;
     const int32_t *state_rows;
+    const int32_t *state_from;
 };
 
 /* n_ctx is the longest sequence the graph will run (the batcher's per-sequence context): it

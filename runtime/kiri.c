@@ -147,12 +147,14 @@ static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
     if (n_rec && hp->arch == KIRI_ARCH_QWEN35)
         kiri_buf_printf(text, "delta net:     %d of %d layers are Gated DeltaNet blocks (convolution of %d taps, %d key "
                         "and %d value heads of %d), no attention; their state: %.1f KiB per sequence (F32: the "
-                        "convolution windows and the delta-rule states), taken from the kv memory\n", n_rec,
+                        "convolution windows and the delta-rule states), taken from the kv memory, and as much again "
+                        "for each token a speculative step drafts\n", n_rec,
                         hp->n_layer, hp->n_conv_taps, hp->ssm_k_heads, hp->ssm_v_heads, hp->ssm_head_dim,
                         (double)kiri_model_state_bytes(m) / 1024.0);
     else if (n_rec)
         kiri_buf_printf(text, "short conv:    %d of %d layers are gated short-convolution blocks (%d taps), no "
-                        "attention; their state: %.1f KiB per sequence (F32), taken from the kv memory\n", n_rec,
+                        "attention; their state: %.1f KiB per sequence (F32), taken from the kv memory, and as much again for "
+                        "each token a speculative step drafts\n", n_rec,
                         hp->n_layer, hp->n_conv_taps, (double)kiri_model_state_bytes(m) / 1024.0);
     if (hp->n_layer_nextn)
         kiri_buf_printf(text, "mtp head:      %d multi-token-prediction layer%s after the %d of the trunk, loaded and "

@@ -888,14 +888,105 @@ int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, in
     return KIRI_OK;
 }
 
+/* Gives state slot + 1 `slot1` back (0: none). */
+static void state_release(struct kiri_kvcache *c, int32_t slot1)
+{
+    if (slot1 > 0 && slot1 <= c->n_state_slots && c->n_state_free < c->n_state_slots)
+        c->state_free[c->n_state_free++] = slot1 - 1;
+}
+
+/* Drops seq's history entries from i on, giving their slots back. */
+static void hist_cut(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t i)
+{
+    for (int32_t j = i; j < seq->n_hist; j++)
+        state_release(c, seq->hist_slot[j] + 1);
+    if (seq->n_hist > i)
+        seq->n_hist = i;
+}
+
+/* Drops seq's oldest history entry. */
+static void hist_drop_oldest(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
+{
+    state_release(c, seq->hist_slot[0] + 1);
+    memmove(seq->hist_slot, seq->hist_slot + 1, (size_t)(seq->n_hist - 1) * sizeof *seq->hist_slot);
+    memmove(seq->hist_pos, seq->hist_pos + 1, (size_t)(seq->n_hist - 1) * sizeof *seq->hist_pos);
+    seq->n_hist--;
+}
+
+/* Keeps slot `row` in seq's history as the state after position pos (none before position 0). */
+static void hist_push(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t row, int32_t pos)
+{
+    if (pos < 0) {
+        state_release(c, row + 1);
+        return;
+    }
+    if (seq->n_hist == KIRI_KVCACHE_STATE_HISTORY)
+        hist_drop_oldest(c, seq);
+    seq->hist_slot[seq->n_hist] = row;
+    seq->hist_pos[seq->n_hist++] = pos;
+}
+
+void kiri_kvcache_seq_state_forget(struct kiri_kvcache *c, struct kiri_kv_seq *seq) { hist_cut(c, seq, 0); }
+
+int32_t kiri_kvcache_seq_state_step(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n, int32_t n_fresh,
+                                    int32_t *write, int32_t *read)
+{
+    const int32_t cur = seq->state - 1;
+    if (n_fresh > n)
+        n_fresh = n;
+    if (n_fresh > KIRI_KVCACHE_STATE_HISTORY - 1)
+        n_fresh = KIRI_KVCACHE_STATE_HISTORY - 1;
+    if (cur < 0 || n_fresh < 0)
+        n_fresh = 0;
+    /* The step passes n_fresh states (the current one among them): make room in the history,
+     * oldest first, and take the slots while they are free. */
+    while (seq->n_hist > 0 && seq->n_hist + n_fresh > KIRI_KVCACHE_STATE_HISTORY)
+        hist_drop_oldest(c, seq);
+    while (seq->n_hist > 0 && c->n_state_free < n_fresh)
+        hist_drop_oldest(c, seq);
+    if (n_fresh > c->n_state_free)
+        n_fresh = c->n_state_free;
+    const int32_t first = n - n_fresh, at = seq->n_tokens;
+    for (int32_t i = 0; i < n; i++) {
+        read[i] = i > first ? write[i - 1] : cur;
+        write[i] = i >= first ? c->state_free[--c->n_state_free] : cur;
+    }
+    if (n_fresh > 0) {
+        hist_push(c, seq, cur, at + first - 1);
+        for (int32_t i = first; i + 1 < n; i++)
+            hist_push(c, seq, write[i], at + i);
+        seq->state = write[n - 1] + 1;
+    }
+    return n_fresh;
+}
+
 int kiri_kvcache_seq_truncate(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens)
 {
-    if (n_tokens < 0 || n_tokens > seq->n_tokens || c->n_state_slots)
+    if (n_tokens < 0 || n_tokens > seq->n_tokens)
         return KIRI_E_INVALID_ARG;
+    /* With state: the history entry of the new end's state (-1: the current one stays). */
+    int32_t h = -1;
+    if (c->n_state_slots && n_tokens != seq->n_tokens && n_tokens > 0) {
+        for (int32_t i = 0; i < seq->n_hist && h < 0; i++)
+            if (seq->hist_pos[i] == n_tokens - 1)
+                h = i;
+        if (h < 0)
+            return KIRI_E_INVALID_ARG;
+    }
     const int32_t bs = c->block_size;
     const int32_t need = (int32_t)(((int64_t)n_tokens + bs - 1) / bs);
     if (need > seq->n_blocks || (n_tokens % bs && c->pool[0].refs[seq->blocks[need - 1]] > 1))
         return KIRI_E_INVALID_ARG;
+    if (h >= 0) {
+        state_release(c, seq->state);
+        seq->state = seq->hist_slot[h] + 1;
+        seq->hist_slot[h] = -1; /* now current: not given back with the entries after it */
+        for (int32_t j = h + 1; j < seq->n_hist; j++)
+            state_release(c, seq->hist_slot[j] + 1);
+        seq->n_hist = h;
+    } else if (c->n_state_slots && n_tokens < seq->n_tokens) {
+        hist_cut(c, seq, 0); /* back to position 0: the next token starts the state afresh */
+    }
     for (int32_t i = need; i < seq->n_blocks; i++) {
         unref(&c->pool[0], seq->blocks[i]);
         if (seq->wblocks && i >= seq->w_lo)
@@ -925,8 +1016,8 @@ void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq)
     seq->n_blocks = 0;
     seq->n_tokens = 0;
     seq->w_lo = 0;
-    if (seq->state > 0 && seq->state <= c->n_state_slots && c->n_state_free < c->n_state_slots)
-        c->state_free[c->n_state_free++] = seq->state - 1;
+    state_release(c, seq->state);
+    hist_cut(c, seq, 0);
     seq->state = 0;
     seq->snap = 0;
 }

@@ -27,6 +27,15 @@
  * prefix gets the snapshot of its last block copied into its state slot and computes the rest;
  * a sequence computed from position 0 starts the state from zeros.
  *
+ * State history. Rolling back rejected drafted tokens needs the state at an earlier position,
+ * which the recurrence overwrote. So a step may write the states after some of its tokens into
+ * fresh slots instead (kiri_kvcache_seq_state_step: each such token reads the row its
+ * predecessor wrote and writes its own, which costs no copy beyond the first row's), and the
+ * sequence keeps the slots of the states it passed, each with its position, in a bounded
+ * history; kiri_kvcache_seq_truncate then makes the one at the new end current and gives the
+ * later ones back. A cache built for speculation has spare slots beyond one per sequence for
+ * that; a sequence gives its history back with its slot.
+ *
  * Invariants: a block is either on its pool's free list (count 0) or referenced by at least one
  * sequence or the prefix cache; position p of a sequence lives in slot table[p / block_size] *
  * block_size + p % block_size; a sequence's tables have exactly ceil(n_tokens / block_size)
@@ -47,6 +56,10 @@ struct kiri_backend_iface;
 struct kiri_tensor;
 struct kiri_kvcache;
 
+/* Earlier states a sequence keeps at most (kiri_kvcache_seq_state_step): a speculative step's
+ * (up to KIRI_SPEC_MAX_DRAFT) and one more. */
+#define KIRI_KVCACHE_STATE_HISTORY 18
+
 struct kiri_kv_seq {
     int32_t *blocks;        /* owned: block ids, n_blocks of cap */
     int32_t n_blocks;
@@ -58,6 +71,9 @@ struct kiri_kv_seq {
     int32_t state;          /* its recurrent-state slot + 1; 0: none (yet) */
     int32_t snap;           /* its latest passing snapshot + 1 (kiri_kvcache_snapshot); 0: none */
     uint64_t snap_gen;      /* that snapshot's generation, to tell a slot since reused */
+    int32_t hist_slot[KIRI_KVCACHE_STATE_HISTORY]; /* state slots of earlier positions, oldest first */
+    int32_t hist_pos[KIRI_KVCACHE_STATE_HISTORY];  /* the slot holds the state after this position */
+    int32_t n_hist;
 };
 
 /* The sliding-window layers of kiri_kvcache_init_windowed. */
@@ -189,10 +205,21 @@ int kiri_kvcache_seq_reserve(struct kiri_kvcache *c, struct kiri_kv_seq *seq, in
 /* Rolls seq back to its first n_tokens positions (rejected drafted tokens): the blocks wholly past
  * the new end go back to their pools, and the next step writes from n_tokens on, over what the
  * dropped positions left in the last block. That block must be seq's own (not shared or
- * published), which holds for any end past the positions that were published. A cache with
- * recurrent state cannot undo its state's updates: KIRI_E_INVALID_ARG there, as for n_tokens
- * outside [0, seq->n_tokens] (nothing changes). */
+ * published), which holds for any end past the positions that were published. With recurrent
+ * state the state after position n_tokens - 1 must be in seq's history (or n_tokens be
+ * seq->n_tokens, or 0): it becomes the current one, and the later ones go back. Otherwise, and
+ * for n_tokens outside [0, seq->n_tokens], KIRI_E_INVALID_ARG (nothing changes). */
 int kiri_kvcache_seq_truncate(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n_tokens);
+/* The state rows of a step of n tokens from seq->n_tokens (seq reserved, so it holds a slot):
+ * fills write[i] and read[i] for each token (the batch's state_rows and state_from). The last
+ * n_fresh tokens each write a fresh slot, reading the row the token before wrote; the others
+ * update seq's slot in place. The slots of the states passed go to seq's history, its oldest
+ * entries dropped to make room; fresh slots come from the free ones, so fewer tokens may get
+ * one: returns how many did (0..n_fresh), and the step must then run. */
+int32_t kiri_kvcache_seq_state_step(struct kiri_kvcache *c, struct kiri_kv_seq *seq, int32_t n, int32_t n_fresh,
+                                    int32_t *write, int32_t *read);
+/* Gives seq's history back (its current state stays). */
+void kiri_kvcache_seq_state_forget(struct kiri_kvcache *c, struct kiri_kv_seq *seq);
 /* Returns all of seq's blocks to the pool, and its state slot, and empties it (the table memory
  * is kept). */
 void kiri_kvcache_seq_clear(struct kiri_kvcache *c, struct kiri_kv_seq *seq);

@@ -370,7 +370,11 @@ static void render_batcher(struct kiri_buf *b, const struct kiri_batcher_stats *
     gauge_double(b, "kiri_kv_cache_usage_ratio",
                  "Fraction of KV cache blocks held by sequences (0 to 1).", usage);
     gauge_int(b, "kiri_state_slots_capacity",
-              "Recurrent-state slots (one per sequence of a model with recurrent layers).", s->state_slots_total);
+              "Recurrent-state slots (one per sequence of a model with recurrent layers, and the spare ones of "
+              "speculation).", s->state_slots_total);
+    gauge_int(b, "kiri_spec_state_slots",
+              "Of the recurrent-state slots, the spare ones that keep the state after each drafted token.",
+              s->state_slots_spec);
     gauge_int(b, "kiri_state_slots_used", "Recurrent-state slots held by running sequences.", s->state_slots_used);
     gauge_int(b, "kiri_state_bytes", "Bytes of the recurrent-state store, taken from the KV memory budget.",
               (int64_t)s->state_bytes);

@@ -800,6 +800,7 @@ void kiri_models_stats(struct kiri_models *r, struct kiri_batcher_stats *out)
         out->state_slots_total += st.state_slots_total;
         out->state_slots_used += st.state_slots_used;
         out->state_bytes += st.state_bytes;
+        out->state_slots_spec += st.state_slots_spec;
         out->snapshots_total += st.snapshots_total;
         out->snapshots_used += st.snapshots_used;
         out->snapshot_bytes += st.snapshot_bytes;

@@ -1024,14 +1024,23 @@ static void test_scale_heads_view(struct backend_check *b)
  * zeros); one token names a row outside the state (skipped, as the CPU skips it). */
 #define REC_TOKENS 6
 #define REC_SLOTS 3
-static const int32_t rec_rows[2][REC_TOKENS] = {{2, 0, 2, 0, 2, 7}, {0, 2, 1, 0, 1, 2}};
-static const int32_t rec_pos[2][REC_TOKENS] = {{4, 9, 5, 10, 6, 3}, {11, 7, 0, 12, 1, 8}};
+#define REC_STEPS 3
+static const int32_t rec_rows[REC_STEPS][REC_TOKENS] = {{2, 0, 2, 0, 2, 7}, {0, 2, 1, 0, 1, 2}, {0, 1, 2, 7, 2, 1}};
+static const int32_t rec_pos[REC_STEPS][REC_TOKENS] = {{4, 9, 5, 10, 6, 3}, {11, 7, 0, 12, 1, 8}, {13, 14, 15, 16, 16, 17}};
+/* The third step is a speculative one, each token's state kept in a row of its own: rows read
+ * besides the rows written (a copy, in place, a row outside the state, a row written over). */
+static const int32_t rec_from[REC_TOKENS] = {0, 0, 1, 2, 2, 2};
 
-static void rec_step_inputs(struct backend_check *b, struct pair *rows, struct pair *pos, int step)
+/* rows: (REC_TOKENS) for the first steps, (REC_TOKENS, 2) with the rows read for the last. */
+static void rec_step_inputs(struct backend_check *b, struct pair *rows, struct pair *rows2, struct pair *pos,
+                            int step)
 {
-    memcpy(rows->mem, rec_rows[step], sizeof rec_rows[step]);
+    struct pair *r = step == REC_STEPS - 1 ? rows2 : rows;
+    memcpy(r->mem, rec_rows[step], sizeof rec_rows[step]);
+    if (r == rows2)
+        memcpy((int32_t *)r->mem + REC_TOKENS, rec_from, sizeof rec_from);
     memcpy(pos->mem, rec_pos[step], sizeof rec_pos[step]);
-    pair_upload(b, rows);
+    pair_upload(b, r);
     pair_upload(b, pos);
 }
 
@@ -1050,15 +1059,16 @@ static void rec_compare(struct backend_check *b, const char *op, const char *shp
     free(got);
 }
 
-/* SHORT_CONV over two steps of REC_TOKENS tokens (lfm2: 3 taps; qwen35: 4 taps and SiLU), in
+/* SHORT_CONV over REC_STEPS steps of REC_TOKENS tokens (lfm2: 3 taps; qwen35: 4 taps and SiLU), in
  * place or not, state rows starting random: the state exact (it holds inputs), the outputs
  * within 1e-6 relative to max(1, |y|) (the taps add in the reference's order; SiLU's exp
  * differs). */
 static void check_short_conv(struct backend_check *b, int64_t e, int64_t taps, int silu, int in_place)
 {
-    struct pair x, y, state, rows, pos;
+    struct pair x, y, state, rows, rows2, pos;
     struct weight w;
     weight_init(b, &w, KIRI_TYPE_F32, taps, e, 1.0f);
+    pair_init(b, &rows2, KIRI_TYPE_I32, REC_TOKENS, 2, 1);
     pair_init(b, &x, KIRI_TYPE_F32, e, REC_TOKENS, 1);
     pair_init(b, &y, KIRI_TYPE_F32, e, REC_TOKENS, 1);
     pair_init(b, &state, KIRI_TYPE_F32, (taps - 1) * e, REC_SLOTS, 1);
@@ -1071,10 +1081,10 @@ static void check_short_conv(struct backend_check *b, int64_t e, int64_t taps, i
     char shp[48];
     snprintf(shp, sizeof shp, "E=%lld K=%lld%s%s", (long long)e, (long long)taps, silu ? " silu" : "",
              in_place ? " in place" : "");
-    for (int step = 0; step < 2; step++) {
+    for (int step = 0; step < REC_STEPS; step++) {
         pair_fill(b, &x, 2.0f);
         pair_upload(b, &x);
-        rec_step_inputs(b, &rows, &pos, step);
+        rec_step_inputs(b, &rows, &rows2, &pos, step);
         struct kiri_node hn[1], dn[1];
         const int k = 0;
         node(&hn[k], &dn[k], KIRI_OP_SHORT_CONV, &out->h, &out->d);
@@ -1082,7 +1092,7 @@ static void check_short_conv(struct backend_check *b, int64_t e, int64_t taps, i
         hn[k].src[1] = &w.h;
         dn[k].src[1] = &w.d;
         SRC(2, &state);
-        SRC(3, &rows);
+        SRC(3, step == REC_STEPS - 1 ? &rows2 : &rows);
         SRC(4, &pos);
         hn[k].p.conv_silu = dn[k].p.conv_silu = silu;
         run(b, hn, dn, 1);
@@ -1093,17 +1103,19 @@ static void check_short_conv(struct backend_check *b, int64_t e, int64_t taps, i
     pair_free(b, &y);
     pair_free(b, &state);
     pair_free(b, &rows);
+    pair_free(b, &rows2);
     pair_free(b, &pos);
 }
 
-/* DELTA_GATES then DELTA_NET in one step (the second reads what the first wrote), over two
- * steps of REC_TOKENS tokens, q and k of unit length as the model makes them, state rows starting
+/* DELTA_GATES then DELTA_NET in one step (the second reads what the first wrote), over
+ * REC_STEPS steps of REC_TOKENS tokens, q and k of unit length as the model makes them, state rows starting
  * random: the gates within 2e-6 relative to max(1, |g|), the outputs and the state within 1e-6
  * (the dot products add in the reference's order; exp and log differ). */
 static void check_delta_net(struct backend_check *b, int hk, int hv, int s)
 {
     const int64_t c = (int64_t)(2 * hk + hv) * s;
-    struct pair x, beta, alpha, dt, a, gates, y, state, rows, pos;
+    struct pair x, beta, alpha, dt, a, gates, y, state, rows, rows2, pos;
+    pair_init(b, &rows2, KIRI_TYPE_I32, REC_TOKENS, 2, 1);
     pair_init(b, &x, KIRI_TYPE_F32, c, REC_TOKENS, 1);
     pair_init(b, &beta, KIRI_TYPE_F32, hv, REC_TOKENS, 1);
     pair_init(b, &alpha, KIRI_TYPE_F32, hv, REC_TOKENS, 1);
@@ -1125,7 +1137,7 @@ static void check_delta_net(struct backend_check *b, int hk, int hv, int s)
     pair_upload(b, &y);
     char shp[48];
     snprintf(shp, sizeof shp, "Hk=%d Hv=%d S=%d", hk, hv, s);
-    for (int step = 0; step < 2; step++) {
+    for (int step = 0; step < REC_STEPS; step++) {
         pair_fill(b, &x, 1.0f);
         float *xs = x.mem;
         for (int64_t t = 0; t < REC_TOKENS; t++)
@@ -1144,7 +1156,7 @@ static void check_delta_net(struct backend_check *b, int hk, int hv, int s)
         pair_upload(b, &x);
         pair_upload(b, &beta);
         pair_upload(b, &alpha);
-        rec_step_inputs(b, &rows, &pos, step);
+        rec_step_inputs(b, &rows, &rows2, &pos, step);
         struct kiri_node hn[2], dn[2];
         int k = 0;
         node(&hn[k], &dn[k], KIRI_OP_DELTA_GATES, &gates.h, &gates.d);
@@ -1157,7 +1169,7 @@ static void check_delta_net(struct backend_check *b, int hk, int hv, int s)
         SRC(0, &x);
         SRC(1, &gates);
         SRC(2, &state);
-        SRC(3, &rows);
+        SRC(3, step == REC_STEPS - 1 ? &rows2 : &rows);
         SRC(4, &pos);
         hn[k].p.delta = dn[k].p.delta = (struct kiri_delta_params){hk, hv, s, 1.0f / sqrtf((float)s)};
         run(b, hn, dn, 2);
@@ -1168,7 +1180,7 @@ static void check_delta_net(struct backend_check *b, int hk, int hv, int s)
         free(got);
         rec_compare(b, "delta_net", shp, step, &y, 1e-6, &state, 1e-6);
     }
-    struct pair *all[] = {&x, &beta, &alpha, &dt, &a, &gates, &y, &state, &rows, &pos};
+    struct pair *all[] = {&x, &beta, &alpha, &dt, &a, &gates, &y, &state, &rows, &rows2, &pos};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         pair_free(b, all[i]);
 }

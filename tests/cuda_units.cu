@@ -269,8 +269,9 @@ static void check_recurrent(void)
 /* The backend's supports on the hybrid models' nodes as runtime/model.c asks at load (tensors not
  * yet on the device) and as the graph builds them: qwen35's short convolution with SiLU over a
  * state view, the delta rule, its gates, SCALE over a strided head view of q, the gated
- * attention's SIGMOID_MUL; refused past the kernels' limits (17 taps, heads of 513) and with an
- * I32 tensor in place of an F32 one. */
+ * attention's SIGMOID_MUL, state rows read besides those written; refused past the kernels'
+ * limits (17 taps, heads of 513), with an I32 tensor in place of an F32 one, and with a third row
+ * of state rows. */
 extern "C" const struct kiri_backend_iface kiri_cuda_backend_iface;
 
 static struct kiri_tensor f32_rows(int64_t e, int64_t n, size_t row_bytes)
@@ -327,6 +328,14 @@ static void check_supports(void)
     nd.p.delta.head_dim = (int)S;
     nd.p.delta.scale = 0.25f;
     check(supports(NULL, &nd), "supports delta_net", KIRI_TYPE_F32, S, 0, 1);
+    /* A speculative step's rows: those written, then those read; a third row is refused. */
+    struct kiri_tensor rows2 = f32_rows(n, 2, 0), rows3 = f32_rows(n, 3, 0);
+    rows2.type = rows3.type = KIRI_TYPE_I32;
+    nd.src[3] = &rows2;
+    check(supports(NULL, &nd), "supports delta_net (rows read besides those written)", KIRI_TYPE_I32, n, 0, 1);
+    nd.src[3] = &rows3;
+    check(!supports(NULL, &nd), "supports delta_net (three rows of rows refused)", KIRI_TYPE_I32, n, 1, 0);
+    nd.src[3] = &ids;
     struct kiri_tensor big_x = f32_rows(3 * 513, n, 0), big_g = f32_rows(2, n, 0), big_y = f32_rows(513, n, 0);
     struct kiri_tensor big_s = f32_rows(513 * 513, slots, 0);
     nd.dst = &big_y;

@@ -24,7 +24,8 @@ N_CTX = tf.N_CTX
 STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog. "
 OPENINGS = ["Lily saw a bird. ", "The sun was hot. ", "Her dog barked. ", "A cat sat down. ", "The rain fell. ",
             "Tom had a kite. ", "The boat was red. ", "Sam ate a pie. ", "A frog jumped. "]
-SERVE = ["--ctx", str(N_CTX), "--chunk", "16", "--kv-type", "f32"]
+# No speculation: its spare state slots (test_speculative.py) would take from the budgets here.
+SERVE = ["--ctx", str(N_CTX), "--chunk", "16", "--kv-type", "f32", "--spec-max-seqs", "0"]
 BLOCK = 16
 SNAPSHOTS_PER_SEQ = 2
 
@@ -189,6 +190,19 @@ def refused_budget(kiri_bin, path, budget, named):
     assert r.returncode != 0 and named in r.stderr, r.stderr
 
 
+def close_after_events(srv, body, n):
+    """Sends a streamed completion request (body: JSON bytes) and closes the connection once n
+    events have arrived."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    s.sendall(post_raw(COMPL, body))
+    got = b""
+    while got.count(b"data: ") < n:
+        part = s.recv(4096)
+        assert part, got.decode(errors="replace")
+        got += part
+    s.close()
+
+
 def after_cancel(start_server, path, tag):
     """One slot: a streamed request closed after three tokens is cancelled (its blocks and its
     state slot come back), and the next request in that slot gives llama.cpp's continuation. The
@@ -200,14 +214,7 @@ def after_cancel(start_server, path, tag):
     cancelled = False
     for _ in range(3):
         m0 = srv.metrics()
-        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-        s.sendall(post_raw(COMPL, body))
-        got = b""
-        while got.count(b"data: ") < 3:
-            part = s.recv(4096)
-            assert part, got.decode(errors="replace")
-            got += part
-        s.close()
+        close_after_events(srv, body, 3)
         # The HTTP thread counts the disconnect after the request's end: wait for both (a
         # request that ran to its end before the close counts none).
         deadline, idle_since = time.monotonic() + 10, None

@@ -434,18 +434,21 @@ static void test_teardown(void)
  * layer its own size, as qwen35's and lfm2's differ), 1 and 3 attention; two state slots. A slot
  * comes with the first reservation and goes back with the blocks; a third sequence waits for one
  * (nothing taken); no prefix is shared or published. */
-/* The hybrid layout of test_state, blocks of 4, 6 of them, with n_snapshots snapshots. */
-static struct kiri_kvcache *hybrid_cache(int32_t n_snapshots)
+/* The hybrid layout of test_state, blocks of 4, 6 of them, with n_snapshots snapshots and
+ * n_slots state slots. */
+static struct kiri_kvcache *hybrid_cache_slots(int32_t n_snapshots, int32_t n_slots)
 {
     const int64_t dims[4] = {0, 64, 0, 64};
     const int64_t rec[4] = {24, 0, 40, 0};
-    const struct kiri_kvcache_state st = {rec, 2, n_snapshots};
+    const struct kiri_kvcache_state st = {rec, n_slots, n_snapshots};
     const struct kiri_kvcache_layout lay = {dims, NULL, &st};
     struct kiri_kvcache *c = NULL;
     CHECK_EQ_INT(kiri_kvcache_init_layers(&kiri_cpu_backend_iface, be, 0, NULL, NULL, 4, 0, KIRI_TYPE_F16, 4, 6,
                                           NULL, &lay, &c), n_snapshots > (1 << 20) ? KIRI_E_INVALID_ARG : 0);
     return c;
 }
+
+static struct kiri_kvcache *hybrid_cache(int32_t n_snapshots) { return hybrid_cache_slots(n_snapshots, 2); }
 
 static void test_state(void)
 {
@@ -489,8 +492,9 @@ static void test_state(void)
     CHECK_EQ_INT(kiri_kvcache_n_cached(c), 0);
     uint64_t h = 0;
     CHECK_EQ_INT(kiri_kvcache_seq_share_prefix(c, &d, toks, 2, &h), 0);
-    /* A state's updates cannot be undone: no rollback. */
-    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 0), KIRI_E_INVALID_ARG);
+    /* A state's updates cannot be undone: no rollback to a position whose state was not kept. */
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 3), KIRI_E_INVALID_ARG);
+    CHECK_EQ_INT(a.n_tokens, 8);
     /* Clearing gives the slot back with the blocks. */
     kiri_kvcache_seq_clear(c, &a);
     CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), -1);
@@ -631,5 +635,107 @@ static void test_state_snapshots(void)
     CHECK(hybrid_cache((1 << 20) + 1) == NULL);
 }
 
+/* Fills the rows a step wrote as the recurrent ops would: the state after the step's token i
+ * (position at + i) is base + position. */
+static void run_state_step(struct kiri_kvcache *c, const int32_t *write, int32_t n, int32_t at, float base)
+{
+    for (int32_t i = 0; i < n; i++)
+        for (int l = 0; l < 4; l += 2) {
+            const struct kiri_tensor *t = kiri_kvcache_state(c, l);
+            float *row = (float *)t->data + (size_t)write[i] * (size_t)t->ne[0];
+            for (int64_t j = 0; j < t->ne[0]; j++)
+                row[j] = base + (float)(at + i) + 100.0f * (float)l + (float)j;
+        }
+}
+
+/* The state history that rolls back drafted tokens (six slots, blocks of 4): a step's drafts each
+ * write a fresh slot, reading the one before (the first token updates the sequence's own in
+ * place), and truncating to any position of the step makes the state after it current (across a
+ * block boundary), giving the later ones and their blocks back; a position whose state was not
+ * kept is refused, changing nothing; fewer free slots give fewer fresh ones; the history is
+ * bounded (oldest dropped) and given back with the sequence. */
+static void test_state_history(void)
+{
+    struct kiri_kvcache *c = hybrid_cache_slots(0, 6);
+    if (!c)
+        return;
+    struct kiri_kv_seq a = {0}, b = {0};
+    int32_t w[KIRI_KVCACHE_STATE_HISTORY + 2], r[KIRI_KVCACHE_STATE_HISTORY + 2];
+    /* A prompt of 3: in place, nothing kept. */
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 3), 0);
+    const int32_t own = kiri_kvcache_seq_state_row(&a);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_step(c, &a, 3, 0, w, r), 0);
+    for (int i = 0; i < 3; i++)
+        CHECK(w[i] == own && r[i] == own);
+    run_state_step(c, w, 3, 0, 1000);
+    a.n_tokens = 3;
+    CHECK_EQ_INT(a.n_hist, 0);
+    /* The pending token and 3 drafts, positions 3..6 (over the end of block 0). */
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 7), 0);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_step(c, &a, 4, 3, w, r), 3);
+    CHECK(w[0] == own && r[0] == own);
+    for (int i = 1; i < 4; i++) {
+        CHECK_EQ_INT(r[i], w[i - 1]);
+        CHECK(w[i] != own && w[i] >= 0 && w[i] < 6);
+    }
+    CHECK(w[1] != w[2] && w[2] != w[3] && w[1] != w[3]);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 2);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), w[3]);
+    run_state_step(c, w, 4, 3, 2000);
+    a.n_tokens = 7;
+    /* Position 1's state was never kept: refused, nothing changes. */
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 2), KIRI_E_INVALID_ARG);
+    CHECK(a.n_tokens == 7 && a.n_blocks == 2 && kiri_kvcache_seq_state_row(&a) == w[3]);
+    /* One draft kept: 5 positions, the state after position 4 (back in block 1). */
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 5), 0);
+    CHECK(a.n_tokens == 5 && a.n_blocks == 2);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), w[1]);
+    CHECK(state_is(c, &a, 2000 + 4));
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 4); /* w[2], w[3] back; own kept for position 3 */
+    CHECK_EQ_INT(a.n_hist, 1);
+    kiri_kvcache_seq_state_forget(c, &a);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 5);
+    /* No draft kept: the state after the pending token, which was updated in place. */
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 8), 0);
+    const int32_t cur = kiri_kvcache_seq_state_row(&a);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_step(c, &a, 3, 2, w, r), 2);
+    CHECK(w[0] == cur && r[0] == cur && r[1] == cur && r[2] == w[1]);
+    run_state_step(c, w, 3, 5, 3000);
+    a.n_tokens = 8;
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 6), 0);
+    CHECK(a.n_tokens == 6 && a.n_blocks == 2 && kiri_kvcache_seq_state_row(&a) == cur);
+    CHECK(state_is(c, &a, 3000 + 5));
+    kiri_kvcache_seq_state_forget(c, &a);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 5);
+    /* All kept: the current state stays; the same length is no change. */
+    CHECK_EQ_INT(kiri_kvcache_seq_truncate(c, &a, 6), 0);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_row(&a), cur);
+    /* Fewer free slots than drafts: fewer fresh ones, the first tokens in place. */
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &b, 1), 0);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 4);
+    CHECK_EQ_INT(kiri_kvcache_seq_state_step(c, &a, 6, 6, w, r), 4);
+    CHECK(w[0] == cur && w[1] == cur && r[1] == cur && r[2] == cur && w[2] != cur);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 0);
+    a.n_tokens = 12;
+    /* Clearing gives the history back with the slot. */
+    kiri_kvcache_seq_clear(c, &a);
+    CHECK_EQ_INT(a.n_hist, 0);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 5);
+    /* One fresh slot a step (a draft model's loop): the history is bounded, oldest dropped. */
+    CHECK_EQ_INT(kiri_kvcache_seq_reserve(c, &a, 1), 0);
+    for (int32_t p = 0; p < 2 * KIRI_KVCACHE_STATE_HISTORY; p++) {
+        CHECK_EQ_INT(kiri_kvcache_seq_state_step(c, &a, 1, 1, w, r), 1);
+        a.n_tokens = p + 1;
+        CHECK(a.n_hist <= 4); /* 6 slots: b's, a's current, 4 kept */
+        CHECK_EQ_INT(kiri_kvcache_n_state_free(c) + a.n_hist + 2, 6);
+    }
+    CHECK_EQ_INT(a.hist_pos[a.n_hist - 1], 2 * KIRI_KVCACHE_STATE_HISTORY - 2);
+    kiri_kvcache_seq_free(c, &a);
+    kiri_kvcache_seq_free(c, &b);
+    CHECK_EQ_INT(kiri_kvcache_n_state_free(c), 6);
+    kiri_kvcache_free(c);
+}
+
 TEST_MAIN(test_setup, test_blocks_and_slots, test_bad_shapes, test_window_pool, test_window_pool_full, test_truncate,
-          test_window_prefix, test_window_none, test_layout, test_state, test_state_snapshots, test_allocation_failures, test_teardown)
+          test_window_prefix, test_window_none, test_layout, test_state, test_state_snapshots,
+          test_state_history, test_allocation_failures, test_teardown)

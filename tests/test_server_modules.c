@@ -395,6 +395,7 @@ static const struct {
     {"kiri_kv_block_size_tokens", "gauge"},
     {"kiri_kv_cache_usage_ratio", "gauge"},
     {"kiri_state_slots_capacity", "gauge"},
+    {"kiri_spec_state_slots", "gauge"},
     {"kiri_state_slots_used", "gauge"},
     {"kiri_state_bytes", "gauge"},
     {"kiri_state_snapshots_capacity", "gauge"},

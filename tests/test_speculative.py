@@ -7,10 +7,15 @@ model (--draft-model: stories260K's own Q4_0 copy, made by `kiri quantize`) draf
 and plain requests with the same texts; without one, "draft" is a 400.
 
 And on the tiny random files of every architecture (make_tiny_models.py, tiny_gemma4.py,
-tiny_lfm2.py; sliding windows, shared KV, quantized weights among them): `kiri run --spec ngram`
-and `kiri run --draft-model` with the file drafting for itself print exactly what `kiri run`
-prints; lfm2, whose recurrent state cannot roll back, says once that it does not speculate and
-drafts nothing. These run on the portable C kernels, whose products give a position the same bits
+tiny_lfm2.py, tiny_qwen35.py; sliding windows, shared KV, quantized weights, recurrent layers
+among them): `kiri run --spec ngram` and `kiri run --draft-model` with the file drafting for itself
+print exactly what `kiri run` prints. The hybrid models (lfm2's short convolutions, qwen35's Gated
+DeltaNet) roll their recurrent state back to the kept length: with a draft model that is often
+wrong (the F32 file drafting for its Q8_0 twin and back, another variant) over 120 tokens, many
+blocks, the text is still `kiri run`'s; served, speculative (lookup, draft model) and plain
+requests batched together each give `kiri run --raw`'s text, /metrics shows the spare state slots
+and none held once idle, and a speculative stream closed early gives its state slots back.
+These run on the portable C kernels, whose products give a position the same bits
 whether its step holds one token or several. The SIMD tiers' products of several tokens of K-quant
 weights round differently from their one-token products (on qwen2-Q4_K with AVX2, up to 0.17 on
 logits spanning 20, as far as each is from the C kernels), so a near tie there can go either way
@@ -32,6 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_tiny_models as mtm  # noqa: E402
 import tiny_gemma4 as tg  # noqa: E402
 import tiny_lfm2 as tl  # noqa: E402
+import tiny_qwen35 as tq  # noqa: E402
+import hybrid_checks as hc  # noqa: E402
 
 TINY_DIR = os.environ.get("KIRI_TINY_MODELS", os.path.join(mtm.REPO, "build", "tiny-models"))
 
@@ -226,7 +233,7 @@ FAMILY_FILES = ["gemma3-swa-F32", "gemma3-swa-Q4_K", "gemma3-default-F32", "phi3
                 "smollm3-F32", "granite-Q4_K", "llama-bias-F32", "qwen2-bias-F32", "qwen3-scale-F32"]
 BASE_FILES = ["llama-spm-Q4_0", "llama3-bpe-Q8_0", "qwen2-Q4_K", "qwen3-F32"]
 GEMMA4 = ["gemma4-e", "gemma4-plain"]
-LFM2 = ["lfm2-a", "lfm2-q8"]
+HYBRID = ["lfm2-a", "lfm2-q8", "qwen35-a", "qwen35-b", "qwen35-q8"]
 TINY_PROMPT = "the cat sat on the mat and the cat sat on the mat and the cat sat"
 
 
@@ -238,11 +245,12 @@ def tiny_files():
     files.update({m.name: m.path for m in mtm.ensure(TINY_DIR, log=lambda s: None)[0]})
     files.update(tg.ensure(TINY_DIR))
     files.update(tl.ensure(TINY_DIR))
+    files.update(tq.ensure(TINY_DIR))
     return files
 
 
-def run_tiny(kiri_bin, path, spec, draft=None):
-    r = subprocess.run([str(kiri_bin), "run", "-m", path, "--raw", "-p", TINY_PROMPT, "-n", "40", "--temp", "0",
+def run_tiny(kiri_bin, path, spec, draft=None, n=40):
+    r = subprocess.run([str(kiri_bin), "run", "-m", path, "--raw", "-p", TINY_PROMPT, "-n", str(n), "--temp", "0",
                         "-t", "1", "--cpu-kernels", "c", "--spec", spec] + (["--draft-model", draft] if draft else []),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -251,7 +259,7 @@ def run_tiny(kiri_bin, path, spec, draft=None):
 
 def test_every_architecture_greedy_same(kiri_bin, tiny_files):
     drafted = kept = 0
-    for name in FAMILY_FILES + BASE_FILES + GEMMA4 + LFM2:
+    for name in FAMILY_FILES + BASE_FILES + GEMMA4 + HYBRID:
         path = tiny_files[name]
         plain, _ = run_tiny(kiri_bin, path, "none")
         text, log = run_tiny(kiri_bin, path, "ngram")
@@ -261,16 +269,12 @@ def test_every_architecture_greedy_same(kiri_bin, tiny_files):
         assert text == plain, name
         m = re.search(r"speculative \(draft\): (\d+) tokens drafted, (\d+) kept", dlog)
         assert m, dlog
-        if name not in LFM2:
-            assert m.group(1) != "0" and m.group(1) == m.group(2), (name, dlog)
+        assert m.group(1) != "0" and m.group(1) == m.group(2), (name, dlog)
         m = re.search(r"speculative \(ngram\): (\d+) tokens drafted, (\d+) kept", log)
         assert m, log
-        if name in LFM2:
-            assert log.count("speculative decoding is off") == 1, log
-            assert m.group(1) == "0", log
-        else:
-            drafted += int(m.group(1))
-            kept += int(m.group(2))
+        assert "speculative decoding is off" not in log + dlog, name
+        drafted += int(m.group(1))
+        kept += int(m.group(2))
     # Random weights repeat themselves often enough for lookup to draft, and to miss.
     assert kept > 0 and drafted > kept, (drafted, kept)
 
@@ -286,3 +290,100 @@ def test_responses_api(start_server):
     r = srv.post("/v1/responses", body)
     assert r.status == 400, r
     assert r.json["error"]["param"] == "speculative"
+
+
+# ---- Hybrid models: the recurrent state rolled back ------------------------------------------------
+
+# (model, draft model): a quantized twin that often agrees, and a variant that seldom does.
+TWINS = [{"lfm2-a", "lfm2-q8"}, {"qwen35-a", "qwen35-q8"}]
+HYBRID_PAIRS = [("lfm2-a", "lfm2-q8"), ("lfm2-q8", "lfm2-a"), ("lfm2-a", "lfm2-b"), ("qwen35-a", "qwen35-q8"),
+                ("qwen35-q8", "qwen35-a"), ("qwen35-b", "qwen35-a")]
+
+
+def drafted_kept(log, kind):
+    m = re.search(r"speculative \(%s\): (\d+) tokens drafted, (\d+) kept" % kind, log)
+    assert m, log
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_hybrid_rollback_greedy_same(kiri_bin, tiny_files):
+    """A draft model that is often wrong: every rejection rolls the recurrent state back (across
+    block ends: 120 tokens are 8 blocks of 16), and the text is still the plain one."""
+    for name, draft in HYBRID_PAIRS:
+        plain, _ = run_tiny(kiri_bin, tiny_files[name], "none", n=120)
+        text, log = run_tiny(kiri_bin, tiny_files[name], "draft", tiny_files[draft], n=120)
+        assert text == plain, (name, draft)
+        drafted, kept = drafted_kept(log, "draft")
+        assert drafted > kept, (name, draft, log)
+        if {name, draft} in TWINS:
+            assert kept > 0, (name, draft, log)
+
+
+HYBRID_PROMPTS = [TINY_PROMPT, "once upon a time there was a cat", "the dog and the cat and the dog and the",
+                  "a b c d e f g a b c d e f g a b c"]
+HYBRID_SERVE = ["--ctx", "256", "--chunk", "16", "--kv-type", "f32", "--cpu-kernels", "c", "-t", "1"]
+
+
+def hybrid_cli_text(kiri_bin, path, prompt, n):
+    r = subprocess.run([str(kiri_bin), "run", "-m", path, "--raw", "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1",
+                        "--cpu-kernels", "c", "--kv-type", "f32"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout
+
+
+@pytest.mark.parametrize("name,draft", [("qwen35-a", "qwen35-q8"), ("lfm2-a", "lfm2-q8")])
+def test_hybrid_served_mixed(start_server, kiri_bin, tiny_files, name, draft):
+    """Draft-model, lookup and plain requests on a hybrid model, four sequences a step: each text is
+    `kiri run --raw`'s; drafts were made and some rejected; /metrics shows the 16 spare state slots
+    (one per draft row) beside one per sequence, and none held once idle."""
+    path, n = tiny_files[name], 60
+    srv = start_server(["-m", path, "--parallel", "4", "--draft-model", tiny_files[draft]] + HYBRID_SERVE,
+                       model=False)
+    jobs = [(i, spec) for i in range(len(HYBRID_PROMPTS)) for spec in ("draft", "ngram", "none")]
+    results = [None] * len(jobs)
+    barrier = threading.Barrier(len(jobs))
+
+    def run(j):
+        barrier.wait()
+        i, spec = jobs[j]
+        results[j] = srv.post("/v1/completions", {"prompt": HYBRID_PROMPTS[i], "max_tokens": n, "temperature": 0,
+                                                  "speculative": spec})
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = [hybrid_cli_text(kiri_bin, path, p, n) for p in HYBRID_PROMPTS]
+    for (i, spec), r in zip(jobs, results):
+        assert r.status == 200, r
+        assert r.json["choices"][0]["text"] == want[i], (i, spec)
+    m = idle_metrics(srv)
+    drafted, kept = 'kiri_spec_draft_tokens_total{drafter="draft"}', 'kiri_spec_accepted_tokens_total{drafter="draft"}'
+    assert m[drafted] > m[kept] > 0, m
+    assert m["kiri_spec_state_slots"] == 16, m
+    assert m["kiri_state_slots_capacity"] == 4 + 16, m
+    assert m["kiri_state_bytes"] % 20 == 0, m
+    assert m["kiri_state_slots_used"] == 0 and m["kiri_kv_blocks_used"] == 0, m
+
+
+def test_hybrid_cancel_frees_state(start_server, kiri_bin, tiny_files):
+    """A speculative stream on a hybrid model closed after three tokens: once the loop is idle no
+    state slot is held (its own, its drafts' spare ones), and no block."""
+    srv = start_server(["-m", tiny_files["qwen35-a"], "--parallel", "1", "--draft-model", tiny_files["qwen35-q8"]] +
+                       HYBRID_SERVE, model=False)
+    body = json.dumps({"prompt": TINY_PROMPT, "max_tokens": 200, "temperature": 0, "stream": True,
+                       "speculative": "draft"}).encode()
+    hc.close_after_events(srv, body, 3)
+    deadline = time.monotonic() + 10
+    while True:
+        m = srv.metrics()
+        if m["kiri_requests_running"] == 0 and m["kiri_state_slots_used"] == 0 and m["kiri_kv_blocks_used"] == 0:
+            break
+        assert time.monotonic() < deadline, m
+        time.sleep(0.01)
+    assert m['kiri_spec_draft_tokens_total{drafter="draft"}'] > 0, m
+    # The next request in that slot is still the plain text.
+    r = srv.post("/v1/completions", {"prompt": TINY_PROMPT, "max_tokens": 30, "temperature": 0, "speculative": "draft"})
+    assert r.status == 200, r
+    assert r.json["choices"][0]["text"] == hybrid_cli_text(kiri_bin, tiny_files["qwen35-a"], TINY_PROMPT, 30)

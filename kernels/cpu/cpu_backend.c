@@ -242,28 +242,33 @@ static void run_store_kv(struct kiri_backend *be, const struct kiri_node *nd, in
 
 /* Causal depthwise convolution with per-sequence state (KIRI_OP_SHORT_CONV). Channels are
  * independent, so each worker takes a range of them and walks the step's tokens in order, each
- * token's window being its sequence's state (its K - 1 previous inputs, oldest first) and its own
- * input; the state then shifts by one input. The taps sum in order, oldest input first, in
+ * token's window being its sequence's state (its K - 1 previous inputs, oldest first, copied first
+ * to the row the token writes when it reads another) and its own input; the state then shifts by
+ * one input. The taps sum in order, oldest input first, in
  * float, as llama.cpp's ssm_conv does. In place is safe: a token's input is read before its
  * output is written, and earlier inputs come from the state. */
 static void run_short_conv(const struct kiri_node *nd, int ith, int nth)
 {
     const struct kiri_tensor *u = nd->src[0], *w = nd->src[1], *st = nd->src[2];
     const int32_t *rows = nd->src[3]->data, *pos = nd->src[4]->data;
+    const int32_t *from = (const int32_t *)((const char *)rows + kiri_state_rows_read_offset(nd->src[3]));
     const int64_t E = u->ne[0], n = u->ne[1], K = w->ne[0], slots = st->ne[1];
     const int silu = nd->p.conv_silu;
     int64_t c0, c1;
     split_rows_aligned(E, 16, ith, nth, &c0, &c1);
     for (int64_t t = 0; t < n; t++) {
-        const int32_t r = rows[t];
-        if (r < 0 || r >= slots)
-            continue; /* rows are validated by the runtime; never write outside the state */
+        const int32_t r = rows[t], f = from[t];
+        if (r < 0 || r >= slots || f < 0 || f >= slots)
+            continue; /* rows are validated by the runtime; never touch outside the state */
         float *state = (float *)((char *)st->data + (size_t)r * st->nb[1]);
+        const float *prev = (const float *)((const char *)st->data + (size_t)f * st->nb[1]);
         const float *x = (const float *)row_ptr(u, t);
         float *y = (float *)row_ptr(nd->dst, t);
-        if (pos[t] == 0)
-            for (int64_t k = 0; k + 1 < K; k++)
+        for (int64_t k = 0; k + 1 < K; k++)
+            if (pos[t] == 0)
                 memset(state + k * E + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+            else if (f != r)
+                memcpy(state + k * E + c0, prev + k * E + c0, (size_t)(c1 - c0) * sizeof(float));
         for (int64_t c = c0; c < c1; c++) {
             const float *wc = (const float *)((const char *)w->data + (size_t)c * w->nb[1]);
             const float xc = x[c];
@@ -333,29 +338,33 @@ static float dot_f32(const float *a, const float *b, int64_t n)
 
 /* The gated delta rule (KIRI_OP_DELTA_NET). Heads are independent, so each worker takes a range
  * of value heads and walks the step's tokens in order, each token updating its sequence's state
- * of those heads (row src[3][t]) in place: the state decays, takes the new value where its
+ * of those heads (row src[3][t], after a copy from the row it reads when that differs) in place: the state decays, takes the new value where its
  * prediction for the key missed (by beta), and is read by the query. */
 static void run_delta_net(const struct kiri_node *nd, int ith, int nth)
 {
     const struct kiri_tensor *x = nd->src[0], *gates = nd->src[1], *st = nd->src[2];
     const int32_t *rows = nd->src[3]->data, *pos = nd->src[4]->data;
+    const int32_t *from = (const int32_t *)((const char *)rows + kiri_state_rows_read_offset(nd->src[3]));
     const int64_t Hk = nd->p.delta.n_head_k, Hv = nd->p.delta.n_head_v, S = nd->p.delta.head_dim;
     const int64_t n = x->ne[1], slots = st->ne[1];
     float d[DELTA_MAX_HEAD];
     int64_t h0, h1;
     split_rows(Hv, ith, nth, &h0, &h1);
     for (int64_t t = 0; t < n; t++) {
-        const int32_t r = rows[t];
-        if (r < 0 || r >= slots)
-            continue; /* rows are validated by the runtime; never write outside the state */
+        const int32_t r = rows[t], f = from[t];
+        if (r < 0 || r >= slots || f < 0 || f >= slots)
+            continue; /* rows are validated by the runtime; never touch outside the state */
         const float *xt = (const float *)row_ptr(x, t), *gt = (const float *)row_ptr(gates, t);
         float *y = (float *)row_ptr(nd->dst, t);
         for (int64_t h = h0; h < h1; h++) {
             float *M = (float *)((char *)st->data + (size_t)r * st->nb[1]) + h * S * S;
+            const float *prev = (const float *)((const char *)st->data + (size_t)f * st->nb[1]) + h * S * S;
             const float *q = xt + (h % Hk) * S, *k = xt + Hk * S + (h % Hk) * S, *v = xt + 2 * Hk * S + h * S;
             const float beta = gt[h], decay = expf(gt[Hv + h]);
             if (pos[t] == 0)
                 memset(M, 0, (size_t)(S * S) * sizeof(float));
+            else if (f != r)
+                memcpy(M, prev, (size_t)(S * S) * sizeof(float));
             for (int64_t i = 0; i < S * S; i++)
                 M[i] *= decay;
             for (int64_t j = 0; j < S; j++)

@@ -95,6 +95,13 @@ static char *dev_ptr(const struct kiri_tensor *t)
     return NULL;
 }
 
+/* The device address of the state rows a recurrent op's tokens read (runtime/backend.h). */
+static const int32_t *state_rows_read(const struct kiri_tensor *rows)
+{
+    char *p = dev_ptr(rows);
+    return p ? (const int32_t *)(p + kiri_state_rows_read_offset(rows)) : NULL;
+}
+
 static int weight_type_ok(int type) { return kiri_cuda_act_format(type) >= 0; }
 
 static int set_device(struct kiri_backend *be)
@@ -637,8 +644,9 @@ static int run_node(struct kiri_backend *be, const struct kiri_node *nd)
         const struct kiri_tensor *w = s1, *st = nd->src[2];
         const struct kiri_cuda_short_conv a = {
             (const float *)dev_ptr(s0), (const float *)dev_ptr(w), s0->nb[1], w->nb[1], (float *)dev_ptr(st),
-            st->nb[1], (const int32_t *)dev_ptr(nd->src[3]), (const int32_t *)dev_ptr(nd->src[4]), (float *)dev_ptr(d),
-            d->nb[1], s0->ne[0], s0->ne[1], st->ne[1], (int)w->ne[0], nd->p.conv_silu != 0,
+            st->nb[1], (const int32_t *)dev_ptr(nd->src[3]), state_rows_read(nd->src[3]),
+            (const int32_t *)dev_ptr(nd->src[4]), (float *)dev_ptr(d), d->nb[1], s0->ne[0], s0->ne[1], st->ne[1],
+            (int)w->ne[0], nd->p.conv_silu != 0,
         };
         return kiri_cuda_short_conv(&a, be->stream);
     }
@@ -651,8 +659,9 @@ static int run_node(struct kiri_backend *be, const struct kiri_node *nd)
         const struct kiri_tensor *st = nd->src[2];
         const struct kiri_cuda_delta_net a = {
             (const float *)dev_ptr(s0), (const float *)dev_ptr(s1), s0->nb[1], s1->nb[1], (float *)dev_ptr(st),
-            st->nb[1], (const int32_t *)dev_ptr(nd->src[3]), (const int32_t *)dev_ptr(nd->src[4]), (float *)dev_ptr(d),
-            d->nb[1], p->n_head_k, p->n_head_v, p->head_dim, s0->ne[1], st->ne[1], p->scale,
+            st->nb[1], (const int32_t *)dev_ptr(nd->src[3]), state_rows_read(nd->src[3]),
+            (const int32_t *)dev_ptr(nd->src[4]), (float *)dev_ptr(d), d->nb[1], p->n_head_k, p->n_head_v,
+            p->head_dim, s0->ne[1], st->ne[1], p->scale,
         };
         return kiri_cuda_delta_net(&a, be->stream);
     }

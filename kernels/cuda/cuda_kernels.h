@@ -96,14 +96,15 @@ struct kiri_cuda_attention {
 int kiri_cuda_attention(const struct kiri_cuda_attention *a, void *stream);
 
 /* SHORT_CONV (runtime/backend.h): u (e, n_tok) rows u_nb1 apart; kernel w (k taps per channel,
- * rows w_nb1 apart); state rows ((k - 1) * e floats) s_nb1 apart, n_slots of them; rows and pos
- * (n_tok) I32; dst rows d_nb1 apart (dst may be u). */
+ * rows w_nb1 apart); state rows ((k - 1) * e floats) s_nb1 apart, n_slots of them; rows (written),
+ * from (read: rows itself, or a speculative step's) and pos (n_tok) I32; dst rows d_nb1 apart
+ * (dst may be u). */
 struct kiri_cuda_short_conv {
     const float *u, *w;
     size_t u_nb1, w_nb1;
     float *state;
     size_t s_nb1;
-    const int32_t *rows, *pos;
+    const int32_t *rows, *from, *pos;
     float *dst;
     size_t d_nb1;
     int64_t e, n_tok, n_slots;
@@ -117,13 +118,14 @@ int kiri_cuda_delta_gates(const float *b, size_t b_nb1, const float *a, size_t a
                           const float *decay, float *dst, size_t d_nb1, int64_t h, int64_t n_tok, void *stream);
 
 /* DELTA_NET: x (q, k, v per token) rows x_nb1 apart; gates (beta, g) rows g_nb1 apart; state rows
- * (n_head_v * head_dim^2 floats) s_nb1 apart, n_slots of them; rows and pos (n_tok) I32. */
+ * (n_head_v * head_dim^2 floats) s_nb1 apart, n_slots of them; rows, from and pos (n_tok) I32 as
+ * for SHORT_CONV. */
 struct kiri_cuda_delta_net {
     const float *x, *gates;
     size_t x_nb1, g_nb1;
     float *state;
     size_t s_nb1;
-    const int32_t *rows, *pos;
+    const int32_t *rows, *from, *pos;
     float *dst;
     size_t d_nb1;
     int n_head_k, n_head_v, head_dim;

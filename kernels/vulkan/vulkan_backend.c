@@ -771,11 +771,13 @@ struct pc_attention {
 struct pc_unary { uint32_t x_off, x_nb1, x_nb2, d_off, d_nb1, d_nb2, n, ne1, rows, op; float c; };
 struct pc_short_conv {
     uint32_t u_off, u_nb1, d_off, d_nb1, w_off, w_nb1, s_off, s_nb1, r_off, p_off, e, n_tok, k, n_slots, silu;
+    uint32_t f_off;
 };
 struct pc_delta_gates { uint32_t b_off, b_nb1, a_off, a_nb1, dt_off, decay_off, d_off, d_nb1, h, n_tok; };
 struct pc_delta_net {
     uint32_t x_off, x_nb1, g_off, g_nb1, s_off, s_nb1, r_off, p_off, d_off, d_nb1, hk, hv, s, n_tok, n_slots;
     float scale;
+    uint32_t f_off;
 };
 
 /* The chunk of a source with rows: a weight's i-th chunk, or the whole tensor (one chunk). */
@@ -1016,7 +1018,7 @@ static int rec_short_conv(struct kiri_backend *be, const struct kiri_node *nd)
     const struct pc_short_conv pc = {b[2].rem, u32(u->nb[1]), b[0].rem, u32(y->nb[1]), b[3].rem, u32(w->nb[1]),
                                      b[1].rem, u32(st->nb[1]), b[4].rem, b[5].rem, (uint32_t)u->ne[0],
                                      (uint32_t)u->ne[1], (uint32_t)w->ne[0], (uint32_t)st->ne[1],
-                                     nd->p.conv_silu != 0};
+                                     nd->p.conv_silu != 0, b[4].rem + u32(kiri_state_rows_read_offset(nd->src[3]))};
     return dispatch_rw(be, P_SHORT_CONV, b, 6, 2, &pc, sizeof pc, div_up((uint64_t)u->ne[0], 64));
 }
 
@@ -1044,7 +1046,8 @@ static int rec_delta_net(struct kiri_backend *be, const struct kiri_node *nd)
     const struct pc_delta_net pc = {b[2].rem, u32(x->nb[1]), b[3].rem, u32(g->nb[1]), b[1].rem, u32(st->nb[1]),
                                     b[4].rem, b[5].rem, b[0].rem, u32(y->nb[1]), (uint32_t)dp->n_head_k,
                                     (uint32_t)dp->n_head_v, (uint32_t)dp->head_dim, (uint32_t)x->ne[1],
-                                    (uint32_t)st->ne[1], dp->scale};
+                                    (uint32_t)st->ne[1], dp->scale,
+                                    b[4].rem + u32(kiri_state_rows_read_offset(nd->src[3]))};
     return dispatch_rw(be, P_DELTA_NET, b, 6, 2, &pc, sizeof pc,
                        div_up((uint64_t)dp->n_head_v * (uint64_t)dp->head_dim, 64));
 }

@@ -4,8 +4,8 @@
  * state M (value dimension j, S floats over the key dimensions) evolves on its own: per token
  * M_j *= exp(g), d_j = beta (v_j - M_j . k), M_j += d_j k, out_j = scale M_j . q. So one
  * invocation takes one (value head, row) pair and walks the step's tokens in batch order (the
- * recurrence), reading and writing its row of the token's state row in place; a token at
- * position 0 starts from zeros. The dot products add in 8 running sums combined as the CPU
+ * recurrence), reading and writing its row of the token's state row in place (copied first from
+ * the row the token reads when that differs); a token at position 0 starts from zeros. The dot products add in 8 running sums combined as the CPU
  * reference's dot_f32 does, so the results differ from it only by exp. Rows outside the state are
  * skipped, as on the CPU. */
 layout(local_size_x = 64) in;
@@ -25,6 +25,7 @@ layout(push_constant) uniform Params {
     uint d_off, d_nb1;
     uint hk, hv, s, n_tok, n_slots;
     float scale;
+    uint f_off;             /* the rows each token reads its state from (r_off: the rows written) */
 } p;
 
 #include "common.glsl"
@@ -44,10 +45,11 @@ void main()
     const uint h = g / p.s, j = g % p.s, S = p.s;
     const uint full = S - S % 8u;
     for (uint t = 0u; t < p.n_tok; t++) {
-        const int r = rows[(p.r_off >> 2) + t];
-        if (r < 0 || uint(r) >= p.n_slots)
+        const int r = rows[(p.r_off >> 2) + t], f = rows[(p.f_off >> 2) + t];
+        if (r < 0 || uint(r) >= p.n_slots || f < 0 || uint(f) >= p.n_slots)
             continue;
         const uint m = ((p.s_off + uint(r) * p.s_nb1) >> 2) + (h * S + j) * S;
+        const uint mf = ((p.s_off + uint(f) * p.s_nb1) >> 2) + (h * S + j) * S;
         const uint xt = (p.x_off + t * p.x_nb1) >> 2, gt = (p.g_off + t * p.g_nb1) >> 2;
         const uint q = xt + (h % p.hk) * S, k = xt + p.hk * S + (h % p.hk) * S;
         const float v = x[xt + 2u * p.hk * S + h * S + j];
@@ -55,6 +57,9 @@ void main()
         if (pos[(p.p_off >> 2) + t] == 0)
             for (uint i = 0u; i < S; i++)
                 state[m + i] = 0.0;
+        else if (f != r)
+            for (uint i = 0u; i < S; i++)
+                state[m + i] = state[mf + i];
         /* Decay, then the row's prediction for k. */
         float acc[8] = float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
         for (uint i = 0u; i < full; i += 8u)

@@ -4,7 +4,8 @@
  * (KIRI_OP_SHORT_CONV). Channels are independent, so one invocation takes one channel and walks
  * the step's tokens in batch order (the recurrence): each token's window is its sequence's state
  * row (the K - 1 previous inputs, oldest first, E floats each) and its own input, and the row
- * then shifts by one input. A token at position 0 starts from zeros. The taps sum in order,
+ * then shifts by one input. A token at position 0 starts from zeros; one that reads another row
+ * (a speculative step's) copies it to its own first. The taps sum in order,
  * oldest input first, as the CPU reference does. In place allowed: a token's input is read before
  * its output is written, and only this invocation touches its channel. Rows outside the state
  * are skipped, as on the CPU. */
@@ -24,6 +25,7 @@ layout(push_constant) uniform Params {
     uint s_off, s_nb1;      /* the state: one row per slot */
     uint r_off, p_off;
     uint e, n_tok, k, n_slots, silu;
+    uint f_off;             /* the rows each token reads its state from (r_off: the rows written) */
 } p;
 
 #include "common.glsl"
@@ -35,13 +37,17 @@ void main()
         return;
     const uint wc = ((p.w_off + c * p.w_nb1) >> 2);
     for (uint t = 0u; t < p.n_tok; t++) {
-        const int r = rows[(p.r_off >> 2) + t];
-        if (r < 0 || uint(r) >= p.n_slots)
+        const int r = rows[(p.r_off >> 2) + t], f = rows[(p.f_off >> 2) + t];
+        if (r < 0 || uint(r) >= p.n_slots || f < 0 || uint(f) >= p.n_slots)
             continue;
         const uint s = ((p.s_off + uint(r) * p.s_nb1) >> 2) + c;
+        const uint sf = ((p.s_off + uint(f) * p.s_nb1) >> 2) + c;
         if (pos[(p.p_off >> 2) + t] == 0)
             for (uint j = 0u; j + 1u < p.k; j++)
                 state[s + j * p.e] = 0.0;
+        else if (f != r)
+            for (uint j = 0u; j + 1u < p.k; j++)
+                state[s + j * p.e] = state[sf + j * p.e];
         const float xc = u[((p.u_off + t * p.u_nb1) >> 2) + c];
         precise float sum = 0.0;
         for (uint j = 0u; j + 1u < p.k; j++)
