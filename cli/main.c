@@ -323,6 +323,7 @@ static int make_context(struct kiri_model *m, const struct options *o, struct ki
     struct kiri_context_params cp;
     kiri_context_params_default(&cp);
     cp.draft_model = draft;
+    cp.speculative = spec_kind(o) > 0;
     cp.n_ctx = o->n_ctx;
     if (o->n_batch)
         cp.n_batch = o->n_batch;

@@ -142,6 +142,9 @@ struct kiri_context_params {
     int32_t n_batch;        /* prompt tokens per forward step; <= 0: 512 */
     int kv_type;            /* KV cache element type: 1 (F16, default), 0 (F32) or 8 (Q8_0) */
     struct kiri_model *draft_model; /* borrowed, or NULL: lets kiri_generate use KIRI_SPEC_DRAFT */
+    int speculative;        /* non-zero: kiri_generate may speculate on a model with recurrent
+                               layers (its spare state slots, kiri_batcher_params.spec_states, are
+                               made); other models speculate either way. Default 0 */
 };
 
 void kiri_context_params_default(struct kiri_context_params *p);
@@ -284,6 +287,11 @@ struct kiri_batcher_params {
                                  backend); 0: no speculation. Default 16, at most chunk */
     int32_t spec_max_seqs;    /* a step drafts only while it decodes at most this many sequences
                                  (default 4) */
+    int32_t spec_states;      /* models with recurrent layers (lfm2, qwen35): spare state slots,
+                                 each one sequence's state, that keep a drafted token's state until
+                                 it is verified; a step drafts at most this many tokens. Default 0:
+                                 such a model does not speculate and pays nothing for it; < 0: as
+                                 many as draft_rows. From kv_memory when it is set */
     struct kiri_model *draft_model; /* borrowed, or NULL: the model of KIRI_SPEC_DRAFT (the same
                                  vocabulary; its own KV cache of n_ctx tokens per sequence) */
 };

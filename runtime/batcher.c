@@ -211,12 +211,15 @@ int kiri_batcher_init_held(struct kiri_model *m, const struct kiri_batcher_param
     size_t spare = p.kv_memory > swa_bytes + context ? p.kv_memory - swa_bytes - context : 0;
     /* Speculation on a model with recurrent state keeps the state after each drafted token of a
      * step in a slot of its own, to roll back to (kiri_kvcache_seq_state_step): one spare slot
-     * per draft row; a held loop's sequences keep a history of their steps' states each (a
-     * draft model's). They come off the budget before the snapshots; fewer when it is short
-     * (none: no speculation). */
+     * per draft row, only when spec_states asks for them (a state can be tens of MiB, so a loop
+     * that never speculates does not pay for them); a held loop's sequences keep a history of
+     * their steps' states each (a draft model's). They come off the budget before the
+     * snapshots; fewer when it is short (none: no speculation). */
     int64_t n_spec_states = !snap_each ? 0
                             : held_history ? (int64_t)KIRI_KVCACHE_STATE_HISTORY * p.max_seqs
-                            : p.spec_max_seqs > 0 ? p.draft_rows : 0;
+                            : p.spec_max_seqs > 0 && p.spec_states ? p.draft_rows : 0;
+    if (n_spec_states > p.spec_states && p.spec_states > 0 && !held_history)
+        n_spec_states = p.spec_states;
     if (n_spec_states && p.kv_memory && per_token && (size_t)n_spec_states > spare / snap_each)
         n_spec_states = (int64_t)(spare / snap_each);
     const size_t spec_state_bytes = (size_t)n_spec_states * snap_each;

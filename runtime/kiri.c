@@ -368,6 +368,7 @@ int kiri_context_init(struct kiri_model *m, const struct kiri_context_params *pa
     bp.kv_type = params->kv_type;
     bp.prefix_cache = 0;
     bp.draft_model = params->draft_model;
+    bp.spec_states = params->speculative ? -1 : 0;
     const int rc = kiri_batcher_init(m, &bp, &c->batcher, info);
     if (rc < 0) {
         kiri_mem_free(c);

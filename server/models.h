@@ -60,6 +60,9 @@ struct kiri_models_params {
     int32_t max_seqs, chunk, queue_cap;
     int32_t spec_max_seqs;    /* as kiri_batcher_params (0: no drafts) */
     const char *draft_model;  /* a file drafting for every model loaded (their vocabulary), or NULL */
+    int speculative;          /* speculation was asked for at start-up (--spec, --draft-model): models
+                                 with recurrent layers make their spare state slots (else they
+                                 serve every request without drafts, and pay nothing for it) */
     uint64_t memory_budget;   /* bytes for all loaded models together; 0: no limit */
     int warm_up;              /* run one token through a new model before it serves */
     void (*log)(void *user, const char *line);   /* may be NULL */

@@ -367,6 +367,26 @@ def test_hybrid_served_mixed(start_server, kiri_bin, tiny_files, name, draft):
     assert m["kiri_state_slots_used"] == 0 and m["kiri_kv_blocks_used"] == 0, m
 
 
+def test_hybrid_without_spec_pays_nothing(start_server, kiri_bin, tiny_files):
+    """A hybrid model served without --spec or --draft-model makes no spare state slots (a state
+    can be tens of MiB) and answers a request's "speculative": "ngram" plainly, with the plain
+    text; `kiri run` with a draft model still drafts (its context asks for the slots)."""
+    path, n = tiny_files["qwen35-a"], 40
+    srv = start_server(["-m", path, "--parallel", "2"] + HYBRID_SERVE, model=False)
+    r = srv.post("/v1/completions", {"prompt": HYBRID_PROMPTS[0], "max_tokens": n, "temperature": 0,
+                                     "speculative": "ngram"})
+    assert r.status == 200, r
+    assert r.json["choices"][0]["text"] == hybrid_cli_text(kiri_bin, path, HYBRID_PROMPTS[0], n)
+    m = idle_metrics(srv)
+    assert m["kiri_spec_state_slots"] == 0 and m["kiri_state_slots_capacity"] == 2, m
+    assert m['kiri_spec_draft_tokens_total{drafter="ngram"}'] == 0, m
+    r = subprocess.run([str(kiri_bin), "run", "-m", path, "--raw", "-p", HYBRID_PROMPTS[0], "-n", str(n), "--temp", "0",
+                        "-t", "1", "--cpu-kernels", "c", "--kv-type", "f32", "--draft-model", path, "--spec", "draft"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "tokens drafted" in r.stderr and " 0 tokens drafted" not in r.stderr, r.stderr
+
+
 def test_hybrid_cancel_frees_state(start_server, kiri_bin, tiny_files):
     """A speculative stream on a hybrid model closed after three tokens: once the loop is idle no
     state slot is held (its own, its drafts' spare ones), and no block."""
