@@ -24,6 +24,10 @@ odd ones):
          does the same work: load, tokenize, evaluate the prompt, print one token), wall time
          from spawn to exit. Best of the rounds.
 
+  state  for models with recurrent layers (qwen35, lfm2): the state one sequence keeps in them
+         (convolution windows, delta-rule states), kiri's from `kiri info`, llama.cpp's the
+         recurrent-state ("RS") buffer llama-completion logs at load for its one sequence.
+
 Decode is also given as a fraction of the memory-bandwidth bound. Per generated token the weights
 are read once, so
 
@@ -31,7 +35,7 @@ are read once, so
                   (it is gathered, not multiplied) unless it doubles as the output matrix
                 + KV cache read: 2 * n_head_kv * head_dim * 2 bytes (F16) per layer and position,
                   at the mean position of the decode (D + n_gen / 2; a sliding-window layer reads
-                  at most its window)
+                  at most its window; a recurrent layer reads none)
     bound tok/s = memory read bandwidth with T threads / bytes/token
 
 where the bandwidth is the best pass of bench/membw.c (streaming reads of 1 GiB), run before every
@@ -66,6 +70,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -83,7 +88,10 @@ HERE = os.path.join(REPO, "bench")
 MODELS = ["tinyllama-Q4_0", "tinyllama-Q4_K_M", "tinyllama-Q8_0", "smollm-Q4_0", "smollm-Q8_0",
           "smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
 MORE_MODELS = ["tinyllama-Q4_1", "tinyllama-Q5_K", "smollm-Q4_1"]
-ALL_MODELS = MODELS[:5] + MORE_MODELS + MODELS[5:]
+# The hybrid shapes (recurrent layers beside attention; issue 14): run with --only qwen35 lfm2
+# --depths 0 4096, the depth at which their decode should stay flat.
+HYBRID_MODELS = ["qwen35-0.8b-Q8_0", "qwen35-0.8b-Q4_K_M", "lfm2-1.2b-Q8_0", "lfm2-1.2b-Q4_K_M"]
+ALL_MODELS = MODELS[:5] + MORE_MODELS + MODELS[5:] + HYBRID_MODELS
 REAL = {"smollm2-135m-instruct-q4_1": "SmolLM2-135M-Instruct Q4_1, real file",
         "gemma-3-270m-q4_k_m": "Gemma 3 270M Q4_K_M, real file"}
 PROMPT = "Once upon a time, there was a little robot who lived in a small town by the sea."
@@ -204,6 +212,22 @@ def run_ttft(side, a, path):
     return {"seconds": wall, "rss_bytes": rss}
 
 
+def state_bytes(side, a, path):
+    """The recurrent layers' state per sequence, or None for a model without them. kiri: `kiri
+    info`'s "delta net:" / "short conv:" line ("... state: X KiB per sequence"); llama.cpp: the
+    recurrent-state buffer it logs at load ("RS buffer size = X MiB", only with -v; the last one,
+    after its memory-fitting pass), which llama-completion allocates for its one sequence."""
+    if side == "kiri":
+        r = subprocess.run([a.kiri, "info", "-m", path], capture_output=True, text=True, timeout=a.timeout)
+        m = re.findall(r"^(?:delta net|short conv):.*state: ([0-9.]+) KiB per sequence", r.stdout, re.M)
+        return float(m[-1]) * 1024 if m else None
+    r = subprocess.run([os.path.join(a.llama_bin, "llama-completion"), "-m", path, "-p", PROMPT, "-n", "1",
+                        "-t", str(a.threads), "-c", "2048", "-no-cnv", "--no-warmup", "-v"],
+                       capture_output=True, text=True, timeout=a.timeout, stdin=subprocess.DEVNULL)
+    m = re.findall(r"RS buffer size =\s*([0-9.]+) MiB", r.stdout + r.stderr)
+    return float(m[-1]) * MiB if m else None
+
+
 # ------------------------------------------------------------------------------------------------
 # Memory bandwidth and bytes per token
 # ------------------------------------------------------------------------------------------------
@@ -235,6 +259,13 @@ def model_shape(path):
         return f.contents() if f is not None else default
 
     n_layer, n_head = meta("block_count"), meta("attention.head_count")
+    # Layers without a KV cache: lfm2 lists 0 KV heads for its convolution layers; qwen35 attends
+    # on every full_attention_interval-th layer only (its Gated DeltaNet layers keep a fixed state).
+    n_kv = meta("attention.head_count_kv")
+    n_kv = list(n_kv) if isinstance(n_kv, list) else [n_kv] * n_layer
+    interval = meta("full_attention_interval", 0) if arch == "qwen35" else 0
+    if interval:
+        n_kv = [h if (i + 1) % interval == 0 else 0 for i, h in enumerate(n_kv)]
     head_dim = meta("attention.key_length", meta("embedding_length") // n_head)
     window = meta("attention.sliding_window", 0)
     # Gemma 3 files carry no pattern key: llama.cpp makes every sixth layer global.
@@ -247,13 +278,13 @@ def model_shape(path):
             n //= int(t.shape[1])  # one row of (n_embd, n_vocab)
         weights += n
     local = [bool(pattern) and (i + 1) % pattern != 0 for i in range(n_layer)] if window else [False] * n_layer
-    return {"weights": weights, "kv_per_layer_position": 2 * meta("attention.head_count_kv") * head_dim * 2,
+    return {"weights": weights, "kv_per_layer_position": [2 * h * head_dim * 2 for h in n_kv],
             "layer_is_windowed": local, "window": window, "file": os.path.getsize(path)}
 
 
 def bytes_per_token(shape, position):
-    kv = sum(shape["kv_per_layer_position"] * (min(position, shape["window"]) if w else position)
-             for w in shape["layer_is_windowed"])
+    kv = sum(b * (min(position, shape["window"]) if w else position)
+             for b, w in zip(shape["kv_per_layer_position"], shape["layer_is_windowed"]))
     return shape["weights"] + kv
 
 
@@ -308,7 +339,8 @@ def label(name):
         return REAL[name]
     shape, _, qtype = name.rpartition("-")
     return {"tinyllama": "TinyLlama-shape", "smollm": "SmolLM-shape", "gemma3-1b": "Gemma 3 1B-shape",
-            "phi4mini": "Phi-4-mini-shape"}.get(shape, shape) + " " + qtype
+            "phi4mini": "Phi-4-mini-shape", "qwen35-0.8b": "Qwen3.5-0.8B-shape",
+            "lfm2-1.2b": "LFM2-1.2B-shape"}.get(shape, shape) + " " + qtype
 
 
 def fmt_tps(x):
@@ -324,6 +356,9 @@ def table(results, a, machine):
     head += [f"decode {a.n_gen} @ d{d} tok/s" for d in a.depths]
     head += [f"decode @ d{d} % of bound" for d in a.depths]
     head += ["peak RSS MiB", "TTFT ms"]
+    states = any(r["kiri"].get("state_bytes") for r in results.values())
+    if states:
+        head.append("state / sequence MiB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in results.items():
         k, l = r["kiri"], r["llama"]
@@ -341,6 +376,9 @@ def table(results, a, machine):
                      f"({mark(r['ratio']['rss'], T['rss'], False)})")
         cells.append(f"{1e3 * k['ttft_seconds']:.0f} / {1e3 * l['ttft_seconds']:.0f} "
                      f"({mark(r['ratio']['ttft'], T['ttft'], False)})" if k.get("ttft_seconds") else "-")
+        if states:
+            ks, ls = k.get("state_bytes"), l.get("state_bytes")
+            cells.append(f"{ks / MiB:.2f} / {ls / MiB:.2f}" if ks and ls else "-")
         lines.append("| " + " | ".join(cells) + " |")
     bw = machine["membw_gbps"]
     lines += ["", (
@@ -356,7 +394,10 @@ def table(results, a, machine):
         f"@ dD = after D tokens in the context. % of bound: decode tok/s over bandwidth / (weight bytes per "
         f"token + KV bytes at the mean decode position); the target is {100 * T['bound_fraction']:.0f}%. Peak "
         f"RSS: median of those processes (every test, the largest context included). TTFT: best spawn-to-exit "
-        f"time of `kiri run -n 1` against `llama-completion -n 1` over {a.ttft_rounds} rounds.")
+        f"time of `kiri run -n 1` against `llama-completion -n 1` over {a.ttft_rounds} rounds." + (
+        " State / sequence: the recurrent layers' state of one sequence (convolution windows, delta-rule "
+        "states), F32 on both sides: `kiri info` against the RS buffer llama-completion logs at load." if states
+        else ""))
     return "\n".join(lines)
 
 
@@ -459,6 +500,7 @@ def main():
                    "peak_rss_bytes": int(statistics.median(s["rss_bytes"] for s in ss))}
             if ttft[side]:
                 out["ttft_seconds"] = min(x["seconds"] for x in ttft[side])
+            out["state_bytes"] = state_bytes(side, a, path)
             return out
 
         k, l = summary("kiri"), summary("llama")

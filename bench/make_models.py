@@ -35,11 +35,25 @@ benchmark uses random weights at the shapes of two real models instead of downlo
               padded with control tokens to Phi-4-mini's 200064 rows, so token_embd has the real
               shape (the real o200k vocabulary is not in shared/).
 
+  qwen35-0.8b Qwen3.5-0.8B (text): qwen35, n_embd 1024, 24 layers, full attention every fourth
+              (6 layers: 8 heads, 2 KV heads of 256, the query doubled by its output gate, 64
+              rotated dimensions in sections (11, 11, 10), rope base 1e7), Gated DeltaNet on the
+              other 18 (16 key and 16 value heads of 128, a convolution of 4 taps), n_ff 3584,
+              rms eps 1e-6, tied embeddings, vocab 248320: the Qwen2 vocabulary
+              (ggml-vocab-qwen2.gguf, 151669 tokens) padded with control tokens to 248320 rows.
+              ssm_a is -1 (A_log 0) and ssm_dt.bias 0, so the state decays as the real one does.
+  lfm2-1.2b   LFM2-1.2B: lfm2, n_embd 2048, 16 layers, attention (32 heads, 8 KV heads of 64,
+              per-head Q/K norms) on layers 2, 5, 8, 10, 12 and 14, gated short convolutions of 3
+              taps on the other 10, n_ff 8192 (the config's block_ff_dim 12288 after its
+              auto-adjustment to 2/3, a multiple of 256), rope base 1e6, rms eps 1e-5, tied
+              embeddings, vocab 65536: the GPT-2 vocabulary padded with control tokens.
+
 Each model is written once as F16 (normal weights, std 0.02, norms 1.0, one fixed seed per
 model; generated in chunks so memory stays near one tensor), then converted with
 `kiri quantize` to the shape's types (TinyLlama: Q4_0, Q4_1, Q4_K_M, Q5_K, Q8_0; SmolLM: Q4_0, Q4_1,
-Q8_0; runtime/quantize.c's table: Q4_K_M is Q4_K with Q6_K for the output and V matrices, Q5_K
-is Q5_K throughout, llama.cpp's Q5_K_S file type). SmolLM gets no K-quants: its rows of 576 are
+Q8_0; Qwen3.5 and LFM2: Q4_K_M and Q8_0; runtime/quantize.c's table: Q4_K_M is Q4_K with Q6_K for the output and V matrices, Q5_K
+is Q5_K throughout, llama.cpp's Q5_K_S file type; a tied token_embd is the output matrix, so it
+takes Q6_K in Q4_K_M as in llama.cpp's files; the recurrent layers' convolution kernels stay F32). SmolLM gets no K-quants: its rows of 576 are
 not whole 256-wide K-quant blocks, so kiri (like llama.cpp) would fall back to another type for
 nearly every matrix and the file would not be a K-quant model.
 
@@ -97,6 +111,8 @@ class Shape:
     kv: tuple = ()             # extra (key suffix after "<arch>.", value) metadata
     vocab_pad: int = 0         # control tokens appended to the vocabulary file's
     vocab_real: str = ""       # a real_models.py name whose tokenizer.* keys to copy instead
+    attn_layers: tuple = ()    # qwen35 and lfm2: the layers that attend (the others are recurrent)
+    ssm: tuple = ()            # qwen35: (conv taps, state size, key heads, value heads); lfm2: (taps,)
 
     @property
     def hd(self):
@@ -120,6 +136,16 @@ SHAPES = [
           kv=(("rope.scaling.type", "longrope"), ("rope.scaling.original_context_length", 4096),
               ("rope.scaling.attn_factor", 1.1902380714238083)),
           vocab_pad=200064 - 128256),
+    Shape("qwen35-0.8b", "ggml-vocab-qwen2.gguf", 248320, 1024, 24, 8, 2, 3584, 262144, 10000000.0,
+          1e-6, True, 3508, ("Q4_K_M", "Q8_0"), arch="qwen35", head_dim=256, rope_dim=64,
+          kv=(("rope.dimension_sections", [11, 11, 10, 0]), ("full_attention_interval", 4),
+              ("ssm.conv_kernel", 4), ("ssm.state_size", 128), ("ssm.group_count", 16),
+              ("ssm.time_step_rank", 16), ("ssm.inner_size", 16 * 128)),
+          vocab_pad=248320 - 151669, attn_layers=tuple(range(3, 24, 4)), ssm=(4, 128, 16, 16)),
+    Shape("lfm2-1.2b", "ggml-vocab-gpt-2.gguf", 65536, 2048, 16, 32, 8, 8192, 128000, 1000000.0,
+          1e-5, True, 1212, ("Q4_K_M", "Q8_0"), arch="lfm2",
+          kv=(("shortconv.l_cache", 3),), vocab_pad=65536 - 50257,
+          attn_layers=(2, 5, 8, 10, 12, 14), ssm=(3,)),
 ]
 
 STD = 0.02
@@ -173,8 +199,46 @@ def copy_tokenizer(w, path, n_vocab, pad=0):
 # F16 writer
 # ------------------------------------------------------------------------------------------------
 
+def hybrid_tensor_list(s):
+    """tensor_list for qwen35 and lfm2: their recurrent layers, attention on s.attn_layers. The
+    third field is False (random F16), True (F32 ones), a float (F32 constant) or "f32" (random
+    F32: the convolution kernels, which llama.cpp reads as F32 only)."""
+    E, hd = s.n_embd, s.hd
+    out = [("token_embd.weight", (s.n_vocab, E), False)]
+    ffn = [("ffn_gate.weight", (s.n_ff, E), False), ("ffn_up.weight", (s.n_ff, E), False),
+           ("ffn_down.weight", (E, s.n_ff), False)]
+    for i in range(s.n_layer):
+        p, attends = f"blk.{i}.", i in s.attn_layers
+        layer = [("attn_norm.weight", (E,), True)]
+        if attends:
+            gate = 2 if s.arch == "qwen35" else 1   # qwen35's query rows carry each head's output gate
+            layer += [("attn_q.weight", (gate * s.n_head * hd, E), False),
+                      ("attn_k.weight", (s.n_head_kv * hd, E), False),
+                      ("attn_v.weight", (s.n_head_kv * hd, E), False),
+                      ("attn_q_norm.weight", (hd,), True), ("attn_k_norm.weight", (hd,), True),
+                      ("attn_output.weight", (E, s.n_head * hd), False)]
+        elif s.arch == "qwen35":
+            taps, S, hk, hv = s.ssm
+            C = 2 * hk * S + hv * S
+            layer += [("attn_qkv.weight", (C, E), False), ("attn_gate.weight", (hv * S, E), False),
+                      ("ssm_conv1d.weight", (C, taps), "f32"), ("ssm_dt.bias", (hv,), 0.0),
+                      ("ssm_a", (hv,), -1.0), ("ssm_beta.weight", (hv, E), False),
+                      ("ssm_alpha.weight", (hv, E), False), ("ssm_norm.weight", (S,), True),
+                      ("ssm_out.weight", (E, hv * S), False)]
+        else:
+            layer += [("shortconv.in_proj.weight", (3 * E, E), False),
+                      ("shortconv.conv.weight", (E, s.ssm[0]), "f32"),
+                      ("shortconv.out_proj.weight", (E, E), False)]
+        layer += [("post_attention_norm.weight" if s.arch == "qwen35" else "ffn_norm.weight", (E,), True)]
+        out += [(p + n, shape, f) for n, shape, f in layer + ffn]
+    out.append(("output_norm.weight" if s.arch == "qwen35" else "token_embd_norm.weight", (E,), True))
+    return out
+
+
 def tensor_list(s):
     """[(name, numpy shape (rows, cols) or (n,), is_norm)] in file order."""
+    if s.arch in ("qwen35", "lfm2"):
+        return hybrid_tensor_list(s)
     hd = s.hd
     q, kv = s.n_head * hd, s.n_head_kv * hd
     out = [("token_embd.weight", (s.n_vocab, s.n_embd), False)]
@@ -230,7 +294,11 @@ def write_f16(s, path):
     w.add_block_count(s.n_layer)
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
+    if s.arch == "lfm2":   # per layer: 0 marks a short-convolution layer
+        w.add_array(f"{s.arch}.attention.head_count_kv",
+                    [s.n_head_kv if i in s.attn_layers else 0 for i in range(s.n_layer)])
+    else:
+        w.add_head_count_kv(s.n_head_kv)
     w.add_rope_dimension_count(s.rope_dim or hd)
     if hd * s.n_head != s.n_embd:
         w.add_key_length(hd)
@@ -243,6 +311,8 @@ def write_f16(s, path):
         key = f"{s.arch}.{key}"
         if isinstance(val, str):
             w.add_string(key, val)
+        elif isinstance(val, list):
+            w.add_array(key, val)
         elif isinstance(val, int):
             w.add_uint32(key, val)
         else:
@@ -252,7 +322,7 @@ def write_f16(s, path):
 
     tensors = tensor_list(s)
     for name, shape, is_norm in tensors:
-        dtype = np.float32 if is_norm else np.float16
+        dtype = np.float16 if is_norm is False else np.float32
         w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -260,7 +330,12 @@ def write_f16(s, path):
     rng = np.random.default_rng(s.seed)
     t0 = time.time()
     for k, (name, shape, is_norm) in enumerate(tensors):
-        a = np.ones(shape, dtype=np.float32) if is_norm else random_f16(rng, shape)
+        if is_norm is False:
+            a = random_f16(rng, shape)
+        elif is_norm == "f32":
+            a = random_f16(rng, shape).astype(np.float32)
+        else:
+            a = np.full(shape, 1.0 if is_norm is True else is_norm, dtype=np.float32)
         w.write_tensor_data(a)
         if k % 20 == 0:
             print(f"\r  {s.name}-F16: {k + 1}/{len(tensors)} tensors, {time.time() - t0:.0f} s",

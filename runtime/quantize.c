@@ -56,17 +56,20 @@ static int layer_of(const char *name)
     return l;
 }
 
-/* Chooses a tensor's new type: vectors stay, matrices take the target (or its sensitive type),
- * falling back to Q8_0 (or F16) when the row length does not fit the block size. */
-static int choose_type(const struct target *tg, const struct kiri_gguf_tensor *t, int n_layer)
+/* Chooses a tensor's new type: vectors stay, and so do the recurrent layers' convolution kernels
+ * (matrices of a few taps, which llama.cpp reads as F32 only); matrices take the target (or its
+ * sensitive type: the output matrix, which a tied token_embd is), falling back to Q8_0 (or F16)
+ * when the row length does not fit the block size. */
+static int choose_type(const struct target *tg, const struct kiri_gguf_tensor *t, int n_layer, int tied)
 {
-    if (t->n_dims < 2 || !ends_with(t->name, ".weight") || strncmp(t->name, "rope_freqs", 10) == 0)
+    if (t->n_dims < 2 || !ends_with(t->name, ".weight") || strncmp(t->name, "rope_freqs", 10) == 0 ||
+        ends_with(t->name, "ssm_conv1d.weight") || ends_with(t->name, "shortconv.conv.weight"))
         return t->type;
     int type = tg->type;
     if (tg->sensitive_type >= 0) {
         const int l = layer_of(t->name);
         const int half = n_layer > 0 && l >= 0 && (l < n_layer / 8 || l >= 7 * n_layer / 8 || (l - n_layer / 8) % 3 == 2);
-        if (strcmp(t->name, "output.weight") == 0 ||
+        if (strcmp(t->name, "output.weight") == 0 || (tied && strcmp(t->name, "token_embd.weight") == 0) ||
             ((ends_with(t->name, "attn_v.weight") || ends_with(t->name, "ffn_down.weight")) && half))
             type = tg->sensitive_type;
     }
@@ -153,10 +156,14 @@ int kiri_quantize(const char *in_path, const char *out_path, const char *type_na
     if (rc == 0)
         rc = kiri_gguf_writer_set_u32(w, "general.file_type", tg->file_type);
     const int64_t n = kiri_gguf_n_tensors(g);
+    int tied = 1;   /* no output.weight: token_embd is also the output matrix */
+    for (int64_t i = 0; i < n; i++)
+        if (strcmp(kiri_gguf_tensor(g, i)->name, "output.weight") == 0)
+            tied = 0;
     int64_t max_elems = 0, max_row = 0;
     for (int64_t i = 0; i < n && rc == 0; i++) {
         const struct kiri_gguf_tensor *t = kiri_gguf_tensor(g, i);
-        const int type = choose_type(tg, t, (int)n_layer);
+        const int type = choose_type(tg, t, (int)n_layer, tied);
         if (type != t->type && !readable(t->type)) {
             rc = kiri_error_at(info, KIRI_E_UNSUPPORTED, t->name, -1, "cannot convert tensor %s from %s",
                                t->name, kiri_type_name(t->type));
@@ -185,7 +192,7 @@ int kiri_quantize(const char *in_path, const char *out_path, const char *type_na
         rc = kiri_gguf_writer_begin(w, out_path, info);
     for (int64_t i = 0; i < n && rc == 0; i++) {
         const struct kiri_gguf_tensor *t = kiri_gguf_tensor(g, i);
-        const int type = choose_type(tg, t, (int)n_layer);
+        const int type = choose_type(tg, t, (int)n_layer, tied);
         if (type == t->type) {
             rc = kiri_gguf_writer_write_tensor(w, t->data, t->size, info);
         } else {

@@ -635,3 +635,66 @@ void ops_check_rows(struct ops_check *o)
             o->name, COUNT(lens), COUNT(spreads), worst, worst_geglu, worst_softcap);
     hand_over(o);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * delta_head
+ * ------------------------------------------------------------------------------------------- */
+
+/* One head's state through three tokens of the gated delta rule, kernel and reference side by
+ * side from the same random state: head sizes around the vector widths (12 and 20 are not
+ * multiples of 8 and must match the reference exactly), up to Qwen3.5's 128. Outputs and states
+ * within a few roundings of the dot products (1e-5 relative to the sum of the magnitudes of a
+ * row's terms, plus 1e-6); the output's padding stays untouched. */
+void ops_check_delta_head(struct ops_check *o)
+{
+    const struct kiri_cpu_kernels *k = o->k;
+    CHECK(k->delta_head != NULL && k->delta_head != kiri_cpu_delta_head);
+    if (!k->delta_head) {
+        hand_over(o);
+        return;
+    }
+    static const int64_t sizes[] = {8, 12, 16, 20, 64, 128};
+    double worst = 0.0;
+    for (size_t si = 0; si < COUNT(sizes); si++) {
+        const int64_t n = sizes[si];
+        float *a = random_floats((size_t)(n * n), 0.5f), *b = test_xmalloc((size_t)(n * n) * sizeof *b);
+        memcpy(b, a, (size_t)(n * n) * sizeof *b);
+        float *ya = nan_floats((size_t)n + 4), *yb = nan_floats((size_t)n + 4);
+        int bad = 0;
+        for (int t = 0; t < 3; t++) {
+            float *q = random_floats((size_t)n, 0.3f), *kk = random_floats((size_t)n, 0.3f);
+            float *v = random_floats((size_t)n, 1.0f);
+            const float beta = 0.25f + 0.7f * (float)t / 3.0f, decay = 0.95f - 0.2f * (float)t;
+            kiri_cpu_delta_head(a, q, kk, v, beta, decay, 0.125f, n, ya);
+            k->delta_head(b, q, kk, v, beta, decay, 0.125f, n, yb);
+            for (int64_t j = 0; j < n; j++) {
+                double mag = 0.0;
+                for (int64_t i = 0; i < n; i++)
+                    mag += fabs((double)a[j * n + i]) * (fabs((double)q[i]) + fabs((double)kk[i]));
+                const double tol = n % 8 ? 0.0 : 1e-5 * (mag + fabs((double)v[j])) + 1e-6;
+                double err = fabs((double)yb[j] - (double)ya[j]);
+                for (int64_t i = 0; i < n; i++) {
+                    const double e = fabs((double)b[j * n + i] - (double)a[j * n + i]);
+                    err = e > err ? e : err;
+                }
+                worst = err > worst ? err : worst;
+                if (!(err <= tol) && bad++ < 3) {
+                    fprintf(stderr, "  delta_head n %lld token %d: row %lld off by %.3g\n", (long long)n, t,
+                            (long long)j, err);
+                    CHECK(err <= tol);
+                }
+            }
+            check_nan(yb + n, 4);
+            free(q);
+            free(kk);
+            free(v);
+        }
+        free(a);
+        free(b);
+        free(ya);
+        free(yb);
+    }
+    fprintf(stderr, "%s: delta_head (%zu head sizes x 3 tokens) checked against the reference (worst %.2g)\n",
+            o->name, COUNT(sizes), worst);
+    hand_over(o);
+}

@@ -45,5 +45,8 @@ void ops_check_attend_head(struct ops_check *o);
 void ops_check_attend_group(struct ops_check *o);
 void ops_check_attend_tile(struct ops_check *o);
 void ops_check_rows(struct ops_check *o);
+/* delta_head (kiri_cpu_delta_head's contract): head sizes around the vector widths, three tokens
+ * of one state, against the reference. */
+void ops_check_delta_head(struct ops_check *o);
 
 #endif

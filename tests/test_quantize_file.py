@@ -80,3 +80,32 @@ def test_quantize_refuses_same_path(kiri_bin, f32_model):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "two different files" in r.stderr
     assert src.read_bytes() == before
+
+
+def test_quantize_mix_tied_embedding_and_convolutions(kiri_bin, tmp_path):
+    """Q4_K_M as llama.cpp's llama-quant.cpp mixes it: a token_embd that is also the output matrix
+    (no output.weight) takes the output's Q6_K, an untied one the main type; the recurrent layers'
+    convolution kernels (ssm_conv1d, shortconv.conv: rows of a few taps) stay F32."""
+    rng = np.random.default_rng(7)
+    mats = {"token_embd.weight": (64, 256), "blk.0.attn_q.weight": (256, 256),
+            "blk.0.ssm_conv1d.weight": (256, 4), "blk.1.shortconv.conv.weight": (256, 3)}
+    for tied in (True, False):
+        src, out = tmp_path / f"f32-{tied}.gguf", tmp_path / f"q4km-{tied}.gguf"
+        w = GGUFWriter(str(src), "llama")
+        w.add_block_count(2)
+        for name, shape in list(mats.items()) + ([] if tied else [("output.weight", (64, 256))]):
+            w.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        r = subprocess.run([str(kiri_bin), "quantize", str(src), str(out), "Q4_K_M"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        got = {t.name: t.tensor_type for t in GGUFReader(str(out)).tensors}
+        assert got["token_embd.weight"] == (T.Q6_K if tied else T.Q4_K)
+        assert got["blk.0.attn_q.weight"] == T.Q4_K
+        assert got["blk.0.ssm_conv1d.weight"] == T.F32
+        assert got["blk.1.shortconv.conv.weight"] == T.F32
+        if not tied:
+            assert got["output.weight"] == T.Q6_K

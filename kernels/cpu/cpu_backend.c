@@ -321,33 +321,19 @@ static void run_delta_gates(const struct kiri_node *nd, int ith, int nth)
     }
 }
 
-/* A dot product in 8 running sums, which compilers turn into vector lanes (one sum would have
- * to stay in order); the state's rows are as long as a head (128 on Qwen3.5). */
-static float dot_f32(const float *a, const float *b, int64_t n)
-{
-    float acc[8] = {0.0f};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int u = 0; u < 8; u++)
-            acc[u] += a[i + u] * b[i + u];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
 /* The gated delta rule (KIRI_OP_DELTA_NET). Heads are independent, so each worker takes a range
  * of value heads and walks the step's tokens in order, each token updating its sequence's state
- * of those heads (row src[3][t], after a copy from the row it reads when that differs) in place: the state decays, takes the new value where its
- * prediction for the key missed (by beta), and is read by the query. */
-static void run_delta_net(const struct kiri_node *nd, int ith, int nth)
+ * of those heads (row src[3][t], after a copy from the row it reads when that differs) in place:
+ * the state decays, takes the new value where its prediction for the key missed (by beta), and is
+ * read by the query (kiri_cpu_delta_head, or the table's version of it). */
+static void run_delta_net(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
 {
+    const kiri_delta_head_fn step = be->k.delta_head ? be->k.delta_head : kiri_cpu_delta_head;
     const struct kiri_tensor *x = nd->src[0], *gates = nd->src[1], *st = nd->src[2];
     const int32_t *rows = nd->src[3]->data, *pos = nd->src[4]->data;
     const int32_t *from = (const int32_t *)((const char *)rows + kiri_state_rows_read_offset(nd->src[3]));
     const int64_t Hk = nd->p.delta.n_head_k, Hv = nd->p.delta.n_head_v, S = nd->p.delta.head_dim;
     const int64_t n = x->ne[1], slots = st->ne[1];
-    float d[DELTA_MAX_HEAD];
     int64_t h0, h1;
     split_rows(Hv, ith, nth, &h0, &h1);
     for (int64_t t = 0; t < n; t++) {
@@ -365,15 +351,7 @@ static void run_delta_net(const struct kiri_node *nd, int ith, int nth)
                 memset(M, 0, (size_t)(S * S) * sizeof(float));
             else if (f != r)
                 memcpy(M, prev, (size_t)(S * S) * sizeof(float));
-            for (int64_t i = 0; i < S * S; i++)
-                M[i] *= decay;
-            for (int64_t j = 0; j < S; j++)
-                d[j] = (v[j] - dot_f32(M + j * S, k, S)) * beta;
-            for (int64_t j = 0; j < S; j++)
-                for (int64_t i = 0; i < S; i++)
-                    M[j * S + i] += d[j] * k[i];
-            for (int64_t j = 0; j < S; j++)
-                y[h * S + j] = dot_f32(M + j * S, q, S) * nd->p.delta.scale;
+            step(M, q, k, v, beta, decay, nd->p.delta.scale, S, y + h * S);
         }
     }
 }
@@ -667,7 +645,7 @@ static void worker(void *arg, int ith, int nth)
         case KIRI_OP_SHORT_CONV: run_short_conv(nd, ith, nth); break;
         case KIRI_OP_SIGMOID_MUL: run_sigmoid_mul(nd, ith, nth); break;
         case KIRI_OP_DELTA_GATES: run_delta_gates(nd, ith, nth); break;
-        case KIRI_OP_DELTA_NET: run_delta_net(nd, ith, nth); break;
+        case KIRI_OP_DELTA_NET: run_delta_net(be, nd, ith, nth); break;
         default: break;
         }
     }

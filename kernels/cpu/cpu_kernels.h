@@ -88,6 +88,9 @@ typedef void (*kiri_attend_tile_fn)(const float *q, size_t q_tok, size_t q_head,
 typedef void (*kiri_swiglu_fn)(const float *g, const float *u, float *y, int64_t n);
 typedef void (*kiri_rms_norm_fn)(const float *x, const float *w, float *y, int64_t n, float eps);
 typedef void (*kiri_map_fn)(const float *x, float *y, int64_t n, float param);
+/* One token's step of the gated delta rule on one head: the contract of kiri_cpu_delta_head. */
+typedef void (*kiri_delta_head_fn)(float *state, const float *q, const float *k, const float *v, float beta,
+                                   float decay, float scale, int64_t n, float *y);
 
 /* The kernel table of the CPU backend: the reference entries first, then the best ones the CPU
  * offers. Indexed by enum kiri_type. */
@@ -107,6 +110,7 @@ struct kiri_cpu_kernels {
     kiri_swiglu_fn geglu_row;                       /* NULL: kiri_cpu_geglu_row */
     kiri_map_fn scale_row;                          /* NULL: kiri_cpu_scale_row */
     kiri_map_fn softcap_row;                        /* NULL: kiri_cpu_softcap_row */
+    kiri_delta_head_fn delta_head;                  /* NULL: kiri_cpu_delta_head */
     const char *path;                               /* "c", "avx2", "neon+dotprod", ... */
 };
 
@@ -173,6 +177,12 @@ void kiri_cpu_geglu_row(const float *g, const float *u, float *y, int64_t n);
 void kiri_cpu_scale_row(const float *x, float *y, int64_t n, float s);
 /* y[i] = cap * tanh(x[i] / cap), cap > 0. y may equal x. */
 void kiri_cpu_softcap_row(const float *x, float *y, int64_t n, float cap);
+/* One token's step of the gated delta rule on one head of n (key and value head size): state
+ * (n x n, row j = value j's weights over the key) decays by decay, row j then moves by
+ * beta (v[j] - row_j . k) along k, and y[j] = scale (row_j . q) with the updated row. Rows are
+ * independent, so the steps run row by row in one pass over the state. */
+void kiri_cpu_delta_head(float *state, const float *q, const float *k, const float *v, float beta, float decay,
+                         float scale, int64_t n, float *y);
 /* Rotates one token's heads in place: x is (head_dim, n_head) contiguous; the first n_rot values
  * of each head rotate (pairs as p->mode says), cos and sin scaled by p->attn_factor, the rest pass
  * unchanged. freq_factors (n_rot / 2) may be NULL. */

@@ -461,12 +461,6 @@ AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws,
     }
 }
 
-AVX512 static void gemm_q8_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                    float *dst, size_t ds, int64_t nr, int64_t nt)
-{
-    gemm16(k, w, ws, sizeof(struct kiri_block_q8_0), quants16_q8_0, 128, a, as, dst, ds, nr, nt);
-}
-
 /* Q4_1, Q5_0, Q5_1: octets only; one to four tokens (decode, small batches, the rest of a tile)
  * take the AVX2 kernels. Q4_1 and Q5_1 add m s per block (Q8_1 activations); Q5_0's zero point 16
  * enters as 16 sum a. */
@@ -1290,6 +1284,156 @@ AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const v
         gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
 }
 
+/* Q8_0 rows against one token, four rows at a time (eight per pass: two quads whose chains
+ * interleave), in pairs of blocks (68 bytes of each row) read as they lie, like Q4_0's above:
+ * decode of a Q8_0 model (and of its Q8_0 output matrix, the largest one of a model with a big
+ * vocabulary) is a stream from memory, and tile_rows's transposition of 16 rows read them as 16
+ * short streams with first-level prefetches, which held one thread to about 8 GB/s on a Zen 4.
+ * A row's pair is two overlapping 64-byte loads (bytes 0..63 and 4..67), from which one word
+ * permutation gathers the two blocks' quants (block 2g's 32 bytes are words 1..16, block
+ * 2g + 1's words 18..33, that is words 16..31 of the second load); they enter vpdpbusd as w + 128
+ * and the term 128 sum a is subtracted, as in tile_rows. fold4 leaves block 2g's sums of the four
+ * rows in 128-bit lanes 0 and 1, block 2g + 1's in lanes 2 and 3. The scales (words 0 and 17) go
+ * to [r0 r1 r2 r3] per block. A last single block (an odd count) is read with a masked load and
+ * meets zeros in the table. The float sums follow tile_rows's order exactly (one chain per row,
+ * block by block), so a token gets the same floats alone as in a small batch (tile_rows_m). */
+#define Q8_0_ROWS4_MAX_BLOCKS 512 /* table: one vector (and two sums and scales) per pair, 32 KiB */
+
+struct q8_0_act2 {
+    __m512i q;     /* the 64 quants of blocks 2g and 2g + 1 */
+    __m128i c[2];  /* 128 sum a of each block, in every dword */
+    __m128 d[2];   /* each block's scale, in every lane */
+};
+
+AVX512 static inline void q8_0_act2_fill(const struct kiri_block_q8_0 *y, int64_t nb, struct q8_0_act2 *t)
+{
+    for (int64_t g = 0; 2 * g < nb; g++) {
+        const int two = 2 * g + 1 < nb;
+        const __m256i lo = _mm256_loadu_si256((const __m256i *)y[2 * g].qs);
+        const __m256i hi = two ? _mm256_loadu_si256((const __m256i *)y[2 * g + 1].qs) : _mm256_setzero_si256();
+        t[g].q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        t[g].c[0] = _mm_set1_epi32(128 * sum_q8(&y[2 * g]));
+        t[g].c[1] = _mm_set1_epi32(two ? 128 * sum_q8(&y[2 * g + 1]) : 0);
+        t[g].d[0] = _mm_set1_ps(_cvtsh_ss(y[2 * g].d));
+        t[g].d[1] = _mm_set1_ps(two ? _cvtsh_ss(y[2 * g + 1].d) : 0.0f);
+    }
+}
+
+/* Word indices: the quants of a pair (see above) from the loads at 0 and 4; the scales (words 0
+ * and 17) of two rows' first loads a, b into words [a0 b0 a17 b17]; then of rows (0, 1) and
+ * (2, 3) into [r0 r1 r2 r3] of block 2g and of block 2g + 1. */
+static const uint16_t q8_0_qs_idx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
+                                         48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+static const uint16_t q8_0_d_idx[32] = {0, 32, 17, 49};
+static const uint16_t q8_0_d_pair_idx[32] = {0, 1, 32, 33, 2, 3, 34, 35};
+
+/* One pair of blocks of four rows against the token's table entry: adds block 2g's products
+ * and then (when there is one) block 2g + 1's into acc, [r0 r1 r2 r3]. */
+AVX512 static inline __m128 q8_0_pair4(const char *const x[4], size_t o, int full, const struct q8_0_act2 *t,
+                                       __m128 acc)
+{
+    const __m512i qidx = _mm512_loadu_si512(q8_0_qs_idx), flip = _mm512_set1_epi8((char)0x80);
+    __m512i l[4], is[4];
+    UNROLL
+    for (int i = 0; i < 4; i++) {
+        __m512i h;
+        if (full) {
+            l[i] = _mm512_loadu_si512(x[i] + o);
+            h = _mm512_loadu_si512(x[i] + o + 4);
+        } else { /* one block of 34 bytes */
+            l[i] = _mm512_maskz_loadu_epi8(((__mmask64)1 << 34) - 1, x[i] + o);
+            h = _mm512_setzero_si512();
+        }
+        const __m512i q = _mm512_xor_si512(_mm512_permutex2var_epi16(l[i], qidx, h), flip);
+        is[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, t->q);
+    }
+    const __m512i f = fold4(is[0], is[1], is[2], is[3]);
+    const __m512i didx = _mm512_loadu_si512(q8_0_d_idx), pidx = _mm512_loadu_si512(q8_0_d_pair_idx);
+    const __m512i d01 = _mm512_permutex2var_epi16(l[0], didx, l[1]);
+    const __m512i d23 = _mm512_permutex2var_epi16(l[2], didx, l[3]);
+    const __m256 dw = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(d01, pidx, d23)));
+    const __m128i s0 = _mm_add_epi32(_mm512_castsi512_si128(f), _mm512_extracti32x4_epi32(f, 1));
+    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_sub_epi32(s0, t->c[0])),
+                       _mm_mul_ps(_mm256_castps256_ps128(dw), t->d[0]), acc);
+    if (full) {
+        const __m128i s1 = _mm_add_epi32(_mm512_extracti32x4_epi32(f, 2), _mm512_extracti32x4_epi32(f, 3));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_sub_epi32(s1, t->c[1])),
+                           _mm_mul_ps(_mm256_extractf128_ps(dw, 1), t->d[1]), acc);
+    }
+    return acc;
+}
+
+AVX512 SPECIALIZE static inline void q8_0_rows4(int64_t k, const void *w, size_t ws, const struct q8_0_act2 *t,
+                                                float *out, int64_t nr, enum prefetch_level lv)
+{
+    const int64_t nb = k / KIRI_QK8_0, ng = (nb + 1) / 2, nfull = nb / 2;
+    const size_t span = 2 * sizeof(struct kiri_block_q8_0);
+    for (int64_t r = 0; r < nr; r += 8) {
+        const char *x[8];
+        for (int i = 0; i < 8; i++)
+            x[i] = tile_row(w, ws, r + i, nr);
+        const int pf = r + PREFETCH_ROWS < nr;
+        __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const size_t o = (size_t)g * span;
+            if (pf) /* the pair's first and last line (68 bytes span at most two) */
+                for (int i = 0; i < 8; i++) {
+                    const char *p = x[i] + PREFETCH_ROWS * ws + o;
+                    if (lv == PREFETCH_L2) {
+                        _mm_prefetch(p, _MM_HINT_T1);
+                        _mm_prefetch(p + span - 1, _MM_HINT_T1);
+                    } else {
+                        _mm_prefetch(p, _MM_HINT_T0);
+                        _mm_prefetch(p + span - 1, _MM_HINT_T0);
+                    }
+                }
+            const int full = g < nfull;
+            acc0 = q8_0_pair4(x, o, full, &t[g], acc0);
+            acc1 = q8_0_pair4(x + 4, o, full, &t[g], acc1);
+        }
+        float v[4];
+        _mm_storeu_ps(v, acc0);
+        put4(out, v, r, nr);
+        if (r + 4 < nr) {
+            _mm_storeu_ps(v, acc1);
+            put4(out, v, r + 4, nr);
+        }
+    }
+}
+
+/* One token: the activation's table in a frame of its own (not beside the octets' tables). */
+AVX512 OUT_OF_LINE static void q8_0_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
+                                        enum prefetch_level lv)
+{
+    struct q8_0_act2 t[Q8_0_ROWS4_MAX_BLOCKS / 2];
+    q8_0_act2_fill(a, k / KIRI_QK8_0, t);
+    if (lv == PREFETCH_L2)
+        q8_0_rows4(k, w, ws, t, out, nr, PREFETCH_L2);
+    else
+        q8_0_rows4(k, w, ws, t, out, nr, PREFETCH_L1);
+}
+
+AVX512 static inline void gemm_q8_0(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
+                                     size_t ds, int64_t nr, int64_t nt, enum prefetch_level lv)
+{
+    if (nt == 1 && k / KIRI_QK8_0 <= Q8_0_ROWS4_MAX_BLOCKS)
+        q8_0_one(k, w, ws, a, dst, nr, lv);
+    else
+        gemm16(k, w, ws, sizeof(struct kiri_block_q8_0), quants16_q8_0, 128, a, as, dst, ds, nr, nt);
+}
+
+AVX512 static void gemm_q8_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                    float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q8_0(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L1);
+}
+
+AVX512 static void gemm_q8_0_avx512_l2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q8_0(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L2);
+}
+
 AVX512 static inline void gemm_q4_K(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
                                      size_t ds, int64_t nr, int64_t nt, enum prefetch_level lv)
 {
@@ -1369,7 +1513,7 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
 {
     const int l2 = is_amd_family_19h();
     k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx512;
-    k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx512;
+    k->gemm[KIRI_TYPE_Q8_0] = l2 ? gemm_q8_0_avx512_l2 : gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = l2 ? gemm_q4_K_avx512_l2 : gemm_q4_K_avx512;
     k->gemm[KIRI_TYPE_Q5_K] = gemm_q5_K_avx512;
     k->gemm[KIRI_TYPE_Q4_1] = gemm_q4_1_avx512;

@@ -1,5 +1,5 @@
-/* Portable C row kernels: RMS norm, SwiGLU, GeGLU, scaling, soft-capping, RoPE and one attention
- * head. Numerics follow the
+/* Portable C row kernels: RMS norm, SwiGLU, GeGLU, scaling, soft-capping, RoPE, one attention
+ * head and one head's step of the gated delta rule. Numerics follow the
  * common reference implementation closely (sums of squares and softmax denominators in double,
  * RoPE angles advanced by repeated multiplication, F16 caches read with the query and the
  * attention weights rounded to F16) so logits agree with llama.cpp to float rounding. */
@@ -7,6 +7,37 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+
+/* A dot product in 8 running sums, which compilers turn into vector lanes (one sum would have
+ * to stay in order); the delta rule's rows are as long as a head (128 on Qwen3.5). */
+static float dot_f32(const float *a, const float *b, int64_t n)
+{
+    float acc[8] = {0.0f};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++)
+            acc[u] += a[i + u] * b[i + u];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* Row by row while it is in L1: the state (64 KiB a head on Qwen3.5) is read and written once
+ * per token, with the float operations of four passes (decay, prediction, update, query). */
+void kiri_cpu_delta_head(float *state, const float *q, const float *k, const float *v, float beta, float decay,
+                         float scale, int64_t n, float *y)
+{
+    for (int64_t j = 0; j < n; j++) {
+        float *row = state + j * n;
+        for (int64_t i = 0; i < n; i++)
+            row[i] *= decay;
+        const float d = (v[j] - dot_f32(row, k, n)) * beta;
+        for (int64_t i = 0; i < n; i++)
+            row[i] += d * k[i];
+        y[j] = dot_f32(row, q, n) * scale;
+    }
+}
 
 void kiri_cpu_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps)
 {

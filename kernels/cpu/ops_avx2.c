@@ -532,6 +532,45 @@ AVX2 static void rms_norm_row_avx2(const float *x, const float *w, float *y, int
         y[i] = (x[i] * scale) * (w ? w[i] : 1.0f);
 }
 
+/* The sum of a vector's 8 lanes in dot_f32's order (ops.c): ((0+4) + (1+5)) + ((2+6) + (3+7)). */
+AVX2 static inline float sum8_avx2(__m256 v)
+{
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_hadd_ps(h, h); /* (0+4)+(1+5), (2+6)+(3+7), ... */
+    return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_movehdup_ps(t));
+}
+
+/* kiri_cpu_delta_head with each row in two short passes while it is in L1 (decay and the
+ * prediction; the update and the query), eight lanes at a time: the lanes are dot_f32's eight
+ * running sums, with fused multiply-adds. Head sizes that are not a multiple of 8 take the
+ * reference. */
+AVX2 static void delta_head_avx2(float *state, const float *q, const float *k, const float *v, float beta,
+                                 float decay, float scale, int64_t n, float *y)
+{
+    if (n % 8) {
+        kiri_cpu_delta_head(state, q, k, v, beta, decay, scale, n, y);
+        return;
+    }
+    const __m256 dv = _mm256_set1_ps(decay);
+    for (int64_t j = 0; j < n; j++) {
+        float *row = state + j * n;
+        __m256 pk = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i += 8) {
+            const __m256 m = _mm256_mul_ps(_mm256_loadu_ps(row + i), dv);
+            _mm256_storeu_ps(row + i, m);
+            pk = _mm256_fmadd_ps(m, _mm256_loadu_ps(k + i), pk);
+        }
+        const __m256 d = _mm256_set1_ps((v[j] - sum8_avx2(pk)) * beta);
+        __m256 pq = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i += 8) {
+            const __m256 m = _mm256_fmadd_ps(d, _mm256_loadu_ps(k + i), _mm256_loadu_ps(row + i));
+            _mm256_storeu_ps(row + i, m);
+            pq = _mm256_fmadd_ps(m, _mm256_loadu_ps(q + i), pq);
+        }
+        y[j] = sum8_avx2(pq) * scale;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Table
  * ------------------------------------------------------------------------------------------- */
@@ -546,6 +585,7 @@ void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k)
     k->geglu_row = geglu_row_avx2;
     k->scale_row = scale_row_avx2;
     k->softcap_row = softcap_row_avx2;
+    k->delta_head = delta_head_avx2;
 }
 
 #else
