@@ -814,18 +814,12 @@ static inline void put4(float *out, const float v[4], int64_t r, int64_t nr)
  * only, or a second, farther prefetch to L2 were all slower. */
 #define PREFETCH_ROWS 8
 
-/* Where the K-quant one-token and small-batch kernels prefetch to. On a Zen 4 (family 19h) the
- * first-level prefetches of those kernels capped a thread's streaming at about a third of the
- * memory bandwidth, and prefetching into L2 instead doubled it (bench_vec_dot, one-token GB/s
- * from DRAM); on a Zen 5 the first level was the faster one. */
+/* Where the K-quant one-token and small-batch kernels and the Q4_0 one-token kernel prefetch to.
+ * On a Zen 4 (family 19h) the first-level prefetches of those kernels capped a thread's streaming
+ * at about a third of the memory bandwidth, and prefetching into L2 instead doubled it
+ * (bench_vec_dot, one-token GB/s from DRAM: Q4_K 9.1 -> 12.8, Q6_K 6.8 -> 14.6, Q4_0 4.8-9.5 ->
+ * 14.7-16.0); on a Zen 5 the first level was the faster one. */
 enum prefetch_level { PREFETCH_L1, PREFETCH_L2 };
-
-/* Prefetches `bytes` from p on, one line per 64 bytes. */
-AVX512 static inline void prefetch_span(const char *p, size_t bytes)
-{
-    for (size_t o = 0; o < bytes; o += 64)
-        _mm_prefetch(p + o, _MM_HINT_T0);
-}
 
 /* vpermw indices for the sub-block scales of Q4_K: row i's 8 scales are words 8i .. 8i + 7 of
  * the unpacked vector; vector j of a row's products holds sub-blocks (0|2), (1|3), (4|6), (5|7)
@@ -886,7 +880,7 @@ AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t 
             accq[t] = accm[t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bs;
-            if (pf) /* written out: GCC 12 drops prefetch_span's prefetches in this inlined body */
+            if (pf) /* written out: GCC 12 dropped a helper's prefetches in this inlined body */
                 for (int i = 0; i < 4; i++)
                     for (size_t po = 0; po < bs; po += 64) {
                         if (lv == PREFETCH_L2)
@@ -1069,7 +1063,7 @@ AVX512 SPECIALIZE static inline void q6_K_rows(int64_t k, const void *w, size_t 
             acc[t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bs;
-            if (pf) /* written out, not prefetch_span: see q4_K_rows */
+            if (pf) /* written out, not in a helper: see q4_K_rows */
                 for (int i = 0; i < 4; i++)
                     for (size_t po = 0; po < bs; po += 64) {
                         if (lv == PREFETCH_L2)
@@ -1274,8 +1268,8 @@ AVX512 static inline __m128 q4_0_chain(__m512 sum, __m512 dd, int n, __m128 acc)
 }
 
 /* Eight rows per pass, two quads whose chains of dependent additions interleave. */
-AVX512 OUT_OF_LINE static void q4_0_rows4(int64_t k, const void *w, size_t ws, const struct q4_0_act4 *t, float *out,
-                                          int64_t nr)
+AVX512 SPECIALIZE static inline void q4_0_rows4(int64_t k, const void *w, size_t ws, const struct q4_0_act4 *t,
+                                                float *out, int64_t nr, enum prefetch_level lv)
 {
     const int64_t nb = k / KIRI_QK8_0, ng = (nb + 3) / 4, nfull = nb / 4;
     const size_t span = 4 * sizeof(struct kiri_block_q4_0);
@@ -1291,9 +1285,14 @@ AVX512 OUT_OF_LINE static void q4_0_rows4(int64_t k, const void *w, size_t ws, c
         __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
         for (int64_t g = 0; g < ng; g++) {
             const size_t o = (size_t)g * span;
-            if (pf)
+            if (pf) /* written out, not in a helper: see q4_K_rows */
                 for (int i = 0; i < 8; i++)
-                    prefetch_span(x[i] + PREFETCH_ROWS * ws + o, span);
+                    for (size_t po = 0; po < span; po += 64) {
+                        if (lv == PREFETCH_L2)
+                            _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T1);
+                        else
+                            _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
+                    }
             const int full = g < nfull, n = full ? 4 : (int)(nb % 4);
             __m512 s0, d0, s1, d1;
             q4_0_group4(x, o, full, mlo, mhi, &t[g], &s0, &d0);
@@ -1312,18 +1311,31 @@ AVX512 OUT_OF_LINE static void q4_0_rows4(int64_t k, const void *w, size_t ws, c
 }
 
 /* One token: the activation's table in a frame of its own (not beside the octets' tables). */
-AVX512 OUT_OF_LINE static void q4_0_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+AVX512 OUT_OF_LINE static void q4_0_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
+                                        enum prefetch_level lv)
 {
     struct q4_0_act4 t[Q4_0_ROWS4_MAX_BLOCKS / 4];
     q4_0_act4_fill(a, k / KIRI_QK8_0, t);
-    q4_0_rows4(k, w, ws, t, out, nr);
+    if (lv == PREFETCH_L2)
+        q4_0_rows4(k, w, ws, t, out, nr, PREFETCH_L2);
+    else
+        q4_0_rows4(k, w, ws, t, out, nr, PREFETCH_L1);
 }
 
 AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
     if (nt == 1 && k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
-        q4_0_one(k, w, ws, a, dst, nr);
+        q4_0_one(k, w, ws, a, dst, nr, PREFETCH_L1);
+    else
+        gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
+}
+
+AVX512 static void gemm_q4_0_avx512_l2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    if (nt == 1 && k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
+        q4_0_one(k, w, ws, a, dst, nr, PREFETCH_L2);
     else
         gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
 }
@@ -1410,7 +1422,7 @@ static int is_amd_family_19h(void)
 void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
 {
     const int l2 = is_amd_family_19h();
-    k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx512;
+    k->gemm[KIRI_TYPE_Q4_0] = l2 ? gemm_q4_0_avx512_l2 : gemm_q4_0_avx512;
     k->gemm[KIRI_TYPE_Q8_0] = gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = l2 ? gemm_q4_K_avx512_l2 : gemm_q4_K_avx512;
     k->gemm[KIRI_TYPE_Q5_K] = l2 ? gemm_q5_K_avx512_l2 : gemm_q5_K_avx512;
