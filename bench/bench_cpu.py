@@ -82,7 +82,7 @@ HERE = os.path.join(REPO, "bench")
 # names, lower case). The default set: a full run in about 18 minutes on 2 idle cores.
 MODELS = ["tinyllama-Q4_0", "tinyllama-Q4_K_M", "tinyllama-Q8_0", "smollm-Q4_0", "smollm-Q8_0",
           "smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
-MORE_MODELS = ["tinyllama-Q4_1", "tinyllama-Q5_K", "smollm-Q4_1"]
+MORE_MODELS = ["tinyllama-Q4_1", "tinyllama-Q5_K", "tinyllama-Q6_K", "smollm-Q4_1"]
 ALL_MODELS = MODELS[:5] + MORE_MODELS + MODELS[5:]
 REAL = {"smollm2-135m-instruct-q4_1": "SmolLM2-135M-Instruct Q4_1, real file",
         "gemma-3-270m-q4_k_m": "Gemma 3 270M Q4_K_M, real file"}
