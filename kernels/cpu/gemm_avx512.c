@@ -992,7 +992,7 @@ AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, c
 }
 
 /* 2-4 tokens; the dispatch turns m into a constant. */
-AVX512 static inline void q4_K_rows_m(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
+AVX512 SPECIALIZE static inline void q4_K_rows_m(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
                                       size_t ds, int64_t nr, int m, enum prefetch_level lv, int five)
 {
     if (lv == PREFETCH_L2) {
