@@ -87,7 +87,7 @@ HERE = os.path.join(REPO, "bench")
 # names, lower case). The default set: a full run in about 18 minutes on 2 idle cores.
 MODELS = ["tinyllama-Q4_0", "tinyllama-Q4_K_M", "tinyllama-Q8_0", "smollm-Q4_0", "smollm-Q8_0",
           "smollm2-135m-instruct-q4_1", "gemma-3-270m-q4_k_m"]
-MORE_MODELS = ["tinyllama-Q4_1", "tinyllama-Q5_K", "smollm-Q4_1"]
+MORE_MODELS = ["tinyllama-Q4_1", "tinyllama-Q5_K", "tinyllama-Q6_K", "smollm-Q4_1"]
 # The hybrid shapes (recurrent layers beside attention; issue 14): run with --only qwen35 lfm2
 # --depths 0 4096, the depth at which their decode should stay flat.
 HYBRID_MODELS = ["qwen35-0.8b-Q8_0", "qwen35-0.8b-Q4_K_M", "lfm2-1.2b-Q8_0", "lfm2-1.2b-Q4_K_M"]

@@ -50,10 +50,11 @@ benchmark uses random weights at the shapes of two real models instead of downlo
 
 Each model is written once as F16 (normal weights, std 0.02, norms 1.0, one fixed seed per
 model; generated in chunks so memory stays near one tensor), then converted with
-`kiri quantize` to the shape's types (TinyLlama: Q4_0, Q4_1, Q4_K_M, Q5_K, Q8_0; SmolLM: Q4_0, Q4_1,
-Q8_0; Qwen3.5 and LFM2: Q4_K_M and Q8_0; runtime/quantize.c's table: Q4_K_M is Q4_K with Q6_K for the output and V matrices, Q5_K
-is Q5_K throughout, llama.cpp's Q5_K_S file type; a tied token_embd is the output matrix, so it
-takes Q6_K in Q4_K_M as in llama.cpp's files; the recurrent layers' convolution kernels stay F32). SmolLM gets no K-quants: its rows of 576 are
+`kiri quantize` to the shape's types (TinyLlama: Q4_0, Q4_1, Q4_K_M, Q5_K, Q6_K, Q8_0; SmolLM: Q4_0,
+Q4_1, Q8_0; Qwen3.5 and LFM2: Q4_K_M and Q8_0; runtime/quantize.c's table: Q4_K_M is Q4_K with Q6_K
+for the output and V matrices, Q5_K is Q5_K throughout, llama.cpp's Q5_K_S file type, Q6_K is Q6_K
+throughout; a tied token_embd is the output matrix, so it takes Q6_K in Q4_K_M as in llama.cpp's
+files; the recurrent layers' convolution kernels stay F32). SmolLM gets no K-quants: its rows of 576 are
 not whole 256-wide K-quant blocks, so kiri (like llama.cpp) would fall back to another type for
 nearly every matrix and the file would not be a K-quant model.
 
@@ -121,7 +122,7 @@ class Shape:
 
 SHAPES = [
     Shape("tinyllama", "ggml-vocab-llama-spm.gguf", 32000, 2048, 22, 32, 4, 5632, 2048, 10000.0,
-          1e-5, False, 1101, ("Q4_0", "Q4_1", "Q4_K_M", "Q5_K", "Q8_0")),
+          1e-5, False, 1101, ("Q4_0", "Q4_1", "Q4_K_M", "Q5_K", "Q6_K", "Q8_0")),
     Shape("smollm", "ggml-vocab-gpt-2.gguf", 50257, 576, 30, 9, 3, 1536, 2048, 10000.0,
           1e-5, True, 135, ("Q4_0", "Q4_1", "Q8_0")),
     Shape("qwen05", "ggml-vocab-qwen2.gguf", 151669, 896, 24, 14, 2, 4864, 4096, 1000000.0,

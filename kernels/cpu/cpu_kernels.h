@@ -159,8 +159,6 @@ void kiri_cpu_gemm_small_q5_0_avx2(int64_t k, const void *w, size_t ws, const vo
                                    float *dst, size_t ds, int64_t nr, int64_t nt);
 void kiri_cpu_gemm_small_q5_1_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                    float *dst, size_t ds, int64_t nr, int64_t nt);
-void kiri_cpu_gemm_small_q5_K_avx2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                   float *dst, size_t ds, int64_t nr, int64_t nt);
 #endif
 
 /* ---- element-wise and row operations (portable C) ---- */

@@ -1573,7 +1573,6 @@ GEMM_FLOAT(gemm_f16_avx2, ld8_f16, ld1_f16)
 GEMM_SMALL_EXPORT(q4_1)
 GEMM_SMALL_EXPORT(q5_0)
 GEMM_SMALL_EXPORT(q5_1)
-GEMM_SMALL_EXPORT(q5_K)
 
 /* ---------------------------------------------------------------------------------------------
  * Table

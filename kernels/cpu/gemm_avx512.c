@@ -1,6 +1,6 @@
 /* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0, Q5_0 and Q8_0
  * weights against Q8_0 activations, Q4_1 and Q5_1 against Q8_1, and Q4_K, Q5_K and Q6_K against
- * Q8_K: the same contract as gemm_avx2.c, for CPUs that have them. Q4_1, Q5_0, Q5_1 and Q5_K have
+ * Q8_K: the same contract as gemm_avx2.c, for CPUs that have them. Q4_1, Q5_0 and Q5_1 have
  * octets only (prefill): their one to four tokens (decode, small batches) take the AVX2 kernels.
  *
  * The AVX2 kernels fold the partial sums of several (row, token) pairs with horizontal adds; here
@@ -808,18 +808,12 @@ static inline void put4(float *out, const float v[4], int64_t r, int64_t nr)
  * only, or a second, farther prefetch to L2 were all slower. */
 #define PREFETCH_ROWS 8
 
-/* Where the K-quant one-token and small-batch kernels prefetch to. On a Zen 4 (family 19h) the
- * first-level prefetches of those kernels capped a thread's streaming at about a third of the
- * memory bandwidth, and prefetching into L2 instead doubled it (bench_vec_dot, one-token GB/s
- * from DRAM); on a Zen 5 the first level was the faster one. */
+/* Where the K-quant one-token and small-batch kernels and the Q4_0 one-token kernel prefetch to.
+ * On a Zen 4 (family 19h) the first-level prefetches of those kernels capped a thread's streaming
+ * at about a third of the memory bandwidth, and prefetching into L2 instead doubled it
+ * (bench_vec_dot, one-token GB/s from DRAM: Q4_K 9.1 -> 12.8, Q6_K 6.8 -> 14.6, Q4_0 4.8-9.5 ->
+ * 14.7-16.0); on a Zen 5 the first level was the faster one. */
 enum prefetch_level { PREFETCH_L1, PREFETCH_L2 };
-
-/* Prefetches `bytes` from p on, one line per 64 bytes. */
-AVX512 static inline void prefetch_span(const char *p, size_t bytes)
-{
-    for (size_t o = 0; o < bytes; o += 64)
-        _mm_prefetch(p + o, _MM_HINT_T0);
-}
 
 /* vpermw indices for the sub-block scales of Q4_K: row i's 8 scales are words 8i .. 8i + 7 of
  * the unpacked vector; vector j of a row's products holds sub-blocks (0|2), (1|3), (4|6), (5|7)
@@ -838,20 +832,32 @@ static const uint16_t q4k_scale_idx[4][4][32] = {
 #undef Q4K_IDX
 };
 
-/* Q4_K rows against m tokens (1..4): sum x a = d_a (d sum_s sc_s sum(q a) - dmin sum_s m_s bsum_s).
- * Per super-block the four rows' scales and nibbles are unpacked once and used for each token, so
- * a small batch (a serving step of a few sequences) streams the weights once like one token.
- * Each token's float operations are the one-token kernel's, in its order, so a token gets the
- * same floats alone or in a batch. */
+/* Q4_K (five == 0) or Q5_K (five == 1) rows against m tokens (1..4): sum x a = d_a (d sum_s sc_s
+ * sum(q a) - dmin sum_s m_s bsum_s), q in 0..15 or 0..31 (maddubs stays exact: 2 * 31 * 127 <
+ * 2^15). Per super-block the four rows' scales and quants are unpacked once and used for each
+ * token, so a small batch (a serving step of a few sequences) streams the weights once like one
+ * token. Each token's float operations are the one-token kernel's, in its order, so a token gets
+ * the same floats alone or in a batch. */
 AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                               float *dst, size_t ds, int64_t nr, int m, enum prefetch_level lv)
+                                               float *dst, size_t ds, int64_t nr, int m, enum prefetch_level lv,
+                                               int five)
 {
     const struct kiri_block_q8_K *y[4];
     for (int t = 0; t < 4; t++)
         y[t] = (const struct kiri_block_q8_K *)((const char *)a + (size_t)(t < m ? t : 0) * as);
     const int64_t nb = k / KIRI_QK_K;
-    const size_t bs = sizeof(struct kiri_block_q4_K);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    const size_t bs = five ? sizeof(struct kiri_block_q5_K) : sizeof(struct kiri_block_q4_K);
+    const size_t qs_at = five ? offsetof(struct kiri_block_q5_K, qs) : offsetof(struct kiri_block_q4_K, qs);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512(), b4 = _mm512_set1_epi8(0x10);
+    /* Q5_K's fifth bits: the 32 qh bytes in both 256-bit halves; value 64j + l (l < 32) takes bit
+     * 2j of qh[l], value 64j + 32 + l bit 2j + 1. The quant vectors v0 .. v3 below hold values
+     * (0.., 64..), (32.., 96..), (128.., 192..), (160.., 224..) in their (low, high) 256-bit
+     * halves, so they take bits (0, 2), (1, 3), (4, 6), (5, 7), moved to bit 4 by word shifts of
+     * at most 4 (no bit of the other byte of a word reaches bit 4). */
+    const __m512i sh0 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1); /* left */
+    const __m512i sh1 = _mm512_inserti64x4(_mm512_set1_epi16(3), _mm256_set1_epi16(1), 1); /* left */
+    const __m512i sh2 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1); /* right */
+    const __m512i sh3 = _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1); /* right */
     /* The word operations of get_scale_min_k4 (quants.c) on dwords 1..3 (w0 w1 w2) of each lane:
      * [w0 & 3f, w2 & 0f | (w0 >> 2) & 30, w1 & 3f, (w2 >> 4) & 0f | (w1 >> 2) & 30]. */
     const __m512i shl = _mm512_set_epi32(4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0);
@@ -868,7 +874,7 @@ AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t 
             accq[t] = accm[t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bs;
-            if (pf) /* written out: GCC 12 drops prefetch_span's prefetches in this inlined body */
+            if (pf) /* written out: GCC 12 dropped a helper's prefetches in this inlined body */
                 for (int i = 0; i < 4; i++)
                     for (size_t po = 0; po < bs; po += 64) {
                         if (lv == PREFETCH_L2)
@@ -911,10 +917,18 @@ AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t 
             __m512i is[4][4];
             UNROLL
             for (int i = 0; i < 4; i++) {
-                const char *qs = x[i] + o + offsetof(struct kiri_block_q4_K, qs);
+                const char *qs = x[i] + o + qs_at;
                 const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-                const __m512i v0 = _mm512_and_si512(q0, m4), v1 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
-                const __m512i v2 = _mm512_and_si512(q1, m4), v3 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+                __m512i v0 = _mm512_and_si512(q0, m4), v1 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+                __m512i v2 = _mm512_and_si512(q1, m4), v3 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
+                if (five) { /* v | (bit moved to 4 & 0x10): ternary-logic table 0xF8 = A | (B & C) */
+                    const __m512i h = _mm512_broadcast_i64x4(
+                        _mm256_loadu_si256((const __m256i *)(x[i] + o + offsetof(struct kiri_block_q5_K, qh))));
+                    v0 = _mm512_ternarylogic_epi32(v0, _mm512_sllv_epi16(h, sh0), b4, 0xF8);
+                    v1 = _mm512_ternarylogic_epi32(v1, _mm512_sllv_epi16(h, sh1), b4, 0xF8);
+                    v2 = _mm512_ternarylogic_epi32(v2, _mm512_srlv_epi16(h, sh2), b4, 0xF8);
+                    v3 = _mm512_ternarylogic_epi32(v3, _mm512_srlv_epi16(h, sh3), b4, 0xF8);
+                }
                 const __m512i *ix = (const __m512i *)q4k_scale_idx[i];
                 const __m512i s0 = _mm512_permutexvar_epi16(_mm512_loadu_si512(ix), scw);
                 const __m512i s1 = _mm512_permutexvar_epi16(_mm512_loadu_si512(ix + 1), scw);
@@ -954,32 +968,50 @@ AVX512 SPECIALIZE static inline void q4_K_rows(int64_t k, const void *w, size_t 
     }
 }
 
+/* One token, Q4_K (five == 0) or Q5_K (five == 1). */
 AVX512 OUT_OF_LINE static void q4_K_rows4(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
-                                          enum prefetch_level lv)
+                                          enum prefetch_level lv, int five)
 {
+    if (five) {
+        if (lv == PREFETCH_L2)
+            q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L2, 1);
+        else
+            q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L1, 1);
+        return;
+    }
     if (lv == PREFETCH_L2)
-        q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L2);
+        q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L2, 0);
     else
-        q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L1);
+        q4_K_rows(k, w, ws, a, 0, out, 0, nr, 1, PREFETCH_L1, 0);
 }
 
 /* 2-4 tokens; the dispatch turns m into a constant. */
-AVX512 OUT_OF_LINE static void q4_K_rows_small(int64_t k, const void *w, size_t ws, const void *a, size_t as,
-                                               float *dst, size_t ds, int64_t nr, int m, enum prefetch_level lv)
+AVX512 SPECIALIZE static inline void q4_K_rows_m(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
+                                      size_t ds, int64_t nr, int m, enum prefetch_level lv, int five)
 {
     if (lv == PREFETCH_L2) {
         switch (m) {
-        case 2: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 2, PREFETCH_L2); break;
-        case 3: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 3, PREFETCH_L2); break;
-        default: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 4, PREFETCH_L2); break;
+        case 2: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 2, PREFETCH_L2, five); break;
+        case 3: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 3, PREFETCH_L2, five); break;
+        default: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 4, PREFETCH_L2, five); break;
         }
         return;
     }
     switch (m) {
-    case 2: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 2, PREFETCH_L1); break;
-    case 3: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 3, PREFETCH_L1); break;
-    default: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 4, PREFETCH_L1); break;
+    case 2: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 2, PREFETCH_L1, five); break;
+    case 3: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 3, PREFETCH_L1, five); break;
+    default: q4_K_rows(k, w, ws, a, as, dst, ds, nr, 4, PREFETCH_L1, five); break;
     }
+}
+
+AVX512 OUT_OF_LINE static void q4_K_rows_small(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int m, enum prefetch_level lv,
+                                               int five)
+{
+    if (five)
+        q4_K_rows_m(k, w, ws, a, as, dst, ds, nr, m, lv, 1);
+    else
+        q4_K_rows_m(k, w, ws, a, as, dst, ds, nr, m, lv, 0);
 }
 
 /* vpermw indices for Q6_K: vector j of a row's products holds the groups of 16 values 4j .. 4j + 3,
@@ -1025,7 +1057,7 @@ AVX512 SPECIALIZE static inline void q6_K_rows(int64_t k, const void *w, size_t 
             acc[t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const size_t o = (size_t)b * bs;
-            if (pf) /* written out, not prefetch_span: see q4_K_rows */
+            if (pf) /* written out, not in a helper: see q4_K_rows */
                 for (int i = 0; i < 4; i++)
                     for (size_t po = 0; po < bs; po += 64) {
                         if (lv == PREFETCH_L2)
@@ -1230,8 +1262,8 @@ AVX512 static inline __m128 q4_0_chain(__m512 sum, __m512 dd, int n, __m128 acc)
 }
 
 /* Eight rows per pass, two quads whose chains of dependent additions interleave. */
-AVX512 OUT_OF_LINE static void q4_0_rows4(int64_t k, const void *w, size_t ws, const struct q4_0_act4 *t, float *out,
-                                          int64_t nr)
+AVX512 SPECIALIZE static inline void q4_0_rows4(int64_t k, const void *w, size_t ws, const struct q4_0_act4 *t,
+                                                float *out, int64_t nr, enum prefetch_level lv)
 {
     const int64_t nb = k / KIRI_QK8_0, ng = (nb + 3) / 4, nfull = nb / 4;
     const size_t span = 4 * sizeof(struct kiri_block_q4_0);
@@ -1247,9 +1279,14 @@ AVX512 OUT_OF_LINE static void q4_0_rows4(int64_t k, const void *w, size_t ws, c
         __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
         for (int64_t g = 0; g < ng; g++) {
             const size_t o = (size_t)g * span;
-            if (pf)
+            if (pf) /* written out, not in a helper: see q4_K_rows */
                 for (int i = 0; i < 8; i++)
-                    prefetch_span(x[i] + PREFETCH_ROWS * ws + o, span);
+                    for (size_t po = 0; po < span; po += 64) {
+                        if (lv == PREFETCH_L2)
+                            _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T1);
+                        else
+                            _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
+                    }
             const int full = g < nfull, n = full ? 4 : (int)(nb % 4);
             __m512 s0, d0, s1, d1;
             q4_0_group4(x, o, full, mlo, mhi, &t[g], &s0, &d0);
@@ -1268,18 +1305,22 @@ AVX512 OUT_OF_LINE static void q4_0_rows4(int64_t k, const void *w, size_t ws, c
 }
 
 /* One token: the activation's table in a frame of its own (not beside the octets' tables). */
-AVX512 OUT_OF_LINE static void q4_0_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+AVX512 OUT_OF_LINE static void q4_0_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
+                                        enum prefetch_level lv)
 {
     struct q4_0_act4 t[Q4_0_ROWS4_MAX_BLOCKS / 4];
     q4_0_act4_fill(a, k / KIRI_QK8_0, t);
-    q4_0_rows4(k, w, ws, t, out, nr);
+    if (lv == PREFETCH_L2)
+        q4_0_rows4(k, w, ws, t, out, nr, PREFETCH_L2);
+    else
+        q4_0_rows4(k, w, ws, t, out, nr, PREFETCH_L1);
 }
 
 AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
     if (nt == 1 && k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
-        q4_0_one(k, w, ws, a, dst, nr);
+        q4_0_one(k, w, ws, a, dst, nr, PREFETCH_L1);
     else
         gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
 }
@@ -1434,39 +1475,52 @@ AVX512 static void gemm_q8_0_avx512_l2(int64_t k, const void *w, size_t ws, cons
     gemm_q8_0(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L2);
 }
 
-AVX512 static inline void gemm_q4_K(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
-                                     size_t ds, int64_t nr, int64_t nt, enum prefetch_level lv)
+AVX512 static void gemm_q4_0_avx512_l2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    if (nt == 1 && k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
+        q4_0_one(k, w, ws, a, dst, nr, PREFETCH_L2);
+    else
+        gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
+}
+
+/* Q4_K (five == 0) or Q5_K (five == 1): octets of tokens on the unpacked super-blocks, up to four
+ * tokens (decode, small batches) and the one or two tokens the octets leave on the kernels above. */
+AVX512 SPECIALIZE static inline void gemm_q45_K(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                                float *dst, size_t ds, int64_t nr, int64_t nt, enum prefetch_level lv,
+                                                int five)
 {
     if (nt >= 2 && nt <= 4) {
-        q4_K_rows_small(k, w, ws, a, as, dst, ds, nr, (int)nt, lv);
+        q4_K_rows_small(k, w, ws, a, as, dst, ds, nr, (int)nt, lv, five);
         return;
     }
-    const int64_t t = gemm16_k(k, w, ws, unpack16_q4_K, 0, a, as, dst, ds, nr, nt);
+    const int64_t t = gemm16_k(k, w, ws, five ? unpack16_q5_K : unpack16_q4_K, 0, a, as, dst, ds, nr, nt);
     for (int64_t i = t; i < nt; i++)
-        q4_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr, lv);
+        q4_K_rows4(k, w, ws, (const char *)a + (size_t)i * as, dst + (size_t)i * ds, nr, lv, five);
 }
 
 AVX512 static void gemm_q4_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
-    gemm_q4_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L1);
+    gemm_q45_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L1, 0);
 }
 
 AVX512 static void gemm_q4_K_avx512_l2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                        float *dst, size_t ds, int64_t nr, int64_t nt)
 {
-    gemm_q4_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L2);
+    gemm_q45_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L2, 0);
 }
 
-/* Q5_K: the Q4_K octets on its unpacked quants; up to four tokens (decode, small batches) and
- * the one or two tokens the octets leave take the AVX2 kernels. */
 AVX512 static void gemm_q5_K_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
-    const int64_t t = gemm16_k(k, w, ws, unpack16_q5_K, 0, a, as, dst, ds, nr, nt);
-    if (t < nt)
-        kiri_cpu_gemm_small_q5_K_avx2(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,
-                                      nt - t);
+    gemm_q45_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L1, 1);
+}
+
+AVX512 static void gemm_q5_K_avx512_l2(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                       float *dst, size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q45_K(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L2, 1);
 }
 
 AVX512 static inline void gemm_q6_K(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
@@ -1512,10 +1566,10 @@ static int is_amd_family_19h(void)
 void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
 {
     const int l2 = is_amd_family_19h();
-    k->gemm[KIRI_TYPE_Q4_0] = gemm_q4_0_avx512;
+    k->gemm[KIRI_TYPE_Q4_0] = l2 ? gemm_q4_0_avx512_l2 : gemm_q4_0_avx512;
     k->gemm[KIRI_TYPE_Q8_0] = l2 ? gemm_q8_0_avx512_l2 : gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = l2 ? gemm_q4_K_avx512_l2 : gemm_q4_K_avx512;
-    k->gemm[KIRI_TYPE_Q5_K] = gemm_q5_K_avx512;
+    k->gemm[KIRI_TYPE_Q5_K] = l2 ? gemm_q5_K_avx512_l2 : gemm_q5_K_avx512;
     k->gemm[KIRI_TYPE_Q4_1] = gemm_q4_1_avx512;
     k->gemm[KIRI_TYPE_Q5_0] = gemm_q5_0_avx512;
     k->gemm[KIRI_TYPE_Q5_1] = gemm_q5_1_avx512;
@@ -1524,7 +1578,7 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm_stream[KIRI_TYPE_Q8_0] = 4;
     k->gemm_stream[KIRI_TYPE_Q4_K] = 4; /* q4_K_rows_small */
     k->gemm_stream[KIRI_TYPE_Q6_K] = 4; /* q6_K_rows_small */
-    k->gemm_stream[KIRI_TYPE_Q5_K] = 4; /* the AVX2 small batches */
+    k->gemm_stream[KIRI_TYPE_Q5_K] = 4; /* q4_K_rows_small */
     k->gemm_stream[KIRI_TYPE_Q4_1] = 4;
     k->gemm_stream[KIRI_TYPE_Q5_0] = 4;
     k->gemm_stream[KIRI_TYPE_Q5_1] = 4;
