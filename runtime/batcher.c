@@ -217,9 +217,8 @@ int kiri_batcher_init_held(struct kiri_model *m, const struct kiri_batcher_param
      * snapshots; fewer when it is short (none: no speculation). */
     int64_t n_spec_states = !snap_each ? 0
                             : held_history ? (int64_t)KIRI_KVCACHE_STATE_HISTORY * p.max_seqs
-                            : p.spec_max_seqs > 0 && p.spec_states ? p.draft_rows : 0;
-    if (n_spec_states > p.spec_states && p.spec_states > 0 && !held_history)
-        n_spec_states = p.spec_states;
+                            : p.spec_max_seqs <= 0 ? 0
+                            : p.spec_states < 0 || p.spec_states > p.draft_rows ? p.draft_rows : p.spec_states;
     if (n_spec_states && p.kv_memory && per_token && (size_t)n_spec_states > spare / snap_each)
         n_spec_states = (int64_t)(spare / snap_each);
     const size_t spec_state_bytes = (size_t)n_spec_states * snap_each;
@@ -827,8 +826,9 @@ static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *t
     if (decoding > b->p.spec_max_seqs)
         return;
     /* With recurrent state each drafted token keeps its state in a spare slot of its own. */
-    if (b->b_state_rows && budget > kiri_kvcache_n_state_free(b->kv))
-        budget = kiri_kvcache_n_state_free(b->kv);
+    const int32_t state_free = b->b_state_rows ? kiri_kvcache_n_state_free(b->kv) : budget;
+    if (budget > state_free)
+        budget = state_free;
     for (int32_t j = 0; j < n && budget > 0; j++) {
         struct seq *s = planned[j];
         if (!s->drafter || take[j] != 1 || s->n_tokens - s->kv.n_tokens != 1 || s->n_generated < s->spec_resume)

@@ -1185,52 +1185,50 @@ static void check_delta_net(struct backend_check *b, int hk, int hv, int s)
         pair_free(b, all[i]);
 }
 
-void backend_check_recurrent_ops(struct backend_check *b)
+/* Runs checks with the CPU backend as b->ref, the reference each op is compared with. */
+static void against_cpu(struct backend_check *b, void (*checks)(struct backend_check *))
 {
     struct kiri_backend_config c;
     backend_check_config(&c);
     char msg[128];
     b->ref = NULL;
     CHECK_EQ_INT(CPU->init(&c, &b->ref, msg, sizeof msg), 0);
-    if (b->ref && b->be) {
-        test_sigmoid_mul(b);
-        test_scale_heads_view(b);
-        check_short_conv(b, 96, 3, 0, 0);  /* lfm2 */
-        check_short_conv(b, 96, 3, 0, 1);
-        check_short_conv(b, 200, 4, 1, 1); /* qwen35, channels no multiple of the workgroup */
-        check_delta_net(b, 2, 4, 16);
-        check_delta_net(b, 1, 3, 13);       /* a head no multiple of 8: the dot products' tails */
-        check_delta_net(b, 1, 1, 128);      /* Qwen3.5's head size */
-    }
+    if (b->ref && b->be)
+        checks(b);
     if (b->ref)
         CPU->free(b->ref);
     b->ref = NULL;
     hand_over(b);
 }
 
-void backend_check_ops(struct backend_check *b)
+static void recurrent_ops(struct backend_check *b)
 {
-    struct kiri_backend_config c;
-    backend_check_config(&c);
-    char msg[128];
-    b->ref = NULL;
-    CHECK_EQ_INT(CPU->init(&c, &b->ref, msg, sizeof msg), 0);
-    if (b->ref && b->be) {
-        test_matmul_all_types(b);
-        test_matmul_shared_activations(b);
-        test_get_rows(b);
-        test_rms_norm(b);
-        test_elementwise(b);
-        test_scale_softcap(b);
-        test_rope(b);
-        test_store_kv(b);
-        test_attention(b);
-    }
-    if (b->ref)
-        CPU->free(b->ref);
-    b->ref = NULL;
-    hand_over(b);
+    test_sigmoid_mul(b);
+    test_scale_heads_view(b);
+    check_short_conv(b, 96, 3, 0, 0);  /* lfm2 */
+    check_short_conv(b, 96, 3, 0, 1);
+    check_short_conv(b, 200, 4, 1, 1); /* qwen35, channels no multiple of the workgroup */
+    check_delta_net(b, 2, 4, 16);
+    check_delta_net(b, 1, 3, 13);       /* a head no multiple of 8: the dot products' tails */
+    check_delta_net(b, 1, 1, 128);      /* Qwen3.5's head size */
 }
+
+void backend_check_recurrent_ops(struct backend_check *b) { against_cpu(b, recurrent_ops); }
+
+static void ops(struct backend_check *b)
+{
+    test_matmul_all_types(b);
+    test_matmul_shared_activations(b);
+    test_get_rows(b);
+    test_rms_norm(b);
+    test_elementwise(b);
+    test_scale_softcap(b);
+    test_rope(b);
+    test_store_kv(b);
+    test_attention(b);
+}
+
+void backend_check_ops(struct backend_check *b) { against_cpu(b, ops); }
 
 /* ---------------------------------------------------------------------------------------------
  * Whole models

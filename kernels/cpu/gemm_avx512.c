@@ -802,6 +802,18 @@ static inline void put4(float *out, const float v[4], int64_t r, int64_t nr)
         out[r + i] = v[i];
 }
 
+/* Stores the results of rows r .. r + 7 (those below nr) from two quads' sums. */
+AVX512 static inline void put8(float *out, __m128 acc0, __m128 acc1, int64_t r, int64_t nr)
+{
+    float v[4];
+    _mm_storeu_ps(v, acc0);
+    put4(out, v, r, nr);
+    if (r + 4 < nr) {
+        _mm_storeu_ps(v, acc1);
+        put4(out, v, r + 4, nr);
+    }
+}
+
 /* One-token kernels prefetch the rows this far ahead (two groups of four): the same bytes of
  * those rows as the group now multiplied reads, so the lines arrive about when they are needed.
  * Measured on rows of 1 to 5 KiB: one group ahead, three or four groups ahead, a prefetch to L2
@@ -1294,13 +1306,7 @@ AVX512 SPECIALIZE static inline void q4_0_rows4(int64_t k, const void *w, size_t
             acc0 = q4_0_chain(s0, d0, n, acc0);
             acc1 = q4_0_chain(s1, d1, n, acc1);
         }
-        float v[4];
-        _mm_storeu_ps(v, acc0);
-        put4(out, v, r, nr);
-        if (r + 4 < nr) {
-            _mm_storeu_ps(v, acc1);
-            put4(out, v, r + 4, nr);
-        }
+        put8(out, acc0, acc1, r, nr);
     }
 }
 
@@ -1432,13 +1438,7 @@ AVX512 SPECIALIZE static inline void q8_0_rows4(int64_t k, const void *w, size_t
             acc0 = q8_0_pair4(x, o, full, &t[g], acc0);
             acc1 = q8_0_pair4(x + 4, o, full, &t[g], acc1);
         }
-        float v[4];
-        _mm_storeu_ps(v, acc0);
-        put4(out, v, r, nr);
-        if (r + 4 < nr) {
-            _mm_storeu_ps(v, acc1);
-            put4(out, v, r + 4, nr);
-        }
+        put8(out, acc0, acc1, r, nr);
     }
 }
 
