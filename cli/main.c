@@ -648,7 +648,10 @@ static int cmd_quantize(const struct options *o, const char **args, int n_args)
         return 2;
     }
     struct kiri_status_info info;
-    if (kiri_quantize(args[0], args[1], args[2], progress_bar, NULL, &info) != KIRI_OK)
+    /* The bar redraws one line with \r: only a terminal shows it as such, a log would get one
+     * line per tensor. */
+    void (*progress)(void *, int64_t, int64_t) = kiri_platform_is_terminal(2) ? progress_bar : NULL;
+    if (kiri_quantize(args[0], args[1], args[2], progress, NULL, &info) != KIRI_OK)
         return fail("quantize", &info);
     fprintf(stderr, "kiri: wrote %s\n", args[1]);
     return 0;
