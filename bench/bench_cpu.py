@@ -325,6 +325,11 @@ def llama_bin_dir(a):
     return r.stdout.strip().splitlines()[-1]
 
 
+def llama_flavour(bin_dir):
+    """How the llama.cpp in bin_dir was built, from the folder name build_llama_cpp.sh gives it."""
+    return "AVX2-only build" if "llama.cpp-build-avx2" in os.path.abspath(bin_dir) else "GGML_NATIVE"
+
+
 # ------------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------------
@@ -525,7 +530,7 @@ def main():
         r["shape"].pop("layer_is_windowed")
     machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "kernel": platform.release(),
                "kiri_kernels": ", ".join(sorted(kernels)),
-               "llama_cpp": f"{llama_build} (llama-cpp-python {llama_cpp_version()} sdist, GGML_NATIVE)",
+               "llama_cpp": f"{llama_build} (llama-cpp-python {llama_cpp_version()} sdist, {llama_flavour(a.llama_bin)})",
                "membw_gbps": bw}
     md = table(results, a, machine)
     out = {

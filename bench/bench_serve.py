@@ -613,7 +613,8 @@ def main():
     machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "kernel": platform.release(),
                "kiri_kernels": kiri_kernels(a),
                "llama_cpp": ("" if a.no_llama else
-                             f"{llama_build(a)} from the llama-cpp-python {bench_cpu.llama_cpp_version()} sdist, GGML_NATIVE"),
+                             f"{llama_build(a)} from the llama-cpp-python {bench_cpu.llama_cpp_version()} sdist, "
+                             f"{bench_cpu.llama_flavour(a.llama_bin)}"),
                "membw_gbps": {t: max(b[t][0] for b in bw_samples) for t in bw_samples[0]}}
     md = table(a, levels, single, rss_level, machine)
     out = {

@@ -207,7 +207,7 @@ def main():
                "kiri_kernels": bench_serve.kiri_kernels(a),
                "llama_cpp": ("" if a.no_llama else
                              f"{bench_serve.llama_build(a)} from the llama-cpp-python "
-                             f"{bench_cpu.llama_cpp_version()} sdist, GGML_NATIVE"),
+                             f"{bench_cpu.llama_cpp_version()} sdist, {bench_cpu.llama_flavour(a.llama_bin)}"),
                "membw_gbps": {t: max(b[t][0] for b in bw) for t in bw[0]}}
     md = table(a, best, machine)
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_start)), "machine": machine,
