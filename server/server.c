@@ -1114,7 +1114,8 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         /* The engine refused the grammar (or another part of the request) at submit: name the
          * field the grammar came from. */
         char param[sizeof info.field];
-        snprintf(param, sizeof param, "%s", strcmp(info.field, "grammar") == 0 ? grammar_param(kind, &r, 0) : info.field);
+        snprintf(param, sizeof param, "%s",
+                 strcmp(info.field, "grammar") == 0 ? grammar_param(kind, &r, 0) : info.field);
         kiri_api_request_free(&r);
         if (submit_rc == KIRI_E_BUSY)
             return fail(c, atomic_load(&s->draining) ? 503 : 429, "server_error", "", "overloaded", info.message,
@@ -1181,7 +1182,8 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         kiri_api_error_set(&gerr, 400, "invalid_request_error", grammar_param(kind, &r, g->ch[0].tools != NULL),
                            "unsupported_grammar", "%s", gfail->grammar_error);
     rs.status = responses_status(g->ch[0].finish);
-    rs.grammar_error = g->ch[0].finish == KIRI_FINISH_ERROR && g->ch[0].grammar_error[0] ? g->ch[0].grammar_error : NULL;
+    rs.grammar_error =
+        g->ch[0].finish == KIRI_FINISH_ERROR && g->ch[0].grammar_error[0] ? g->ch[0].grammar_error : NULL;
     rs.text = g->ch[0].text.data ? g->ch[0].text.data : "";
     rs.text_len = g->ch[0].text.len;
     if (g->ch[0].tools) {

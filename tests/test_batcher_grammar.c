@@ -362,7 +362,8 @@ static void test_ambiguous_grammar(void)
     struct kiri_batcher *b = make_batcher(2, 0);
     if (!b)
         return;
-    static const struct spec amb_spec = {"Once upon a time", AMBIGUOUS, 0, 0}, list_spec = {"Once upon a time", LIST, 0, 0};
+    static const struct spec amb_spec = {"Once upon a time", AMBIGUOUS, 0, 0};
+    static const struct spec list_spec = {"Once upon a time", LIST, 0, 0};
     static struct result amb, list;
     memset(&amb, 0, sizeof amb);
     memset(&list, 0, sizeof list);
