@@ -50,6 +50,7 @@ struct answer {
     struct kiri_buf text;
     int finish;             /* -1 until the final event */
     int status;
+    char error[128];        /* the final event's error sentence, "" if none */
     int32_t n_prompt, n_cached, n_generated;
     double first_token_seconds, t_first, t_end;
 };
@@ -309,6 +310,8 @@ static int on_event(void *user, const struct kiri_token_event *ev)
     if (ev->finish >= 0) {
         a->finish = ev->finish;
         a->status = ev->status;
+        if (ev->error)
+            snprintf(a->error, sizeof a->error, "%s", ev->error);
         a->n_prompt = ev->n_prompt;
         a->n_cached = ev->n_cached;
         a->n_generated = ev->n_generated;
@@ -386,7 +389,7 @@ static int answer(struct chat *ch)
                         "turns to make room\n", ch->n_ctx);
     else if (a.finish == KIRI_FINISH_ERROR)
         fprintf(stderr, "kiri: error: the answer ended early: %s\n",
-                a.status == KIRI_E_NOMEM ? "out of memory" : "the backend failed");
+                a.error[0] ? a.error : a.status == KIRI_E_NOMEM ? "out of memory" : "the backend failed");
     if (ch->p->show_stats)
         print_stats(ch, &a);
     if (ch->tty_in)

@@ -168,7 +168,10 @@ typedef int (*kiri_token_fn)(void *user, int32_t token, const char *text, size_t
  * then works over what is left), and an end-of-generation token only where the sentence may end.
  * When the sentence is complete and the grammar allows nothing more, the sequence ends
  * (KIRI_FINISH_STOP). Grammars are given as text and compiled at submit; a malformed one is
- * KIRI_E_INVALID_ARG with field "grammar" and the line and column in the message. */
+ * KIRI_E_INVALID_ARG with field "grammar" and the line and column in the message. Matching costs
+ * bounded work per byte and per token: a grammar so ambiguous that it would pass the matcher's
+ * bounds (more than 4096 live parse stacks, say) ends its own sequence with KIRI_FINISH_ERROR,
+ * status KIRI_E_UNSUPPORTED and an error sentence naming the bound (kiri_generate returns them). */
 
 /* Largest grammar text accepted, in bytes. */
 #define KIRI_GRAMMAR_MAX_SIZE ((size_t)1 << 20)
@@ -225,7 +228,8 @@ enum kiri_finish {
     KIRI_FINISH_STOP = 2,       /* a stop string (or kiri_generate's callback asked to stop) */
     KIRI_FINISH_CONTEXT = 3,    /* the sequence reached the context length */
     KIRI_FINISH_CANCELLED = 4,  /* cancelled, or the serving callback returned non-zero */
-    KIRI_FINISH_ERROR = 5       /* the backend failed; the output is incomplete */
+    KIRI_FINISH_ERROR = 5       /* the backend failed, or the grammar passed a bound of its matcher
+                                   (the final event's status and error); the output is incomplete */
 };
 
 struct kiri_generate_result {
@@ -330,7 +334,11 @@ struct kiri_request {
 struct kiri_token_event {
     int32_t token;                /* the generated token, or -1 in a final event without one */
     int finish;                   /* -1 while running, else enum kiri_finish */
-    int status;                   /* with KIRI_FINISH_ERROR: why (KIRI_E_NOMEM, KIRI_E_BACKEND) */
+    int status;                   /* with KIRI_FINISH_ERROR: why (KIRI_E_NOMEM, KIRI_E_BACKEND, or
+                                     KIRI_E_UNSUPPORTED: the grammar passed a bound of its matcher) */
+    const char *error;            /* with KIRI_FINISH_ERROR: a sentence naming the cause when known
+                                     ("grammar too ambiguous: ..."), else NULL; valid during the
+                                     callback only */
     /* The text this event completes: whole UTF-8 characters, stop strings cut, text that may
      * begin a stop string held back until it cannot; a final event also carries what was held
      * (not after a stop string or an error). Valid during the callback only. */

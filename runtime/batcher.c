@@ -67,6 +67,7 @@ struct seq {
     float *bias_values;             /* owned (n_bias) */
     int n_bias;
     int status;                     /* what failed, for a KIRI_FINISH_ERROR */
+    char error[128];                /* and the sentence saying why, when known ("" if not) */
     /* Speculation (enum kiri_spec; 0: off). While a step verifies drafts, n_draft > 0 and the
      * step's positions run past the pending token through draft[0..n_draft). */
     struct kiri_drafter *drafter;   /* borrowed, or NULL */
@@ -623,6 +624,7 @@ static void finish(struct kiri_batcher *b, struct seq *s, int reason, const stru
     }
     ev.finish = reason;
     ev.status = reason == KIRI_FINISH_ERROR ? (s->status < 0 ? s->status : KIRI_E_BACKEND) : KIRI_OK;
+    ev.error = reason == KIRI_FINISH_ERROR && s->error[0] ? s->error : NULL;
     s->fn(s->user, &ev);
     seq_free(b, s);
 }
@@ -942,6 +944,15 @@ static int32_t draw(struct seq *s, const float *logits, int32_t draft, int *acce
     return kiri_sampler_verify(s->sampler, logits, draft, accepted);
 }
 
+/* A grammar call's status rc, with the bound the grammar passed kept for the final event: a
+ * grammar too ambiguous for the matcher's bounds ends its own request with that sentence. */
+static int grammar_status(struct seq *s, int rc)
+{
+    if (rc == KIRI_E_UNSUPPORTED)
+        snprintf(s->error, sizeof s->error, "%s", kiri_grammar_state_error(s->gstate));
+    return rc;
+}
+
 /* Chooses s's next token: logit bias first (-100 or less bans), then the grammar's mask (what it
  * disallows becomes -infinity), then the sampler over what is left, which verifies draft instead
  * of drawing freely when draft >= 0. Greedy decoding draws no random
@@ -969,7 +980,7 @@ static int pick(struct kiri_batcher *b, struct seq *s, const float *logits, int3
     if (s->req.sampling.temperature <= 0) {
         const int32_t t = draw(s, lg, draft, accepted);
         if ((rc = kiri_grammar_state_allows(s->gstate, b->gvocab, t)) < 0)
-            return rc;
+            return grammar_status(s, rc);
         if (rc == 1 && lg[t] > -INFINITY) {
             *token = t;
             return KIRI_OK;
@@ -978,7 +989,7 @@ static int pick(struct kiri_batcher *b, struct seq *s, const float *logits, int3
     const uint32_t *mask;
     int32_t n_allowed;
     if ((rc = kiri_grammar_state_mask(s->gstate, b->gvocab, b->gcache, &mask, &n_allowed)) < 0)
-        return rc;
+        return grammar_status(s, rc);
     const int32_t VT = kiri_grammar_vocab_n_vocab(b->gvocab) < V ? kiri_grammar_vocab_n_vocab(b->gvocab) : V;
     for (int32_t w = 0; w * 32 < V; w++) {
         const uint32_t bits = w * 32 < VT ? mask[w] : 0;
@@ -1029,7 +1040,7 @@ static int grammar_accept(struct kiri_batcher *b, struct seq *s, int32_t token)
         kiri_buf_free(&s->recent);
     }
     if (rc < 0) {
-        s->status = rc;
+        s->status = grammar_status(s, rc);
         return KIRI_FINISH_ERROR;
     }
     return kiri_grammar_state_done(s->gstate) ? KIRI_FINISH_STOP : -1;

@@ -942,6 +942,8 @@ out:
     kiri_mem_free(nullable);
 }
 
+static int start_fits(const struct kiri_grammar *g, char *why, size_t cap);
+
 int kiri_grammar_compile(const char *text, size_t len, struct kiri_grammar **out, struct kiri_status_info *info)
 {
     kiri_error_clear(info);
@@ -986,14 +988,12 @@ int kiri_grammar_compile(const char *text, size_t len, struct kiri_grammar **out
         g->fp[0] = hash_bytes(text, len, 1);
         g->fp[1] = hash_bytes(text, len, 0x51ED27);
         /* The start state must fit the bounds. */
-        struct kiri_grammar_state *st = NULL;
-        const int rc = kiri_grammar_state_init(g, &st);
-        kiri_grammar_state_free(st);
+        char why[128];
+        const int rc = start_fits(g, why, sizeof why);
         if (rc == KIRI_E_NOMEM)
             nomem(&P);
         else if (rc < 0)
-            perr(&P, 0, "the start of rule 'root' expands past %d stacks or %d levels", KIRI_GRAMMAR_MAX_STACKS,
-                 KIRI_GRAMMAR_MAX_DEPTH);
+            perr(&P, 0, "the start of rule 'root' does not fit the matcher: %s", why);
     }
     const int rc = P.rc;
     parser_free(&P);
@@ -1058,13 +1058,63 @@ struct kiri_grammar_state {
     uint8_t *ms_acc;
     int32_t *ms_trans;
     uint32_t ms_pool_n, ms_pool_cap, ms_count, ms_cap;
+    /* The references one advance has expanded, keyed (position << 32 | parent) and valid when their
+     * stamp is st->stamp: a reference reached again over the same parent adds nothing new, so an
+     * ambiguous grammar whose paths converge costs one expansion, not one per path. Owned. */
+    uint64_t *vis_key;
+    uint32_t *vis_stamp;
+    uint32_t vis_cap, vis_n;
+    /* Work of the current call (stacks moved, elements expanded) and its budget. */
+    uint64_t steps, budget, budget_n;
+    const char *budget_what;        /* static: what the budget is for, for the message */
+    uint32_t peak;                  /* the most stacks one set has held since the last reset */
     int err;
+    char why[128];                  /* which bound the last KIRI_E_UNSUPPORTED passed */
 };
 
 #define MEMO_MAX 4096
 #define MEMO_TABLE (2 * MEMO_MAX)
 #define MEMO_UNKNOWN (-2)
 #define MEMO_DEAD (-1)
+
+/* Records that a bound was passed (the first one of a call is the one reported). */
+static void over(struct kiri_grammar_state *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void over(struct kiri_grammar_state *st, const char *fmt, ...)
+{
+    if (st->err)
+        return;
+    st->err = KIRI_E_UNSUPPORTED;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->why, sizeof st->why, fmt, ap);
+    va_end(ap);
+}
+
+static void over_stacks(struct kiri_grammar_state *st)
+{
+    over(st, "grammar too ambiguous: more than %d parse stacks", KIRI_GRAMMAR_MAX_STACKS);
+}
+
+/* Allows n more steps of work, for what (a static phrase: "one byte"). st->steps counts the work
+ * of the whole call (zeroed where a call starts). */
+static void budget(struct kiri_grammar_state *st, uint64_t n, const char *what)
+{
+    st->budget = st->steps + n;
+    st->budget_what = what;
+    st->budget_n = n;
+}
+
+/* Counts n steps of work against the budget. */
+static int work(struct kiri_grammar_state *st, uint64_t n)
+{
+    st->steps += n;
+    if (st->steps <= st->budget)
+        return 1;
+    over(st, "grammar too ambiguous: %s needs more than %llu matching steps", st->budget_what,
+         (unsigned long long)st->budget_n);
+    return 0;
+}
 
 static uint32_t slot_of(uint32_t pos, uint32_t parent)
 {
@@ -1097,8 +1147,12 @@ static uint32_t intern(struct kiri_grammar_state *st, uint32_t pos, uint32_t par
         if (st->nodes[k].pos == pos && st->nodes[k].parent == parent)
             return k;
     const uint32_t depth = parent == NONE ? 1 : st->nodes[parent].depth + 1;
-    if (depth > KIRI_GRAMMAR_MAX_DEPTH || st->n_nodes >= MAX_NODES) {
-        st->err = KIRI_E_UNSUPPORTED;
+    if (depth > KIRI_GRAMMAR_MAX_DEPTH) {
+        over(st, "grammar nests deeper than %d levels", KIRI_GRAMMAR_MAX_DEPTH);
+        return NONE;
+    }
+    if (st->n_nodes >= MAX_NODES) {
+        over(st, "grammar state needs more than %u stack entries", MAX_NODES);
         return NONE;
     }
     if (st->n_nodes == st->cap_nodes) {
@@ -1150,7 +1204,7 @@ static void set_add(struct kiri_grammar_state *st, struct set *s, uint32_t k)
         return;
     st->seen[k] = st->stamp;
     if (s->n >= KIRI_GRAMMAR_MAX_STACKS) {
-        st->err = KIRI_E_UNSUPPORTED;
+        over_stacks(st);
         return;
     }
     if (s->n == s->cap) {
@@ -1164,6 +1218,48 @@ static void set_add(struct kiri_grammar_state *st, struct set *s, uint32_t k)
         s->cap = cap;
     }
     s->v[s->n++] = k;
+    if (s->n > st->peak)
+        st->peak = s->n;
+}
+
+/* Marks reference position pos over parent as expanded in this advance; 0 when it already was. */
+static int first_visit(struct kiri_grammar_state *st, uint32_t pos, uint32_t parent)
+{
+    if ((st->vis_n + 1) * 2 > st->vis_cap) {
+        const uint32_t cap = st->vis_cap ? 2 * st->vis_cap : 256;
+        uint64_t *key = kiri_mem_array(cap, sizeof *key);
+        uint32_t *stamp = kiri_mem_calloc(cap, sizeof *stamp);
+        if (!key || !stamp) {
+            kiri_mem_free(key);
+            kiri_mem_free(stamp);
+            st->err = KIRI_E_NOMEM;
+            return 0;
+        }
+        for (uint32_t k = 0; k < st->vis_cap; k++) {
+            if (st->vis_stamp[k] != st->stamp)
+                continue;
+            uint32_t i = (uint32_t)mix64(st->vis_key[k]) & (cap - 1);
+            while (stamp[i] == st->stamp)
+                i = (i + 1) & (cap - 1);
+            key[i] = st->vis_key[k];
+            stamp[i] = st->stamp;
+        }
+        kiri_mem_free(st->vis_key);
+        kiri_mem_free(st->vis_stamp);
+        st->vis_key = key;
+        st->vis_stamp = stamp;
+        st->vis_cap = cap;
+    }
+    const uint64_t key = (uint64_t)pos << 32 | parent;
+    const uint32_t m = st->vis_cap - 1;
+    uint32_t i = (uint32_t)mix64(key) & m;
+    for (; st->vis_stamp[i] == st->stamp; i = (i + 1) & m)
+        if (st->vis_key[i] == key)
+            return 0;
+    st->vis_key[i] = key;
+    st->vis_stamp[i] = st->stamp;
+    st->vis_n++;
+    return 1;
 }
 
 /* Adds to out every stack that starts at pos over parent, references expanded. */
@@ -1171,7 +1267,7 @@ static void expand(struct kiri_grammar_state *st, struct set *out, uint32_t pos,
 {
     const struct kiri_grammar *g = st->g;
     for (;;) {
-        if (st->err)
+        if (st->err || !work(st, 1))
             return;
         const struct elem *e = &g->elems[pos];
         if (e->kind == EL_END) {
@@ -1189,8 +1285,10 @@ static void expand(struct kiri_grammar_state *st, struct set *out, uint32_t pos,
                 set_add(st, out, k);
             return;
         }
+        if (!first_visit(st, pos, parent))
+            return;
         if (depth >= MAX_EXPAND) {
-            st->err = KIRI_E_UNSUPPORTED;
+            over(st, "grammar expands more than %d references without reading a byte", MAX_EXPAND);
             return;
         }
         uint32_t cparent = parent;
@@ -1216,8 +1314,11 @@ static int byte_ok(const struct kiri_grammar *g, const struct elem *e, uint8_t c
 
 static void next_stamp(struct kiri_grammar_state *st)
 {
+    st->vis_n = 0;
     if (++st->stamp == 0) {
         memset(st->seen, 0, (size_t)st->cap_nodes * sizeof *st->seen);
+        if (st->vis_stamp)
+            memset(st->vis_stamp, 0, (size_t)st->vis_cap * sizeof *st->vis_stamp);
         st->stamp = 1;
     }
 }
@@ -1229,6 +1330,8 @@ static void advance(struct kiri_grammar_state *st, const struct set *in, uint8_t
     out->n = 0;
     out->acc = 0;
     next_stamp(st);
+    if (!work(st, in->n))
+        return;
     for (uint32_t k = 0; k < in->n && !st->err; k++) {
         const struct node *nd = &st->nodes[in->v[k]];
         if (byte_ok(g, &g->elems[nd->pos], c)) {
@@ -1243,9 +1346,13 @@ void kiri_grammar_state_reset(struct kiri_grammar_state *st)
     st->n_nodes = 0;
     memset(st->table, 0xFF, (size_t)st->table_cap * sizeof *st->table);
     st->err = 0;
+    st->why[0] = 0;
     st->cur.n = 0;
     st->cur.acc = 0;
+    st->peak = 0;
+    st->steps = 0;
     next_stamp(st);
+    budget(st, KIRI_GRAMMAR_MAX_BYTE_WORK, "the start of rule 'root'");
     const struct kiri_grammar *g = st->g;
     for (uint32_t a = g->rule_alts[g->root]; a < g->rule_alts[g->root + 1]; a++)
         expand(st, &st->cur, g->alts[a], NONE, 0);
@@ -1272,10 +1379,14 @@ void kiri_grammar_state_free(struct kiri_grammar_state *st)
     kiri_mem_free(st->ms_table);
     kiri_mem_free(st->ms_acc);
     kiri_mem_free(st->ms_trans);
+    kiri_mem_free(st->vis_key);
+    kiri_mem_free(st->vis_stamp);
     kiri_mem_free(st);
 }
 
-int kiri_grammar_state_init(const struct kiri_grammar *g, struct kiri_grammar_state **out)
+/* A state at the start of g's root; *out is set (and owned by the caller) unless out of memory,
+ * even when the start passes a bound. */
+static int state_open(const struct kiri_grammar *g, struct kiri_grammar_state **out)
 {
     struct kiri_grammar_state *st = kiri_mem_calloc(1, sizeof *st);
     if (!st)
@@ -1292,13 +1403,35 @@ int kiri_grammar_state_init(const struct kiri_grammar *g, struct kiri_grammar_st
         return KIRI_E_NOMEM;
     }
     kiri_grammar_state_reset(st);
-    const int rc = st->err;
-    if (rc) {
+    if (st->err == KIRI_E_NOMEM) {
+        kiri_grammar_state_free(st);
+        return KIRI_E_NOMEM;
+    }
+    *out = st;
+    return st->err;
+}
+
+int kiri_grammar_state_init(const struct kiri_grammar *g, struct kiri_grammar_state **out)
+{
+    struct kiri_grammar_state *st = NULL;
+    const int rc = state_open(g, &st);
+    if (rc < 0) {
         kiri_grammar_state_free(st);
         return rc;
     }
     *out = st;
     return KIRI_OK;
+}
+
+/* Does the start state fit the bounds? KIRI_OK, or the error and in why the bound it passed. */
+static int start_fits(const struct kiri_grammar *g, char *why, size_t cap)
+{
+    struct kiri_grammar_state *st = NULL;
+    const int rc = state_open(g, &st);
+    if (rc < 0 && st)
+        snprintf(why, cap, "%s", st->why);
+    kiri_grammar_state_free(st);
+    return rc;
 }
 
 /* Keeps only the nodes the current stacks use (parents always precede their children). */
@@ -1338,8 +1471,10 @@ int kiri_grammar_state_feed(struct kiri_grammar_state *st, const void *bytes, si
     const uint32_t mark = st->n_nodes;
     const struct set *in = &st->cur;
     st->err = 0;
+    st->steps = 0;
     for (size_t i = 0; i < n; i++) {
         struct set *out = &st->tmp[i & 1];
+        budget(st, KIRI_GRAMMAR_MAX_BYTE_WORK, "one byte");
         advance(st, in, b[i], out);
         if (st->err || (out->n == 0 && !out->acc)) {
             const int rc = st->err ? st->err : KIRI_E_INVALID_ARG;
@@ -1364,6 +1499,15 @@ int kiri_grammar_state_feed(struct kiri_grammar_state *st, const void *bytes, si
 }
 
 int kiri_grammar_state_can_end(const struct kiri_grammar_state *st) { return st->cur.acc; }
+
+const char *kiri_grammar_state_error(const struct kiri_grammar_state *st) { return st->why; }
+
+void kiri_grammar_state_stats(const struct kiri_grammar_state *st, struct kiri_grammar_stats *out)
+{
+    out->n_stacks = st->cur.n;
+    out->peak_stacks = st->peak;
+    out->steps = st->steps;
+}
 
 int kiri_grammar_state_done(const struct kiri_grammar_state *st) { return st->cur.n == 0; }
 
@@ -1623,11 +1767,24 @@ static int order_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The length of the state's cache key. States whose key would pass KEY_MAX (thousands of deep
+ * stacks, which no practical grammar keeps) are not cached: writing and comparing such keys would
+ * cost more than the bounded walk. */
+#define KEY_MAX ((size_t)1 << 18)
+
+static size_t key_size(const struct kiri_grammar_state *st)
+{
+    size_t need = 32;
+    for (uint32_t k = 0; k < st->cur.n; k++)
+        need += 4 + 4 * (size_t)st->nodes[st->cur.v[k]].depth;
+    return need;
+}
+
 /* Writes the state's exact content (grammar, vocabulary size, end flag, every stack in order of
  * its hash) into st->key. Returns its length, or 0 when out of memory. */
 static size_t state_key(struct kiri_grammar_state *st, int32_t n_vocab)
 {
-    size_t need = 32;
+    const size_t need = key_size(st);
     if (st->cur.n > st->order_cap) {
         uint64_t *o = kiri_mem_realloc(st->order, (size_t)st->cur.n * sizeof *o);
         if (!o)
@@ -1637,7 +1794,6 @@ static size_t state_key(struct kiri_grammar_state *st, int32_t n_vocab)
     }
     for (uint32_t k = 0; k < st->cur.n; k++) {
         const struct node *nd = &st->nodes[st->cur.v[k]];
-        need += 4 + 4 * (size_t)nd->depth;
         /* hash in the high bits, position in the set in the low ones (unique, so sorting is total) */
         st->order[k] = (nd->h & ~0xFFFFull) | k;
     }
@@ -1794,12 +1950,20 @@ static int compute_mask_memo(struct kiri_grammar_state *st, const struct kiri_gr
     return rc;
 }
 
+/* The work a mask may take. A walk's work grows with the vocabulary only where the memo cannot
+ * serve it (each trie node then moves its stacks), hence a part per trie node. */
+static uint64_t mask_budget(const struct kiri_grammar_vocab *v)
+{
+    return KIRI_GRAMMAR_MASK_WORK + (uint64_t)KIRI_GRAMMAR_MASK_WORK_PER_NODE * v->n_nodes;
+}
+
 static int compute_mask(struct kiri_grammar_state *st, const struct kiri_grammar_vocab *v, uint32_t *m,
                         int32_t *count)
 {
     const size_t words = ((size_t)v->n_vocab + 31) / 32;
     memset(m, 0, words * sizeof *m);
     int32_t allowed = 0;
+    budget(st, mask_budget(v), "one token mask");
     int rc = compute_mask_memo(st, v, m, &allowed);
     if (rc != KIRI_E_BUSY) {
         if (rc == KIRI_OK)
@@ -1856,7 +2020,8 @@ int kiri_grammar_state_mask(struct kiri_grammar_state *st, const struct kiri_gra
     const size_t words = ((size_t)v->n_vocab + 31) / 32;
     int32_t count = 0;
     int rc;
-    if (c && c->budget >= words * 4 + 256) {
+    st->steps = 0;
+    if (c && c->budget >= words * 4 + 256 && key_size(st) <= KEY_MAX) {
         const size_t klen = state_key(st, v->n_vocab);
         if (klen == 0)
             return KIRI_E_NOMEM;
@@ -1944,9 +2109,11 @@ int kiri_grammar_state_allows(struct kiri_grammar_state *st, const struct kiri_g
     const uint32_t base = st->n_nodes;
     const struct set *in = &st->cur;
     st->err = 0;
+    st->steps = 0;
     int ok = 1;
     for (size_t i = 0; i < len && ok; i++) {
         struct set *out = &st->lv[1 + (i & 1)];
+        budget(st, KIRI_GRAMMAR_MAX_BYTE_WORK, "one byte");
         advance(st, in, p[i], out);
         ok = !st->err && (out->n > 0 || out->acc);
         in = out;

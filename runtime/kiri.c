@@ -464,6 +464,7 @@ struct generation {
     int status;                 /* the final event's status */
     int32_t n_generated;
     double t_first;             /* when the first token arrived */
+    char error[128];            /* the final event's error sentence, "" if none */
 };
 
 static int on_generated(void *user, const struct kiri_token_event *ev)
@@ -475,6 +476,8 @@ static int on_generated(void *user, const struct kiri_token_event *ev)
         g->finish = ev->finish;
         g->status = ev->status;
         g->n_generated = ev->n_generated;
+        if (ev->error)
+            snprintf(g->error, sizeof g->error, "%s", ev->error);
     }
     if (g->user_stopped || !g->on_token || ev->finish == KIRI_FINISH_CANCELLED || ev->finish == KIRI_FINISH_ERROR)
         return 0;
@@ -513,7 +516,7 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
     r.grammar_len = gp->grammar_len;
     r.speculative = gp->speculative;
     r.spec_max = gp->spec_max;
-    struct generation g = {c->model, on_token, user, 0, -1, KIRI_OK, 0, 0};
+    struct generation g = {c->model, on_token, user, 0, -1, KIRI_OK, 0, 0, ""};
     uint64_t id;
     struct kiri_batcher_stats before, after;
     kiri_batcher_get_stats(c->batcher, &before);
@@ -543,8 +546,12 @@ int kiri_generate(struct kiri_context *c, const int32_t *prompt, int32_t n_promp
         rc = kiri_error_set(info, KIRI_E_CANCELLED, "cancelled");
     } else if (g.finish == KIRI_FINISH_ERROR || g.finish < 0) {
         res.finish = KIRI_FINISH_LENGTH;
-        rc = g.status == KIRI_E_NOMEM ? kiri_error_set(info, KIRI_E_NOMEM, "out of memory while generating")
-                                      : kiri_error_set(info, KIRI_E_BACKEND, "the backend failed while generating");
+        if (g.error[0])
+            rc = kiri_error_set(info, g.status, "%s", g.error);
+        else if (g.status == KIRI_E_NOMEM)
+            rc = kiri_error_set(info, KIRI_E_NOMEM, "out of memory while generating");
+        else
+            rc = kiri_error_set(info, KIRI_E_BACKEND, "the backend failed while generating");
     }
     if (result)
         *result = res;

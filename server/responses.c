@@ -604,10 +604,12 @@ static json_t *text_json(const struct kiri_api_request *r)
     return t;
 }
 
-static json_t *error_json(int status)
+static json_t *error_json(const struct kiri_responses_state *st)
 {
-    if (status != KIRI_RESPONSES_FAILED)
+    if (st->status != KIRI_RESPONSES_FAILED)
         return json_null();
+    if (st->grammar_error)
+        return json_pack("{s:s,s:s}", "code", "unsupported_grammar", "message", st->grammar_error);
     return json_pack("{s:s,s:s}", "code", "server_error", "message", "the model failed while generating");
 }
 
@@ -626,7 +628,7 @@ static json_t *response_object(const struct kiri_responses_state *st)
     if (json_object_set_new(o, "id", jstr(st->id)) || json_object_set_new(o, "object", json_string("response")) ||
         json_object_set_new(o, "created_at", json_integer(st->created)) ||
         json_object_set_new(o, "status", json_string(status_name(st->status))) ||
-        json_object_set_new(o, "error", error_json(st->status)) ||
+        json_object_set_new(o, "error", error_json(st)) ||
         json_object_set_new(o, "incomplete_details", incomplete_json(st->status)) ||
         json_object_set_new(o, "instructions", jstr(r ? r->instructions : NULL)) ||
         json_object_set_new(o, "max_output_tokens",

@@ -80,6 +80,7 @@ struct kiri_responses_state {
     int message_index;
     const struct kiri_tool_call *calls;   /* n_calls of them, contiguous */
     int n_calls;
+    const char *grammar_error;      /* failed: the grammar bound that ended it (borrowed), or NULL */
 };
 
 /* The response object (owned JSON text, NULL when out of memory). */

@@ -257,6 +257,7 @@ struct choice {
     int q_len, q_cap;
     struct kiri_buf q_text;   /* owned: the pending events' text, in order */
     int finished;             /* final event queued */
+    char grammar_error[128];  /* with the final event: the grammar bound that ended it, or "" */
     /* HTTP thread only */
     int done;                 /* final event processed */
     int started;              /* streaming: its first chunk is out (chat: the one with the role) */
@@ -322,8 +323,11 @@ static int on_event(void *user, const struct kiri_token_event *ev)
     e->n_cached = ev->n_cached;
     e->n_generated = ev->n_generated;
     e->ttft = ev->first_token_seconds;
-    if (ev->finish >= 0)
+    if (ev->finish >= 0) {
         ch->finished = 1;
+        if (ev->finish == KIRI_FINISH_ERROR && ev->status == KIRI_E_UNSUPPORTED && ev->error)
+            snprintf(ch->grammar_error, sizeof ch->grammar_error, "%s", ev->error);
+    }
     kiri_platform_cond_broadcast(g->cond);
     kiri_platform_mutex_unlock(g->lock);
     return 0;
@@ -401,6 +405,25 @@ static void choice_free(struct gen *g, struct choice *ch)
     kiri_mem_free(ch->top_tok);
     kiri_mem_free(ch->top_len);
     kiri_mem_free(ch->top_val);
+}
+
+/* The request field a grammar came from: tools, the grammar extension, or the output format. */
+static const char *grammar_param(int kind, const struct kiri_api_request *r, int with_tools)
+{
+    if (with_tools)
+        return "tools";
+    if (r->format == KIRI_API_FORMAT_GRAMMAR)
+        return "grammar";
+    return kind == KIRI_API_RESPONSES ? "text.format" : "response_format";
+}
+
+/* The first choice a grammar bound ended, or NULL. */
+static const struct choice *grammar_failure(const struct gen *g)
+{
+    for (int i = 0; i < g->n; i++)
+        if (g->ch[i].finish == KIRI_FINISH_ERROR && g->ch[i].grammar_error[0])
+            return &g->ch[i];
+    return NULL;
 }
 
 static const char *finish_reason(int finish)
@@ -1088,16 +1111,15 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         run_generation(s, g, &r, NULL, t0 + 60);
         gen_free(g);
         prompts_free(prompts, n_prompts);
-        const int r_format = r.format;
+        /* The engine refused the grammar (or another part of the request) at submit: name the
+         * field the grammar came from. */
+        char param[sizeof info.field];
+        snprintf(param, sizeof param, "%s",
+                 strcmp(info.field, "grammar") == 0 ? grammar_param(kind, &r, 0) : info.field);
         kiri_api_request_free(&r);
         if (submit_rc == KIRI_E_BUSY)
             return fail(c, atomic_load(&s->draining) ? 503 : 429, "server_error", "", "overloaded", info.message,
                         "Retry-After: 1\r\n");
-        /* The engine refused the grammar (or another part of the request) at submit: name the
-         * field the grammar came from. */
-        const char *param = info.field;
-        if (strcmp(param, "grammar") == 0 && r_format != KIRI_API_FORMAT_GRAMMAR)
-            param = kind == KIRI_API_RESPONSES ? "text.format" : "response_format";
         return fail(c, 400, "invalid_request_error", param, "", info.message, "");
     }
 
@@ -1153,7 +1175,15 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         errors += g->ch[i].finish == KIRI_FINISH_ERROR;
     }
     kiri_metrics_tokens(s->metrics, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens);
+    /* A grammar too ambiguous for the matcher ended a choice: the request's grammar is at fault. */
+    const struct choice *gfail = grammar_failure(g);
+    struct kiri_api_error gerr;
+    if (gfail)
+        kiri_api_error_set(&gerr, 400, "invalid_request_error", grammar_param(kind, &r, g->ch[0].tools != NULL),
+                           "unsupported_grammar", "%s", gfail->grammar_error);
     rs.status = responses_status(g->ch[0].finish);
+    rs.grammar_error =
+        g->ch[0].finish == KIRI_FINISH_ERROR && g->ch[0].grammar_error[0] ? g->ch[0].grammar_error : NULL;
     rs.text = g->ch[0].text.data ? g->ch[0].text.data : "";
     rs.text_len = g->ch[0].text.len;
     if (g->ch[0].tools) {
@@ -1173,6 +1203,8 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         } else {
             if (r.include_usage)
                 stream_send(&st, kiri_api_chunk_json(kind, &env, NULL, 0, 0, &usage));
+            if (gfail)
+                stream_send(&st, kiri_api_error_json(&gerr));
             const char done[] = "data: [DONE]\n\n";
             stream_write(&st, done, sizeof done - 1);
         }
@@ -1181,6 +1213,8 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         if (st.broken)
             kiri_metrics_client_disconnect(s->metrics);
         status = 200;
+    } else if (gfail) {
+        status = send_error(c, &gerr, "");
     } else if (errors) {
         status = fail(c, 500, "server_error", "", "", "the model failed while generating", "");
     } else if (kind == KIRI_API_RESPONSES) {

@@ -1,7 +1,8 @@
 /* Structured output in the batching loop on stories260K: constrained and unconstrained sequences
  * batched together (and preempted) each get exactly the tokens they get alone; constrained text
  * follows its grammar (checked by hand-written character tests, not by the matcher); logit bias
- * bans and forces tokens; lazy grammars start at their trigger; bad grammars fail at submit. */
+ * bans and forces tokens; lazy grammars start at their trigger; bad grammars fail at submit; a
+ * grammar too ambiguous for the matcher ends its own sequence with the cause, not its neighbour's. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@ struct result {
     size_t text_len;
     int finish;
     int status;
+    char error[160];
 };
 
 static struct kiri_mutex *lock;
@@ -46,6 +48,7 @@ static int on_event(void *user, const struct kiri_token_event *ev)
     if (ev->finish >= 0) {
         r->finish = ev->finish;
         r->status = ev->status;
+        snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "");
         n_done++;
         kiri_platform_cond_broadcast(done_cond);
     }
@@ -350,6 +353,52 @@ static void test_bad_grammar(void)
     kiri_context_free(c);
 }
 
+/* Every letter may open a level that one of two rules closes: the parse stacks double with each
+ * byte whatever the model writes, and the sentence cannot end before 13 letters. */
+#define AMBIGUOUS "root ::= a\na ::= [a-z] a x | [a-z] a y | [a-z]{13} \".\"\nx ::= [a-z]\ny ::= [a-z]\n"
+
+static void test_ambiguous_grammar(void)
+{
+    struct kiri_batcher *b = make_batcher(2, 0);
+    if (!b)
+        return;
+    static const struct spec amb_spec = {"Once upon a time", AMBIGUOUS, 0, 0};
+    static const struct spec list_spec = {"Once upon a time", LIST, 0, 0};
+    static struct result amb, list;
+    memset(&amb, 0, sizeof amb);
+    memset(&list, 0, sizeof list);
+    n_done = 0;
+    CHECK_EQ_INT(submit_spec(b, &amb_spec, &amb), 0);
+    CHECK_EQ_INT(submit_spec(b, &list_spec, &list), 0);
+    kiri_batcher_start(b);
+    wait_done(2);
+    kiri_batcher_free(b);
+    CHECK_EQ_INT(amb.finish, KIRI_FINISH_ERROR);
+    CHECK_EQ_INT(amb.status, KIRI_E_UNSUPPORTED);
+    if (strncmp(amb.error, "grammar too ambiguous: ", 23) != 0)
+        fprintf(stderr, "ambiguous: \"%s\" (finish %d)\n", amb.error, amb.finish);
+    CHECK(strncmp(amb.error, "grammar too ambiguous: ", 23) == 0);
+    CHECK(amb.n < 13); /* it ended within a few tokens */
+    CHECK(list.finish == KIRI_FINISH_STOP || list.finish == KIRI_FINISH_LENGTH);
+    CHECK(is_list(list.text) || list.finish == KIRI_FINISH_LENGTH);
+    CHECK(list.error[0] == 0);
+    /* kiri_generate reports the cause. */
+    struct kiri_context *c = NULL;
+    CHECK_EQ_INT(kiri_context_init(model, NULL, &c, NULL), 0);
+    struct kiri_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_tokens = MAX_GEN;
+    kiri_sampling_default(&gp.sampling);
+    gp.grammar = AMBIGUOUS;
+    gp.grammar_len = strlen(AMBIGUOUS);
+    struct kiri_status_info info;
+    int32_t ids[128];
+    const int n = kiri_tokenize(model, amb_spec.prompt, strlen(amb_spec.prompt), -1, 0, ids, 128);
+    CHECK_EQ_INT(kiri_generate(c, ids, n, &gp, NULL, NULL, NULL, &info), KIRI_E_UNSUPPORTED);
+    CHECK(strstr(info.message, "grammar too ambiguous: ") != NULL);
+    kiri_context_free(c);
+}
+
 static void test_teardown(void)
 {
     kiri_model_close(model);
@@ -357,4 +406,5 @@ static void test_teardown(void)
     kiri_platform_mutex_free(lock);
 }
 
-TEST_MAIN(test_setup, test_batched_equals_solo, test_logit_bias, test_lazy_grammar, test_bad_grammar, test_teardown)
+TEST_MAIN(test_setup, test_batched_equals_solo, test_logit_bias, test_lazy_grammar, test_bad_grammar,
+          test_ambiguous_grammar, test_teardown)

@@ -1,5 +1,6 @@
 /* Tests for runtime/grammar: GBNF parse errors (line and column), acceptance of strings, the
- * stack bounds, and token masks against a brute-force check of every token of real vocabularies. */
+ * stack and work bounds on ambiguous grammars, and token masks against a brute-force check of every
+ * token of real vocabularies. */
 #include "test.h"
 
 #include "grammar.h"
@@ -158,7 +159,8 @@ static void test_errors(void)
     CHECK_EQ_INT(kiri_grammar_check("root ::= \"a\"", KIRI_GRAMMAR_MAX_SIZE + 1, &info), KIRI_E_INVALID_ARG);
 }
 
-/* An ambiguous grammar whose stack count doubles with every byte ends with a clear error. */
+/* An ambiguous grammar whose paths reconverge after every x is accepted over any length; nesting
+ * past the depth bound ends with a clear error. */
 static void test_caps(void)
 {
     struct kiri_grammar *g = NULL;
@@ -169,7 +171,10 @@ static void test_caps(void)
     int rc = KIRI_OK;
     for (int k = 0; k < 10000 && rc == KIRI_OK; k++)
         rc = kiri_grammar_state_feed(st, "a", 1);
-    CHECK(rc == KIRI_OK || rc == KIRI_E_UNSUPPORTED);
+    CHECK_EQ_INT(rc, KIRI_OK);
+    struct kiri_grammar_stats stats;
+    kiri_grammar_state_stats(st, &stats);
+    CHECK(stats.n_stacks <= 8 && stats.peak_stacks <= 8);
     kiri_grammar_state_free(st);
     kiri_grammar_free(g);
     /* Nesting past the depth bound. */
@@ -182,6 +187,7 @@ static void test_caps(void)
         rc = kiri_grammar_state_feed(st, "[", 1);
     CHECK_EQ_INT(rc, KIRI_E_UNSUPPORTED);
     CHECK(fed > 1000);
+    CHECK_STR(kiri_grammar_state_error(st), "grammar nests deeper than 2048 levels");
     /* The failed byte left the state as it was: the brackets so far can still close. */
     for (int k = 0; k < fed - 1; k++)
         CHECK_EQ_INT(kiri_grammar_state_feed(st, "]", 1), KIRI_OK);
@@ -189,6 +195,144 @@ static void test_caps(void)
     CHECK(kiri_grammar_state_done(st));
     kiri_grammar_state_free(st);
     kiri_grammar_free(g);
+}
+
+/* Ambiguity whose paths converge costs nothing: the stacks stay few, and references reached again
+ * over the same return are expanded once (d0 .. d29 would otherwise take 2^30 paths to the "a"). */
+static void test_converging(void)
+{
+    char text[1024];
+    memset(text, 'a', sizeof text);
+    char gbnf[2048];
+    size_t n = (size_t)snprintf(gbnf, sizeof gbnf, "root ::= d0*\n");
+    for (int k = 0; k < 29; k++)
+        n += (size_t)snprintf(gbnf + n, sizeof gbnf - n, "d%d ::= d%d | d%d\n", k, k + 1, k + 1);
+    snprintf(gbnf + n, sizeof gbnf - n, "d29 ::= \"a\" | \"a\"\n");
+    const char *cases[] = {"root ::= (\"a\" | \"a\")*", "root ::= (x | x x?)*\nx ::= \"a\" | [a-b] | \"a\"", gbnf};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct kiri_grammar *g = NULL;
+        struct kiri_status_info info;
+        CHECK_EQ_INT(kiri_grammar_compile(cases[c], strlen(cases[c]), &g, &info), KIRI_OK);
+        struct kiri_grammar_state *st = NULL;
+        CHECK_EQ_INT(kiri_grammar_state_init(g, &st), KIRI_OK);
+        if (!st) {
+            kiri_grammar_free(g);
+            continue;
+        }
+        struct kiri_grammar_stats stats;
+        uint32_t most = 0;
+        uint64_t most_steps = 0;
+        for (size_t i = 0; i < sizeof text; i++) {
+            CHECK_EQ_INT(kiri_grammar_state_feed(st, text + i, 1), KIRI_OK);
+            kiri_grammar_state_stats(st, &stats);
+            most = stats.n_stacks > most ? stats.n_stacks : most;
+            most_steps = stats.steps > most_steps ? stats.steps : most_steps;
+        }
+        CHECK(kiri_grammar_state_can_end(st));
+        if (most > 8 || most_steps > 400)
+            fprintf(stderr, "case %zu: %u stacks, %llu steps for one byte\n", c, most, (unsigned long long)most_steps);
+        CHECK(most <= 8);
+        CHECK(most_steps <= 400);
+        kiri_grammar_state_free(st);
+        kiri_grammar_free(g);
+    }
+}
+
+/* stories260K's vocabulary (the model opened for it only) and its trie; 0 when either fails. */
+static int stories_vocab(struct kiri_model **m, struct kiri_grammar_vocab **v)
+{
+    struct kiri_model_params mp;
+    kiri_model_params_default(&mp);
+    mp.vocab_only = 1;
+    CHECK_EQ_INT(kiri_model_open(KIRI_SOURCE_DIR "/models/stories260K.gguf", &mp, m, NULL), KIRI_OK);
+    if (!*m)
+        return 0;
+    CHECK_EQ_INT(kiri_grammar_vocab_init((*m)->tokenizer, v), KIRI_OK);
+    if (*v)
+        return 1;
+    kiri_model_close(*m);
+    return 0;
+}
+
+/* The fuzz input that once took seconds per byte (tests/fuzz/seeds/grammar/ambiguous_nesting): every
+ * "a" may open one more nested root, so the distinct stacks grow with the text. Each byte's work
+ * stays proportional to the stacks (expansions that converge are made once), and the text ends at
+ * the stack bound with the error naming it, leaving the state as it was. */
+static void test_ambiguous_nesting(void)
+{
+    const char *gbnf = "root ::= x*\nx ::= \"a\" | \"a\"root \"a\"? | [a-z] | [ ::= a-b] \"a\"?\n";
+    struct kiri_model *m = NULL;
+    struct kiri_grammar_vocab *v = NULL;
+    if (!stories_vocab(&m, &v))
+        return;
+    struct kiri_grammar *g = NULL;
+    struct kiri_grammar_state *st = NULL;
+    CHECK_EQ_INT(kiri_grammar_compile(gbnf, strlen(gbnf), &g, NULL), KIRI_OK);
+    CHECK_EQ_INT(kiri_grammar_state_init(g, &st), KIRI_OK);
+    struct kiri_grammar_stats stats;
+    int rc = KIRI_OK, fed = 0, masks_failed = 0;
+    uint32_t before = 1;
+    for (; fed < 5000 && rc == KIRI_OK; fed++) {
+        if (fed % 64 == 0) {
+            const uint32_t *mask;
+            const int mrc = kiri_grammar_state_mask(st, v, NULL, &mask, NULL);
+            CHECK(mrc == KIRI_OK || mrc == KIRI_E_UNSUPPORTED);
+            if (mrc == KIRI_E_UNSUPPORTED) {
+                masks_failed++;
+                CHECK(strncmp(kiri_grammar_state_error(st), "grammar too ambiguous: ", 23) == 0);
+            }
+        }
+        rc = kiri_grammar_state_feed(st, "a", 1);
+        kiri_grammar_state_stats(st, &stats);
+        CHECK(stats.n_stacks <= KIRI_GRAMMAR_MAX_STACKS);
+        CHECK(stats.steps <= 8 * (uint64_t)before + 64);
+        if (stats.steps > 8 * (uint64_t)before + 64)
+            break;
+        before = stats.n_stacks;
+    }
+    CHECK_EQ_INT(rc, KIRI_E_UNSUPPORTED);
+    CHECK(fed > 300 && fed < 5000);
+    CHECK_STR(kiri_grammar_state_error(st), "grammar too ambiguous: more than 4096 parse stacks");
+    /* The walk's own bound stopped the masks first, well before the state reached its bound. */
+    CHECK(masks_failed > 0);
+    /* The refused byte left the state as it was, and it still answers. */
+    kiri_grammar_state_stats(st, &stats);
+    CHECK_EQ_INT((int)stats.n_stacks, (int)before);
+    CHECK(kiri_grammar_state_can_end(st));
+    CHECK_EQ_INT(kiri_grammar_state_feed(st, "0", 1), KIRI_E_INVALID_ARG);
+    CHECK_EQ_INT(kiri_grammar_state_feed(st, "a", 1), KIRI_E_UNSUPPORTED);
+    kiri_grammar_state_free(st);
+    kiri_grammar_free(g);
+    kiri_grammar_vocab_free(v);
+    kiri_model_close(m);
+}
+
+/* Stacks that double with every byte end at the bound within a few bytes; a start past the bound
+ * is refused at compile time. */
+static void test_doubling(void)
+{
+    const char *gbnf = "root ::= a\na ::= [a-z] a x | [a-z] a y | [a-z]{13} \".\"\nx ::= [a-z]\ny ::= [a-z]\n";
+    struct kiri_grammar *g = NULL;
+    CHECK_EQ_INT(kiri_grammar_compile(gbnf, strlen(gbnf), &g, NULL), KIRI_OK);
+    struct kiri_grammar_state *st = NULL;
+    CHECK_EQ_INT(kiri_grammar_state_init(g, &st), KIRI_OK);
+    int rc = KIRI_OK, fed = 0;
+    for (; fed < 20 && rc == KIRI_OK; fed++)
+        rc = kiri_grammar_state_feed(st, "q", 1);
+    CHECK_EQ_INT(rc, KIRI_E_UNSUPPORTED);
+    CHECK(fed <= 13);
+    CHECK_STR(kiri_grammar_state_error(st), "grammar too ambiguous: more than 4096 parse stacks");
+    kiri_grammar_state_free(st);
+    kiri_grammar_free(g);
+    /* 5000 alternatives all start at once. */
+    char *big = test_xmalloc(64 * 1024);
+    size_t n = (size_t)snprintf(big, 64 * 1024, "root ::= \"x0\"");
+    for (int k = 1; k < 5000; k++)
+        n += (size_t)snprintf(big + n, 64 * 1024 - n, " | \"x%d\"", k);
+    struct kiri_status_info info;
+    CHECK_EQ_INT(kiri_grammar_check(big, n, &info), KIRI_E_INVALID_ARG);
+    CHECK(strstr(info.message, "more than 4096 parse stacks") != NULL);
+    free(big);
 }
 
 /* Every mask bit against feeding the token's bytes to a copy of the state, along a walk through
@@ -305,18 +449,13 @@ static void test_masks_spm(void)
 /* The cache gives the same mask as computing it, for states reached twice. */
 static void test_cache_repeats(void)
 {
-    struct kiri_model_params mp;
-    kiri_model_params_default(&mp);
-    mp.vocab_only = 1;
     struct kiri_model *m = NULL;
-    CHECK_EQ_INT(kiri_model_open(KIRI_SOURCE_DIR "/models/stories260K.gguf", &mp, &m, NULL), KIRI_OK);
-    if (!m)
-        return;
     struct kiri_grammar_vocab *v = NULL;
+    if (!stories_vocab(&m, &v))
+        return;
     struct kiri_grammar *g = NULL;
     struct kiri_grammar_state *st = NULL;
     struct kiri_grammar_cache *cache = NULL;
-    CHECK_EQ_INT(kiri_grammar_vocab_init(m->tokenizer, &v), KIRI_OK);
     CHECK_EQ_INT(kiri_grammar_compile(JSON_GBNF, strlen(JSON_GBNF), &g, NULL), KIRI_OK);
     CHECK_EQ_INT(kiri_grammar_state_init(g, &st), KIRI_OK);
     CHECK_EQ_INT(kiri_grammar_cache_init(1 << 20, &cache), KIRI_OK);
@@ -342,4 +481,5 @@ static void test_cache_repeats(void)
     kiri_model_close(m);
 }
 
-TEST_MAIN(test_accepts, test_errors, test_caps, test_masks_qwen2, test_masks_many_sets, test_masks_spm, test_cache_repeats)
+TEST_MAIN(test_accepts, test_errors, test_caps, test_converging, test_ambiguous_nesting, test_doubling, test_masks_qwen2,
+          test_masks_many_sets, test_masks_spm, test_cache_repeats)

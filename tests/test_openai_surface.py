@@ -243,6 +243,37 @@ def test_structured_output_refusals(server):
     assert e.value.body["code"] == "conflicting_parameters"
 
 
+# Every letter may open a level that one of two rules closes, so the parse stacks double with each
+# byte whatever the model writes (and the sentence cannot end before 13 letters): the matcher's
+# bound ends the request within a few tokens.
+AMBIGUOUS = 'root ::= a\na ::= [a-z] a x | [a-z] a y | [a-z]{13} "."\nx ::= [a-z]\ny ::= [a-z]\n'
+
+
+def test_ambiguous_grammar_fails_its_request_only(server):
+    c = client(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=32, temperature=0,
+                             extra_body={"grammar": AMBIGUOUS})
+    body = e.value.body
+    assert body["param"] == "grammar" and body["code"] == "unsupported_grammar", body
+    assert re.match(r"grammar too ambiguous: (more than 4096 parse stacks|one token mask needs more than)",
+                    body["message"]), body
+    # Streamed: the headers are out, so the error comes as the last event before [DONE].
+    r = request(server.port, "POST", "/v1/chat/completions",
+                {"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32,
+                 "stream": True, "grammar": AMBIGUOUS})
+    assert r.status == 200, r
+    events = sse_events(r.body)
+    assert events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["code"] == "unsupported_grammar" and err["message"].startswith("grammar too ambiguous"), err
+    # The server goes on: the next requests, constrained or not, are answered.
+    ok = c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=10, temperature=0,
+                              extra_body={"grammar": YES_NO})
+    assert re.fullmatch(r"(yes|no)!", ok.choices[0].text), ok.choices[0].text
+    assert c.completions.create(model=MODEL_ID, prompt="a", max_tokens=3).choices[0].text is not None
+
+
 # ---- /v1/responses on the tiny model ------------------------------------------------------------------
 
 # OpenAI's API reference: the events of a streamed text response, in order.
