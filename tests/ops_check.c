@@ -788,3 +788,134 @@ void ops_check_short_conv(struct ops_check *o)
             o->name, cases, worst);
     hand_over(o);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * delta_chunk
+ * ------------------------------------------------------------------------------------------- */
+
+/* n floats of a unit vector (the layer's q and k are L2-normalized before the rule). */
+static void unit_floats(float *p, int64_t n)
+{
+    double norm = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = test_rand_sym();
+        norm += (double)p[i] * (double)p[i];
+    }
+    for (int64_t i = 0; i < n; i++)
+        p[i] = (float)((double)p[i] / sqrt(norm));
+}
+
+/* The gated delta rule written out in double, token after token: M *= e^g, d = beta (v - M k),
+ * M += d k^T, y = scale M q. */
+static void delta_rule_f64(double *M, const float *q, const float *k, const float *v, size_t xs, const float *beta,
+                           const float *lg, size_t gs, double scale, int64_t n, int64_t n_tok, double *y, size_t ys)
+{
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *qt = q + (size_t)t * xs, *kt = k + (size_t)t * xs, *vt = v + (size_t)t * xs;
+        const double decay = exp((double)lg[(size_t)t * gs]), b = (double)beta[(size_t)t * gs];
+        for (int64_t j = 0; j < n; j++) {
+            double *row = M + j * n, pk = 0.0, pq = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                row[i] *= decay;
+                pk += row[i] * (double)kt[i];
+            }
+            const double d = b * ((double)vt[j] - pk);
+            for (int64_t i = 0; i < n; i++) {
+                row[i] += d * (double)kt[i];
+                pq += row[i] * (double)qt[i];
+            }
+            y[(size_t)t * ys + (size_t)j] = scale * pq;
+        }
+    }
+}
+
+/* A chunk of tokens on one head, the kernel against the rule in double from the same state: head
+ * sizes around the vector widths (12 and 20 go token by token), chunks from one token to
+ * KIRI_DELTA_CHUNK and lengths between, unit keys and queries and values in [-1, 1] as in a
+ * layer, decays from mild to ones that underflow within the chunk, inputs interleaved per token
+ * as the layer's are. The outputs and the state are held to 2e-6 of their scale (the
+ * largest magnitude of the chunk's outputs or of the state, and at least 1: the rule in float,
+ * token by token, is off by some 1e-6 of it); the reference, token by token in float, is held to
+ * the same. Two chunks in a row check that the state it leaves is the one the next one needs. */
+void ops_check_delta_chunk(struct ops_check *o)
+{
+    const struct kiri_cpu_kernels *k = o->k;
+    CHECK(k->delta_chunk != NULL && k->delta_chunk != kiri_cpu_delta_chunk);
+    if (!k->delta_chunk) {
+        hand_over(o);
+        return;
+    }
+    static const int64_t sizes[] = {8, 12, 16, 20, 64, 128};
+    static const int64_t lens[] = {1, 2, 7, 8, 9, 16, 33, KIRI_DELTA_CHUNK};
+    double worst = 0.0, worst_ref = 0.0;
+    int cases = 0, bad = 0;
+    for (size_t si = 0; si < COUNT(sizes); si++)
+        for (size_t li = 0; li < COUNT(lens); li++)
+            for (int steep = 0; steep < 2; steep++) {
+                const int64_t n = sizes[si], c = lens[li];
+                const size_t xs = (size_t)(3 * n + 5), gs = 3, ys = (size_t)n + 3;
+                float *x = test_xmalloc((size_t)c * xs * sizeof *x), *gt = test_xmalloc((size_t)c * gs * sizeof *gt);
+                float *sa = random_floats((size_t)(n * n), 0.5f), *sb = test_xmalloc((size_t)(n * n) * sizeof *sb);
+                double *sd = test_xmalloc((size_t)(n * n) * sizeof *sd);
+                float *ya = nan_floats((size_t)c * ys), *yb = nan_floats((size_t)c * ys);
+                double *yd = test_xmalloc((size_t)c * ys * sizeof *yd);
+                memcpy(sb, sa, (size_t)(n * n) * sizeof *sb);
+                for (int64_t i = 0; i < n * n; i++)
+                    sd[i] = (double)sa[i];
+                const double scale = 1.0 / sqrt((double)n);
+                for (int pass = 0; pass < 2; pass++) {
+                    for (int64_t t = 0; t < c; t++) {
+                        float *xt = x + (size_t)t * xs;
+                        unit_floats(xt, n);
+                        unit_floats(xt + n, n);
+                        for (int64_t i = 0; i < n; i++)
+                            xt[2 * n + i] = test_rand_sym();
+                        gt[(size_t)t * gs] = 0.5f + 0.5f * test_rand_sym();
+                        gt[(size_t)t * gs + 1] = steep ? -6.0f + 5.0f * test_rand_sym() : -0.05f + 0.05f * test_rand_sym();
+                    }
+                    delta_rule_f64(sd, x, x + n, x + 2 * n, xs, gt, gt + 1, gs, scale, n, c, yd, ys);
+                    kiri_cpu_delta_chunk(sa, x, x + n, x + 2 * n, xs, gt, gt + 1, gs, (float)scale, n, c, ya, ys);
+                    k->delta_chunk(sb, x, x + n, x + 2 * n, xs, gt, gt + 1, gs, (float)scale, n, c, yb, ys);
+                    double mag = 1.0;
+                    for (int64_t t = 0; t < c; t++)
+                        for (int64_t j = 0; j < n; j++)
+                            mag = fmax(mag, fabs(yd[(size_t)t * ys + (size_t)j]));
+                    for (int64_t i = 0; i < n * n; i++)
+                        mag = fmax(mag, fabs(sd[i]));
+                    const double tol = 2e-6 * mag;
+                    double err = 0.0, err_ref = 0.0;
+                    for (int64_t t = 0; t < c; t++)
+                        for (int64_t j = 0; j < n; j++) {
+                            const size_t at = (size_t)t * ys + (size_t)j;
+                            err = fmax(err, fabs((double)yb[at] - yd[at]));
+                            err_ref = fmax(err_ref, fabs((double)ya[at] - yd[at]));
+                        }
+                    for (int64_t i = 0; i < n * n; i++) {
+                        err = fmax(err, fabs((double)sb[i] - sd[i]));
+                        err_ref = fmax(err_ref, fabs((double)sa[i] - sd[i]));
+                    }
+                    worst = fmax(worst, err / mag);
+                    worst_ref = fmax(worst_ref, err_ref / mag);
+                    if (!(err <= tol && err_ref <= tol) && bad++ < 3)
+                        fprintf(stderr, "  delta_chunk n %lld tokens %lld steep %d pass %d: off by %.3g (reference %.3g) of %.3g\n",
+                                (long long)n, (long long)c, steep, pass, err, err_ref, mag);
+                    CHECK(err <= tol);
+                    CHECK(err_ref <= tol);
+                    for (int64_t t = 0; t < c; t++)
+                        check_nan(yb + (size_t)t * ys + (size_t)n, ys - (size_t)n);
+                    cases++;
+                }
+                free(x);
+                free(gt);
+                free(sa);
+                free(sb);
+                free(sd);
+                free(ya);
+                free(yb);
+                free(yd);
+            }
+    fprintf(stderr, "%s: delta_chunk (%d chunks) checked against the rule in double (worst %.2g of the scale; "
+                    "token by token in float %.2g)\n",
+            o->name, cases, worst, worst_ref);
+    hand_over(o);
+}
