@@ -10,7 +10,7 @@
  * - rows: SwiGLU (both tails of the sigmoid, a sweep over the whole range of exp), RMS norm
  *   with and without weights, GeGLU (a sweep through both tails), scaling and soft-capping (a
  *   sweep through tanh's polynomial, its switch and its saturation), in place where allowed;
- * - the recurrent layers' steps: delta_head, delta_chunk and short_conv_row.
+ * - the recurrent layers' steps: delta_head and short_conv_row.
  * Every check also requires output padding and the floats after the scratch its contract grants to
  * stay untouched. The tolerances and why are stated once, in ops_check.c.
  * State: struct ops_check holds the table under test (borrowed), what the kernels hand to the
@@ -53,8 +53,5 @@ void ops_check_delta_head(struct ops_check *o);
  * vector widths, with and without SiLU, three tokens of one state and in place, against the
  * reference. */
 void ops_check_short_conv(struct ops_check *o);
-/* delta_chunk (kiri_cpu_delta_chunk's contract): head sizes and chunk lengths, mild and steep
- * decays, two chunks in a row, against the rule written out in double. */
-void ops_check_delta_chunk(struct ops_check *o);
 
 #endif

@@ -1,4 +1,4 @@
-/* Tests of the AVX-512 row operations (kernels/cpu/ops_avx512.c: delta_head, delta_chunk, short_conv_row)
+/* Tests of the AVX-512 row operations (kernels/cpu/ops_avx512.c: delta_head, short_conv_row)
  * against the reference kernels of ops.c: the shared checks of tests/ops_check.c, with their cases
  * and tolerances, on the reference table with the AVX2 and then the AVX-512 entries on top (the
  * table the AVX-512 tier runs). Where the build has no x86 kernels or the CPU lacks AVX-512, each
@@ -35,6 +35,5 @@ static void run(const char *test, void (*check)(struct ops_check *))
 
 static void test_delta_head(void) { run(__func__, ops_check_delta_head); }
 static void test_short_conv(void) { run(__func__, ops_check_short_conv); }
-static void test_delta_chunk(void) { run(__func__, ops_check_delta_chunk); }
 
-TEST_MAIN(test_delta_head, test_short_conv, test_delta_chunk)
+TEST_MAIN(test_delta_head, test_short_conv)

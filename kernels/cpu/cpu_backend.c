@@ -315,29 +315,11 @@ static void run_delta_gates(const struct kiri_node *nd, int ith, int nth)
     }
 }
 
-/* Tokens of one sequence the chunked delta rule takes at once in prefill (at most
- * KIRI_DELTA_CHUNK), and the fewest worth it (below, token by token). */
-#define DELTA_CHUNK_TOKENS 32
-#define DELTA_CHUNK_MIN 8
-
-/* The tokens from t on, up to `most`, that carry one sequence's state along in place: each one
- * after t reads and writes t's row and does not start a sequence. */
-static int64_t delta_run(const int32_t *rows, const int32_t *from, const int32_t *pos, int64_t t, int64_t n,
-                         int64_t most)
-{
-    int64_t len = 1;
-    while (len < most && t + len < n && rows[t + len] == rows[t] && from[t + len] == rows[t] && pos[t + len] != 0)
-        len++;
-    return len;
-}
-
 /* The gated delta rule (KIRI_OP_DELTA_NET). Heads are independent, so each worker takes a range
  * of value heads and walks the step's tokens in order, each token updating its sequence's state
  * of those heads (row src[3][t], after a copy from the row it reads when that differs) in place:
  * the state decays, takes the new value where its prediction for the key missed (by beta), and is
- * read by the query (kiri_cpu_delta_head, or the table's version of it). Where the table has a
- * chunked version, a prompt's consecutive tokens go through it DELTA_CHUNK_TOKENS at a time, so
- * each head's state is read and written once per chunk rather than once per token. */
+ * read by the query (kiri_cpu_delta_head, or the table's version of it). */
 static void run_delta_net(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
 {
     const kiri_delta_head_fn step = be->k.delta_head ? be->k.delta_head : kiri_cpu_delta_head;
@@ -346,40 +328,25 @@ static void run_delta_net(struct kiri_backend *be, const struct kiri_node *nd, i
     const int32_t *from = (const int32_t *)((const char *)rows + kiri_state_rows_read_offset(nd->src[3]));
     const int64_t Hk = nd->p.delta.n_head_k, Hv = nd->p.delta.n_head_v, S = nd->p.delta.head_dim;
     const int64_t n = x->ne[1], slots = st->ne[1];
-    /* The chunked kernel walks tokens by one stride per tensor. */
-    const int flat = x->ne[2] == 1 && x->ne[3] == 1 && gates->ne[2] == 1 && gates->ne[3] == 1 &&
-                     nd->dst->ne[2] == 1 && nd->dst->ne[3] == 1;
-    const kiri_delta_chunk_fn chunk = flat ? be->k.delta_chunk : NULL;
     int64_t h0, h1;
     split_rows(Hv, ith, nth, &h0, &h1);
-    for (int64_t t = 0; t < n;) {
+    for (int64_t t = 0; t < n; t++) {
         const int32_t r = rows[t], f = from[t];
-        const int64_t len = chunk ? delta_run(rows, from, pos, t, n, DELTA_CHUNK_TOKENS) : 1;
-        if (r < 0 || r >= slots || f < 0 || f >= slots) {
-            t += len;
+        if (r < 0 || r >= slots || f < 0 || f >= slots)
             continue; /* rows are validated by the runtime; never touch outside the state */
-        }
         const float *xt = (const float *)row_ptr(x, t), *gt = (const float *)row_ptr(gates, t);
         float *y = (float *)row_ptr(nd->dst, t);
         for (int64_t h = h0; h < h1; h++) {
             float *M = (float *)((char *)st->data + (size_t)r * st->nb[1]) + h * S * S;
             const float *prev = (const float *)((const char *)st->data + (size_t)f * st->nb[1]) + h * S * S;
             const float *q = xt + (h % Hk) * S, *k = xt + Hk * S + (h % Hk) * S, *v = xt + 2 * Hk * S + h * S;
+            const float beta = gt[h], decay = expf(gt[Hv + h]);
             if (pos[t] == 0)
                 memset(M, 0, (size_t)(S * S) * sizeof(float));
             else if (f != r)
                 memcpy(M, prev, (size_t)(S * S) * sizeof(float));
-            if (len >= DELTA_CHUNK_MIN)
-                chunk(M, q, k, v, x->nb[1] / sizeof(float), gt + h, gt + Hv + h, gates->nb[1] / sizeof(float),
-                      nd->p.delta.scale, S, len, y + h * S, nd->dst->nb[1] / sizeof(float));
-            else
-                for (int64_t i = 0; i < len; i++) {
-                    const float *xi = (const float *)row_ptr(x, t + i), *gi = (const float *)row_ptr(gates, t + i);
-                    step(M, xi + (q - xt), xi + (k - xt), xi + (v - xt), gi[h], expf(gi[Hv + h]), nd->p.delta.scale,
-                         S, (float *)row_ptr(nd->dst, t + i) + h * S);
-                }
+            step(M, q, k, v, beta, decay, nd->p.delta.scale, S, y + h * S);
         }
-        t += len;
     }
 }
 

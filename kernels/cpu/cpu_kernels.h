@@ -91,12 +91,6 @@ typedef void (*kiri_map_fn)(const float *x, float *y, int64_t n, float param);
 /* One token's step of the gated delta rule on one head: the contract of kiri_cpu_delta_head. */
 typedef void (*kiri_delta_head_fn)(float *state, const float *q, const float *k, const float *v, float beta,
                                    float decay, float scale, int64_t n, float *y);
-/* The most tokens one call of a kiri_delta_chunk_fn takes. */
-#define KIRI_DELTA_CHUNK 64
-/* n_tok consecutive tokens of one sequence on one head: the contract of kiri_cpu_delta_chunk. */
-typedef void (*kiri_delta_chunk_fn)(float *state, const float *q, const float *k, const float *v, size_t x_stride,
-                                    const float *beta, const float *log_decay, size_t g_stride, float scale,
-                                    int64_t n, int64_t n_tok, float *y, size_t y_stride);
 /* One token of a causal depthwise convolution over a run of channels: the contract of
  * kiri_cpu_short_conv_row. */
 typedef void (*kiri_short_conv_fn)(float *state, size_t state_stride, const float *w, size_t w_stride,
@@ -121,7 +115,6 @@ struct kiri_cpu_kernels {
     kiri_map_fn scale_row;                          /* NULL: kiri_cpu_scale_row */
     kiri_map_fn softcap_row;                        /* NULL: kiri_cpu_softcap_row */
     kiri_delta_head_fn delta_head;                  /* NULL: kiri_cpu_delta_head */
-    kiri_delta_chunk_fn delta_chunk;                /* NULL: delta_head token by token */
     kiri_short_conv_fn short_conv_row;              /* NULL: kiri_cpu_short_conv_row */
     const char *path;                               /* "c", "avx2", "neon+dotprod", ... */
 };
@@ -138,10 +131,10 @@ void kiri_cpu_kernels_init_avx2(struct kiri_cpu_kernels *k);
 void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k);
 /* Sets the row-operation entries that have AVX2 versions (ops_avx2.c: attend_head, attend_group,
  * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row, delta_head,
- * delta_chunk, short_conv_row). Same preconditions as kiri_cpu_kernels_init_avx2. */
+ * short_conv_row). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k);
 /* Replaces the row-operation entries that have AVX-512 versions (ops_avx512.c: delta_head,
- * delta_chunk, short_conv_row). Call after kiri_cpu_kernels_init_ops_avx2, and only when the CPU reports
+ * short_conv_row). Call after kiri_cpu_kernels_init_ops_avx2, and only when the CPU reports
  * KIRI_CPU_AVX512. */
 void kiri_cpu_kernels_init_ops_avx512(struct kiri_cpu_kernels *k);
 /* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q4_1, Q5_0,
@@ -198,14 +191,6 @@ void kiri_cpu_softcap_row(const float *x, float *y, int64_t n, float cap);
  * independent, so the steps run row by row in one pass over the state. */
 void kiri_cpu_delta_head(float *state, const float *q, const float *k, const float *v, float beta, float decay,
                          float scale, int64_t n, float *y);
-/* n_tok (1 to KIRI_DELTA_CHUNK) consecutive tokens of one sequence through one head of the gated
- * delta rule: for token t, kiri_cpu_delta_head with q, k and v at + t * x_stride, beta
- * beta[t * g_stride], decay e^log_decay[t * g_stride], output at y + t * y_stride (strides in
- * floats). The reference runs exactly that; the SIMD versions (delta_chunk_impl.h) take the chunk
- * at once, equal in exact arithmetic, within a few float roundings. */
-void kiri_cpu_delta_chunk(float *state, const float *q, const float *k, const float *v, size_t x_stride,
-                          const float *beta, const float *log_decay, size_t g_stride, float scale, int64_t n,
-                          int64_t n_tok, float *y, size_t y_stride);
 /* One token of a causal depthwise convolution of `taps` taps (1 to KIRI_SHORT_CONV_MAX_TAPS) over
  * n channels, all arrays indexed by channel: the weights tap-major (tap k of channel c at
  * w[k * w_stride + c], the oldest input's tap first), the state the channels' taps - 1 previous

@@ -39,16 +39,6 @@ void kiri_cpu_delta_head(float *state, const float *q, const float *k, const flo
     }
 }
 
-void kiri_cpu_delta_chunk(float *state, const float *q, const float *k, const float *v, size_t x_stride,
-                          const float *beta, const float *log_decay, size_t g_stride, float scale, int64_t n,
-                          int64_t n_tok, float *y, size_t y_stride)
-{
-    for (int64_t t = 0; t < n_tok; t++)
-        kiri_cpu_delta_head(state, q + (size_t)t * x_stride, k + (size_t)t * x_stride, v + (size_t)t * x_stride,
-                            beta[(size_t)t * g_stride], expf(log_decay[(size_t)t * g_stride]), scale, n,
-                            y + (size_t)t * y_stride);
-}
-
 /* Channel by channel, the taps in order, as llama.cpp's ssm_conv sums them. */
 void kiri_cpu_short_conv_row(float *state, size_t state_stride, const float *w, size_t w_stride, int64_t taps,
                              const float *x, int silu, int64_t n, float *y)

@@ -585,25 +585,6 @@ AVX2 static void delta_head_avx2(float *state, const float *q, const float *k, c
     }
 }
 
-/* The chunked delta rule (delta_chunk_impl.h) on eight rows at a time, four tokens side by side
- * (sixteen registers). */
-#define DC_NAME delta_chunk_avx2
-#define DC_ATTR AVX2 static
-#define DC_VEC __m256
-#define DC_LANES 8
-#define DC_GROUP 4
-#define DC_LOAD(p) _mm256_loadu_ps(p)
-#define DC_STORE(p, x) _mm256_storeu_ps(p, x)
-#define DC_SET1(s) _mm256_set1_ps(s)
-#define DC_ZERO() _mm256_setzero_ps()
-#define DC_MUL(a, b) _mm256_mul_ps(a, b)
-#define DC_ADD(a, b) _mm256_add_ps(a, b)
-#define DC_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define DC_FNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
-#define DC_HEAD delta_head_avx2
-#define DC_UNROLL UNROLL
-#include "delta_chunk_impl.h"
-
 /* kiri_cpu_short_conv_row eight channels at a time: the same products and sums in the same order
  * (no fused multiply-adds), so without SiLU the output is the reference's to the bit; SiLU as
  * swiglu_row_avx2 takes it, within a few ulp. The channels left over take the reference. */
@@ -646,7 +627,6 @@ void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k)
     k->scale_row = scale_row_avx2;
     k->softcap_row = softcap_row_avx2;
     k->delta_head = delta_head_avx2;
-    k->delta_chunk = delta_chunk_avx2;
     k->short_conv_row = short_conv_row_avx2;
 }
 

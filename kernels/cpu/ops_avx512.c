@@ -15,7 +15,6 @@
 #if defined(__x86_64__)
 
 #include <immintrin.h>
-#include <math.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
 /* Loops over the rows of a tile must be unrolled so their accumulators stay in registers. */
@@ -100,25 +99,6 @@ AVX512 static void delta_head_avx512(float *state, const float *q, const float *
     }
 }
 
-/* The chunked delta rule (delta_chunk_impl.h) on sixteen rows at a time, eight tokens side by
- * side. */
-#define DC_NAME delta_chunk_avx512
-#define DC_ATTR AVX512 static
-#define DC_VEC __m512
-#define DC_LANES 16
-#define DC_GROUP 8
-#define DC_LOAD(p) _mm512_loadu_ps(p)
-#define DC_STORE(p, x) _mm512_storeu_ps(p, x)
-#define DC_SET1(s) _mm512_set1_ps(s)
-#define DC_ZERO() _mm512_setzero_ps()
-#define DC_MUL(a, b) _mm512_mul_ps(a, b)
-#define DC_ADD(a, b) _mm512_add_ps(a, b)
-#define DC_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define DC_FNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
-#define DC_HEAD delta_head_avx512
-#define DC_UNROLL UNROLL
-#include "delta_chunk_impl.h"
-
 /* kiri_cpu_short_conv_row sixteen channels at a time: the same products and sums in the same
  * order (no fused multiply-adds), so without SiLU the output is the reference's to the bit. The
  * channels left over take the reference. */
@@ -149,7 +129,6 @@ AVX512 static void short_conv_row_avx512(float *state, size_t state_stride, cons
 void kiri_cpu_kernels_init_ops_avx512(struct kiri_cpu_kernels *k)
 {
     k->delta_head = delta_head_avx512;
-    k->delta_chunk = delta_chunk_avx512;
     k->short_conv_row = short_conv_row_avx512;
 }
 
