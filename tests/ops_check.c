@@ -757,7 +757,8 @@ void ops_check_short_conv(struct ops_check *o)
                                                 : plain_tol * (double)terms[c];
                         worst = err > worst ? err : worst;
                         if (!(err <= tol) && bad++ < 3) {
-                            fprintf(stderr, "  short_conv taps %lld n %lld silu %d token %d: channel %lld %.9g vs %.9g\n",
+                            fprintf(stderr,
+                                    "  short_conv taps %lld n %lld silu %d token %d: channel %lld %.9g vs %.9g\n",
                                     (long long)taps, (long long)n, silu, t, (long long)c, (double)yb[c],
                                     (double)ya[c]);
                             CHECK(err <= tol);
