@@ -541,15 +541,12 @@ AVX2 static inline float sum8_avx2(__m256 v)
     return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_movehdup_ps(t));
 }
 
-/* Rows of the state delta_head_avx2 walks side by side: their chains of multiply-adds and sums
- * overlap (one row at a time waits on them). Two: on the Qwen3.5 shape four made prefill a little
- * faster still but decode, whose state comes from DRAM, 2.5x slower. */
-#define DELTA_ROWS 2
-
 /* kiri_cpu_delta_head with each row in two short passes while it is in L1 (decay and the
  * prediction; the update and the query), eight lanes at a time: the lanes are dot_f32's eight
- * running sums, with fused multiply-adds; two rows side by side. Head sizes that are not a
- * multiple of 8 take the reference. */
+ * running sums, with fused multiply-adds. One loop runs the second pass of a row beside the first
+ * pass of the next, so the chains of multiply-adds and sums of two rows overlap while the state is
+ * still read in order, one stream (rows side by side in separate streams made decode, whose state
+ * comes from DRAM, slower). Head sizes that are not a multiple of 8 take the reference. */
 AVX2 static void delta_head_avx2(float *state, const float *q, const float *k, const float *v, float beta,
                                  float decay, float scale, int64_t n, float *y)
 {
@@ -558,31 +555,34 @@ AVX2 static void delta_head_avx2(float *state, const float *q, const float *k, c
         return;
     }
     const __m256 dv = _mm256_set1_ps(decay);
-    for (int64_t j = 0; j < n; j += DELTA_ROWS) {
-        float *row = state + j * n;
-        __m256 p[DELTA_ROWS], d[DELTA_ROWS];
-        UNROLL for (int r = 0; r < DELTA_ROWS; r++) p[r] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n; i += 8) {
-            const __m256 kv = _mm256_loadu_ps(k + i);
-            UNROLL for (int r = 0; r < DELTA_ROWS; r++) {
-                const __m256 m = _mm256_mul_ps(_mm256_loadu_ps(row + r * n + i), dv);
-                _mm256_storeu_ps(row + r * n + i, m);
-                p[r] = _mm256_fmadd_ps(m, kv, p[r]);
+    __m256 pk = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) { /* the first pass of row 0 */
+        const __m256 m = _mm256_mul_ps(_mm256_loadu_ps(state + i), dv);
+        _mm256_storeu_ps(state + i, m);
+        pk = _mm256_fmadd_ps(m, _mm256_loadu_ps(k + i), pk);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        float *row = state + j * n, *next = row + n;
+        const __m256 d = _mm256_set1_ps((v[j] - sum8_avx2(pk)) * beta);
+        __m256 pq = _mm256_setzero_ps();
+        pk = _mm256_setzero_ps();
+        if (j + 1 < n)
+            for (int64_t i = 0; i < n; i += 8) {
+                const __m256 kv = _mm256_loadu_ps(k + i);
+                const __m256 m = _mm256_fmadd_ps(d, kv, _mm256_loadu_ps(row + i));
+                _mm256_storeu_ps(row + i, m);
+                pq = _mm256_fmadd_ps(m, _mm256_loadu_ps(q + i), pq);
+                const __m256 mn = _mm256_mul_ps(_mm256_loadu_ps(next + i), dv);
+                _mm256_storeu_ps(next + i, mn);
+                pk = _mm256_fmadd_ps(mn, kv, pk);
             }
-        }
-        UNROLL for (int r = 0; r < DELTA_ROWS; r++) {
-            d[r] = _mm256_set1_ps((v[j + r] - sum8_avx2(p[r])) * beta);
-            p[r] = _mm256_setzero_ps();
-        }
-        for (int64_t i = 0; i < n; i += 8) {
-            const __m256 kv = _mm256_loadu_ps(k + i), qv = _mm256_loadu_ps(q + i);
-            UNROLL for (int r = 0; r < DELTA_ROWS; r++) {
-                const __m256 m = _mm256_fmadd_ps(d[r], kv, _mm256_loadu_ps(row + r * n + i));
-                _mm256_storeu_ps(row + r * n + i, m);
-                p[r] = _mm256_fmadd_ps(m, qv, p[r]);
+        else
+            for (int64_t i = 0; i < n; i += 8) {
+                const __m256 m = _mm256_fmadd_ps(d, _mm256_loadu_ps(k + i), _mm256_loadu_ps(row + i));
+                _mm256_storeu_ps(row + i, m);
+                pq = _mm256_fmadd_ps(m, _mm256_loadu_ps(q + i), pq);
             }
-        }
-        UNROLL for (int r = 0; r < DELTA_ROWS; r++) y[j + r] = sum8_avx2(p[r]) * scale;
+        y[j] = sum8_avx2(pq) * scale;
     }
 }
 

@@ -17,8 +17,6 @@
 #include <immintrin.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
-/* Loops over the rows of a tile must be unrolled so their accumulators stay in registers. */
-#define UNROLL _Pragma("GCC unroll 8")
 
 /* e^x for x <= 0: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to degree 7
  * (truncation below 1e-8 relative), 2^n put into the exponent; ops_avx2.c's exp_neg on sixteen
@@ -56,14 +54,12 @@ AVX512 static inline __m512 silu512(__m512 z)
     return _mm512_mul_ps(z, _mm512_div_ps(_mm512_mask_mov_ps(one, neg, t), _mm512_add_ps(one, t)));
 }
 
-/* Rows of the state kiri_cpu_delta_head's AVX-512 version walks side by side: their chains of
- * multiply-adds and sums overlap (one row at a time waits on them). Two: on the Qwen3.5 shape
- * four made prefill a little faster still but decode, whose state comes from DRAM, 2.5x slower. */
-#define DELTA_ROWS 2
-
 /* kiri_cpu_delta_head with each row in two short passes while it is in L1 (decay and the
- * prediction; the update and the query), sixteen lanes at a time with fused multiply-adds,
- * two rows side by side. Head sizes that are not a multiple of 16 take the reference. */
+ * prediction; the update and the query), sixteen lanes at a time with fused multiply-adds. One
+ * loop runs the second pass of a row beside the first pass of the next, so the chains of
+ * multiply-adds and sums of two rows overlap while the state is still read in order, one stream
+ * (rows side by side in separate streams made decode, whose state comes from DRAM, slower). Head
+ * sizes that are not a multiple of 16 take the reference. */
 AVX512 static void delta_head_avx512(float *state, const float *q, const float *k, const float *v, float beta,
                                      float decay, float scale, int64_t n, float *y)
 {
@@ -72,31 +68,34 @@ AVX512 static void delta_head_avx512(float *state, const float *q, const float *
         return;
     }
     const __m512 dv = _mm512_set1_ps(decay);
-    for (int64_t j = 0; j < n; j += DELTA_ROWS) {
-        float *row = state + j * n;
-        __m512 p[DELTA_ROWS], d[DELTA_ROWS];
-        UNROLL for (int r = 0; r < DELTA_ROWS; r++) p[r] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) {
-            const __m512 kv = _mm512_loadu_ps(k + i);
-            UNROLL for (int r = 0; r < DELTA_ROWS; r++) {
-                const __m512 m = _mm512_mul_ps(_mm512_loadu_ps(row + r * n + i), dv);
-                _mm512_storeu_ps(row + r * n + i, m);
-                p[r] = _mm512_fmadd_ps(m, kv, p[r]);
+    __m512 pk = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) { /* the first pass of row 0 */
+        const __m512 m = _mm512_mul_ps(_mm512_loadu_ps(state + i), dv);
+        _mm512_storeu_ps(state + i, m);
+        pk = _mm512_fmadd_ps(m, _mm512_loadu_ps(k + i), pk);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        float *row = state + j * n, *next = row + n;
+        const __m512 d = _mm512_set1_ps((v[j] - _mm512_reduce_add_ps(pk)) * beta);
+        __m512 pq = _mm512_setzero_ps();
+        pk = _mm512_setzero_ps();
+        if (j + 1 < n)
+            for (int64_t i = 0; i < n; i += 16) {
+                const __m512 kv = _mm512_loadu_ps(k + i);
+                const __m512 m = _mm512_fmadd_ps(d, kv, _mm512_loadu_ps(row + i));
+                _mm512_storeu_ps(row + i, m);
+                pq = _mm512_fmadd_ps(m, _mm512_loadu_ps(q + i), pq);
+                const __m512 mn = _mm512_mul_ps(_mm512_loadu_ps(next + i), dv);
+                _mm512_storeu_ps(next + i, mn);
+                pk = _mm512_fmadd_ps(mn, kv, pk);
             }
-        }
-        UNROLL for (int r = 0; r < DELTA_ROWS; r++) {
-            d[r] = _mm512_set1_ps((v[j + r] - _mm512_reduce_add_ps(p[r])) * beta);
-            p[r] = _mm512_setzero_ps();
-        }
-        for (int64_t i = 0; i < n; i += 16) {
-            const __m512 kv = _mm512_loadu_ps(k + i), qv = _mm512_loadu_ps(q + i);
-            UNROLL for (int r = 0; r < DELTA_ROWS; r++) {
-                const __m512 m = _mm512_fmadd_ps(d[r], kv, _mm512_loadu_ps(row + r * n + i));
-                _mm512_storeu_ps(row + r * n + i, m);
-                p[r] = _mm512_fmadd_ps(m, qv, p[r]);
+        else
+            for (int64_t i = 0; i < n; i += 16) {
+                const __m512 m = _mm512_fmadd_ps(d, _mm512_loadu_ps(k + i), _mm512_loadu_ps(row + i));
+                _mm512_storeu_ps(row + i, m);
+                pq = _mm512_fmadd_ps(m, _mm512_loadu_ps(q + i), pq);
             }
-        }
-        UNROLL for (int r = 0; r < DELTA_ROWS; r++) y[j + r] = _mm512_reduce_add_ps(p[r]) * scale;
+        y[j] = _mm512_reduce_add_ps(pq) * scale;
     }
 }
 
