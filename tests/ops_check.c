@@ -698,3 +698,94 @@ void ops_check_delta_head(struct ops_check *o)
             o->name, COUNT(sizes), worst);
     hand_over(o);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * short_conv_row
+ * ------------------------------------------------------------------------------------------- */
+
+/* Three tokens through one state, kernel and reference side by side: tap counts from 1 to the
+ * most (lfm2's 3, qwen35's 4), channel counts around the vector widths (the kernels hand what is
+ * left over to the reference), with and without SiLU, strides wider than the run (the gaps must
+ * stay untouched), inputs large enough on the last token to reach both tails of the sigmoid. The
+ * state is copied, so it must match exactly; the sums are the reference's float operations in its
+ * order, so without SiLU the outputs match exactly too, except on AArch64, where the compiler may
+ * fuse the reference's multiply-adds (2^-22 of the sum of the terms' magnitudes). With SiLU the
+ * kernels' sigmoid is within a few ulp of the reference's: 1e-6 of the terms' magnitudes plus of
+ * the result. Prints the largest error seen. */
+void ops_check_short_conv(struct ops_check *o)
+{
+    const struct kiri_cpu_kernels *k = o->k;
+    CHECK(k->short_conv_row != NULL && k->short_conv_row != kiri_cpu_short_conv_row);
+    if (!k->short_conv_row) {
+        hand_over(o);
+        return;
+    }
+    static const int64_t taps_list[] = {1, 2, 3, 4, 5, KIRI_SHORT_CONV_MAX_TAPS};
+    static const int64_t widths[] = {1, 7, 8, 15, 16, 17, 33, 100};
+#if defined(__aarch64__)
+    const double plain_tol = 0x1p-22;
+#else
+    const double plain_tol = 0.0;
+#endif
+    double worst = 0.0;
+    int cases = 0, bad = 0;
+    for (size_t ti = 0; ti < COUNT(taps_list); ti++)
+        for (size_t wi = 0; wi < COUNT(widths); wi++)
+            for (int silu = 0; silu < 2; silu++) {
+                const int64_t taps = taps_list[ti], n = widths[wi];
+                const size_t ss = (size_t)n + 5, ws = (size_t)n + 3, sn = ss * (size_t)taps;
+                float *w = random_floats(ws * (size_t)taps, 1.0f);
+                float *sa = nan_floats(sn), *sb = nan_floats(sn);
+                for (int64_t kk = 0; kk + 1 < taps; kk++)
+                    for (int64_t c = 0; c < n; c++)
+                        sa[(size_t)kk * ss + c] = sb[(size_t)kk * ss + c] = test_rand_sym() * 2.0f;
+                for (int t = 0; t < 3; t++) {
+                    float *x = random_floats((size_t)n, t == 2 ? 60.0f : 2.0f);
+                    float *terms = test_xmalloc((size_t)n * sizeof *terms);
+                    for (int64_t c = 0; c < n; c++) {
+                        double m = fabs((double)x[c] * (double)w[(size_t)(taps - 1) * ws + c]);
+                        for (int64_t kk = 0; kk + 1 < taps; kk++)
+                            m += fabs((double)sa[(size_t)kk * ss + c] * (double)w[(size_t)kk * ws + c]);
+                        terms[c] = (float)m;
+                    }
+                    float *ya = nan_floats((size_t)n + 4), *yb = nan_floats((size_t)n + 4);
+                    kiri_cpu_short_conv_row(sa, ss, w, ws, taps, x, silu, n, ya);
+                    k->short_conv_row(sb, ss, w, ws, taps, x, silu, n, yb);
+                    for (int64_t c = 0; c < n; c++) {
+                        const double err = fabs((double)yb[c] - (double)ya[c]);
+                        const double tol = silu ? 1e-6 * ((double)terms[c] + fabs((double)ya[c])) + 1e-37
+                                                : plain_tol * (double)terms[c];
+                        worst = err > worst ? err : worst;
+                        if (!(err <= tol) && bad++ < 3) {
+                            fprintf(stderr,
+                                    "  short_conv taps %lld n %lld silu %d token %d: channel %lld %.9g vs %.9g\n",
+                                    (long long)taps, (long long)n, silu, t, (long long)c, (double)yb[c],
+                                    (double)ya[c]);
+                            CHECK(err <= tol);
+                        }
+                    }
+                    check_nan(yb + n, 4);
+                    CHECK(memcmp(sa, sb, sn * sizeof *sa) == 0); /* the state, gaps (NaN) included */
+                    free(x);
+                    free(terms);
+                    free(ya);
+                    free(yb);
+                    cases++;
+                }
+                /* in place: y over x */
+                float *x = random_floats((size_t)n, 3.0f), *ya = nan_floats((size_t)n);
+                kiri_cpu_short_conv_row(sa, ss, w, ws, taps, x, silu, n, ya);
+                k->short_conv_row(sb, ss, w, ws, taps, x, silu, n, x);
+                for (int64_t c = 0; c < n; c++)
+                    CHECK(fabs((double)x[c] - (double)ya[c]) <= 1e-5 * (fabs((double)ya[c]) + 1.0));
+                CHECK(memcmp(sa, sb, sn * sizeof *sa) == 0);
+                free(x);
+                free(ya);
+                free(w);
+                free(sa);
+                free(sb);
+            }
+    fprintf(stderr, "%s: short_conv_row (%d cases of a token) checked against the reference (worst %.2g)\n",
+            o->name, cases, worst);
+    hand_over(o);
+}

@@ -9,7 +9,8 @@
  *   infinity) that only the last token sees;
  * - rows: SwiGLU (both tails of the sigmoid, a sweep over the whole range of exp), RMS norm
  *   with and without weights, GeGLU (a sweep through both tails), scaling and soft-capping (a
- *   sweep through tanh's polynomial, its switch and its saturation), in place where allowed.
+ *   sweep through tanh's polynomial, its switch and its saturation), in place where allowed;
+ * - the recurrent layers' steps: delta_head and short_conv_row.
  * Every check also requires output padding and the floats after the scratch its contract grants to
  * stay untouched. The tolerances and why are stated once, in ops_check.c.
  * State: struct ops_check holds the table under test (borrowed), what the kernels hand to the
@@ -48,5 +49,9 @@ void ops_check_rows(struct ops_check *o);
 /* delta_head (kiri_cpu_delta_head's contract): head sizes around the vector widths, three tokens
  * of one state, against the reference. */
 void ops_check_delta_head(struct ops_check *o);
+/* short_conv_row (kiri_cpu_short_conv_row's contract): tap counts, channel counts around the
+ * vector widths, with and without SiLU, three tokens of one state and in place, against the
+ * reference. */
+void ops_check_short_conv(struct ops_check *o);
 
 #endif

@@ -1,5 +1,5 @@
 /* Tests of the AVX2 row operations (kernels/cpu/ops_avx2.c: attend_head, attend_group,
- * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row, delta_head) against the
+ * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row, delta_head, short_conv_row) against the
  * reference kernels of ops.c: the shared checks of tests/ops_check.c, with their cases and
  * tolerances, on the reference table with the AVX2 entries on top. Where the build has no AVX2
  * kernels or the CPU lacks AVX2, FMA or F16C, each test says SKIPPED and checks nothing. */
@@ -37,5 +37,6 @@ static void test_attend_group(void) { run(__func__, ops_check_attend_group); }
 static void test_attend_tile(void) { run(__func__, ops_check_attend_tile); }
 static void test_rows(void) { run(__func__, ops_check_rows); }
 static void test_delta_head(void) { run(__func__, ops_check_delta_head); }
+static void test_short_conv(void) { run(__func__, ops_check_short_conv); }
 
-TEST_MAIN(test_attend_head, test_attend_group, test_attend_tile, test_rows, test_delta_head)
+TEST_MAIN(test_attend_head, test_attend_group, test_attend_tile, test_rows, test_delta_head, test_short_conv)

@@ -98,6 +98,8 @@ static void node_work_size(const struct kiri_node *nd, size_t *shared, size_t *m
         else
             *shared = act;
     }
+    if (nd->op == KIRI_OP_SHORT_CONV) /* the taps of a worker's channels, tap-major */
+        *mine = align_up((size_t)nd->src[1]->ne[0] * (size_t)nd->src[0]->ne[0] * sizeof(float));
     if (nd->op == KIRI_OP_ATTENTION) {
         const size_t slots = (size_t)nd->src[1]->ne[1];
         *mine = align_up(slots * (ATTN_SCORES * sizeof(float) + sizeof(int32_t)));
@@ -235,53 +237,45 @@ static void run_store_kv(struct kiri_backend *be, const struct kiri_node *nd, in
     }
 }
 
-/* The largest kernel KIRI_OP_SHORT_CONV runs (lfm2's is 3 taps, qwen35's 4), and the largest
- * head KIRI_OP_DELTA_NET runs (Qwen3.5's are 128). */
-#define SHORT_CONV_MAX_TAPS 16
+/* The largest head KIRI_OP_DELTA_NET runs (Qwen3.5's are 128). */
 #define DELTA_MAX_HEAD 512
 
 /* Causal depthwise convolution with per-sequence state (KIRI_OP_SHORT_CONV). Channels are
- * independent, so each worker takes a range of them and walks the step's tokens in order, each
- * token's window being its sequence's state (its K - 1 previous inputs, oldest first, copied first
- * to the row the token writes when it reads another) and its own input; the state then shifts by
- * one input. The taps sum in order, oldest input first, in
- * float, as llama.cpp's ssm_conv does. In place is safe: a token's input is read before its
- * output is written, and earlier inputs come from the state. */
-static void run_short_conv(const struct kiri_node *nd, int ith, int nth)
+ * independent, so each worker takes a range of them, turns their weights tap-major into its
+ * scratch once (the kernels read a tap of consecutive channels as one vector), and walks the
+ * step's tokens in order, each token's window being its sequence's state (its K - 1 previous
+ * inputs, oldest first, copied first to the row the token writes when it reads another) and its
+ * own input (kiri_cpu_short_conv_row, or the table's version of it). In place is safe: a token's
+ * input is read before its output is written, and earlier inputs come from the state. */
+static void run_short_conv(struct kiri_backend *be, const struct kiri_node *nd, int ith, int nth)
 {
+    const kiri_short_conv_fn conv = be->k.short_conv_row ? be->k.short_conv_row : kiri_cpu_short_conv_row;
     const struct kiri_tensor *u = nd->src[0], *w = nd->src[1], *st = nd->src[2];
     const int32_t *rows = nd->src[3]->data, *pos = nd->src[4]->data;
     const int32_t *from = (const int32_t *)((const char *)rows + kiri_state_rows_read_offset(nd->src[3]));
     const int64_t E = u->ne[0], n = u->ne[1], K = w->ne[0], slots = st->ne[1];
-    const int silu = nd->p.conv_silu;
     int64_t c0, c1;
     split_rows_aligned(E, 16, ith, nth, &c0, &c1);
-    for (int64_t t = 0; t < n; t++) {
+    const int64_t nc = c1 - c0;
+    float *wt = (float *)work_mine(be, ith); /* K x nc, node_work_size's */
+    for (int64_t c = c0; c < c1; c++) {
+        const float *wc = (const float *)((const char *)w->data + (size_t)c * w->nb[1]);
+        for (int64_t k = 0; k < K; k++)
+            wt[k * nc + c - c0] = wc[k];
+    }
+    for (int64_t t = 0; t < n && nc > 0; t++) {
         const int32_t r = rows[t], f = from[t];
         if (r < 0 || r >= slots || f < 0 || f >= slots)
             continue; /* rows are validated by the runtime; never touch outside the state */
         float *state = (float *)((char *)st->data + (size_t)r * st->nb[1]);
         const float *prev = (const float *)((const char *)st->data + (size_t)f * st->nb[1]);
-        const float *x = (const float *)row_ptr(u, t);
-        float *y = (float *)row_ptr(nd->dst, t);
         for (int64_t k = 0; k + 1 < K; k++)
             if (pos[t] == 0)
-                memset(state + k * E + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+                memset(state + k * E + c0, 0, (size_t)nc * sizeof(float));
             else if (f != r)
-                memcpy(state + k * E + c0, prev + k * E + c0, (size_t)(c1 - c0) * sizeof(float));
-        for (int64_t c = c0; c < c1; c++) {
-            const float *wc = (const float *)((const char *)w->data + (size_t)c * w->nb[1]);
-            const float xc = x[c];
-            float sum = 0.0f;
-            for (int64_t k = 0; k + 1 < K; k++)
-                sum += state[k * E + c] * wc[k];
-            sum += xc * wc[K - 1];
-            for (int64_t k = 0; k + 2 < K; k++)
-                state[k * E + c] = state[(k + 1) * E + c];
-            if (K > 1)
-                state[(K - 2) * E + c] = xc;
-            y[c] = silu ? sum / (1.0f + expf(-sum)) : sum;
-        }
+                memcpy(state + k * E + c0, prev + k * E + c0, (size_t)nc * sizeof(float));
+        conv(state + c0, (size_t)E, wt, (size_t)nc, K, (const float *)row_ptr(u, t) + c0, nd->p.conv_silu, nc,
+             (float *)row_ptr(nd->dst, t) + c0);
     }
 }
 
@@ -642,7 +636,7 @@ static void worker(void *arg, int ith, int nth)
         case KIRI_OP_STORE_KV: run_store_kv(be, nd, ith, nth); break;
         case KIRI_OP_ATTENTION: run_attention(be, nd, ith, nth); break;
         case KIRI_OP_MATMUL: run_matmul(be, nd, be->plan[i], ith, nth); break;
-        case KIRI_OP_SHORT_CONV: run_short_conv(nd, ith, nth); break;
+        case KIRI_OP_SHORT_CONV: run_short_conv(be, nd, ith, nth); break;
         case KIRI_OP_SIGMOID_MUL: run_sigmoid_mul(nd, ith, nth); break;
         case KIRI_OP_DELTA_GATES: run_delta_gates(nd, ith, nth); break;
         case KIRI_OP_DELTA_NET: run_delta_net(be, nd, ith, nth); break;
@@ -779,8 +773,10 @@ static int cpu_init(const struct kiri_backend_config *cfg, struct kiri_backend *
         kiri_cpu_kernels_init_gemm_avx2(&be->k);
         kiri_cpu_kernels_init_ops_avx2(&be->k);
         const uint32_t vnni = KIRI_CPU_AVX512 | KIRI_CPU_AVX512_VNNI;
-        if ((cfg->cpu_features & vnni) == vnni)
+        if ((cfg->cpu_features & vnni) == vnni) {
             kiri_cpu_kernels_init_gemm_avx512(&be->k);
+            kiri_cpu_kernels_init_ops_avx512(&be->k);
+        }
     }
 #endif
 #if defined(__aarch64__) && defined(KIRI_CPU_NEON_KERNELS)
@@ -849,7 +845,7 @@ static int cpu_supports(struct kiri_backend *be, const struct kiri_node *nd)
     if (nd->op == KIRI_OP_SOFTCAP)
         return nd->p.softcap > 0.0f;
     if (nd->op == KIRI_OP_SHORT_CONV)
-        return kiri_node_short_conv_ok(nd, SHORT_CONV_MAX_TAPS);
+        return kiri_node_short_conv_ok(nd, KIRI_SHORT_CONV_MAX_TAPS);
     if (nd->op == KIRI_OP_SIGMOID_MUL)
         return kiri_node_all_f32(nd, 2) && nd->src[1]->ne[0] == nd->src[0]->ne[0] &&
                n_rows(nd->src[1]) == n_rows(nd->src[0]);

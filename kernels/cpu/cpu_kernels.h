@@ -91,6 +91,10 @@ typedef void (*kiri_map_fn)(const float *x, float *y, int64_t n, float param);
 /* One token's step of the gated delta rule on one head: the contract of kiri_cpu_delta_head. */
 typedef void (*kiri_delta_head_fn)(float *state, const float *q, const float *k, const float *v, float beta,
                                    float decay, float scale, int64_t n, float *y);
+/* One token of a causal depthwise convolution over a run of channels: the contract of
+ * kiri_cpu_short_conv_row. */
+typedef void (*kiri_short_conv_fn)(float *state, size_t state_stride, const float *w, size_t w_stride,
+                                   int64_t taps, const float *x, int silu, int64_t n, float *y);
 
 /* The kernel table of the CPU backend: the reference entries first, then the best ones the CPU
  * offers. Indexed by enum kiri_type. */
@@ -111,6 +115,7 @@ struct kiri_cpu_kernels {
     kiri_map_fn scale_row;                          /* NULL: kiri_cpu_scale_row */
     kiri_map_fn softcap_row;                        /* NULL: kiri_cpu_softcap_row */
     kiri_delta_head_fn delta_head;                  /* NULL: kiri_cpu_delta_head */
+    kiri_short_conv_fn short_conv_row;              /* NULL: kiri_cpu_short_conv_row */
     const char *path;                               /* "c", "avx2", "neon+dotprod", ... */
 };
 
@@ -125,8 +130,13 @@ void kiri_cpu_kernels_init_avx2(struct kiri_cpu_kernels *k);
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, F32). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k);
 /* Sets the row-operation entries that have AVX2 versions (ops_avx2.c: attend_head, attend_group,
- * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row). Same preconditions as kiri_cpu_kernels_init_avx2. */
+ * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row, delta_head,
+ * short_conv_row). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k);
+/* Replaces the row-operation entries that have AVX-512 versions (ops_avx512.c: delta_head,
+ * short_conv_row). Call after kiri_cpu_kernels_init_ops_avx2, and only when the CPU reports
+ * KIRI_CPU_AVX512. */
+void kiri_cpu_kernels_init_ops_avx512(struct kiri_cpu_kernels *k);
 /* Replaces the gemm entries that have AVX-512 + VNNI versions (gemm_avx512.c: Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K). Call after kiri_cpu_kernels_init_gemm_avx2, and only when the CPU reports
  * KIRI_CPU_AVX512 and KIRI_CPU_AVX512_VNNI. */
@@ -181,6 +191,17 @@ void kiri_cpu_softcap_row(const float *x, float *y, int64_t n, float cap);
  * independent, so the steps run row by row in one pass over the state. */
 void kiri_cpu_delta_head(float *state, const float *q, const float *k, const float *v, float beta, float decay,
                          float scale, int64_t n, float *y);
+/* One token of a causal depthwise convolution of `taps` taps (1 to KIRI_SHORT_CONV_MAX_TAPS) over
+ * n channels, all arrays indexed by channel: the weights tap-major (tap k of channel c at
+ * w[k * w_stride + c], the oldest input's tap first), the state the channels' taps - 1 previous
+ * inputs, oldest first (input k at state + k * state_stride). y[c] = the sum over k of input k
+ * times tap k, the state's inputs first and x's last, added in that order in float; with silu,
+ * silu of that sum (sum / (1 + e^-sum)). The state then moves on by one input, x its newest.
+ * y may equal x. */
+void kiri_cpu_short_conv_row(float *state, size_t state_stride, const float *w, size_t w_stride, int64_t taps,
+                             const float *x, int silu, int64_t n, float *y);
+/* The most taps kiri_short_conv_fn takes (lfm2's kernel has 3, qwen35's 4). */
+#define KIRI_SHORT_CONV_MAX_TAPS 16
 /* Rotates one token's heads in place: x is (head_dim, n_head) contiguous; the first n_rot values
  * of each head rotate (pairs as p->mode says), cos and sin scaled by p->attn_factor, the rest pass
  * unchanged. freq_factors (n_rot / 2) may be NULL. */

@@ -1,5 +1,5 @@
 /* Portable C row kernels: RMS norm, SwiGLU, GeGLU, scaling, soft-capping, RoPE, one attention
- * head and one head's step of the gated delta rule. Numerics follow the
+ * head, one head's step of the gated delta rule and one token's short convolution. Numerics follow the
  * common reference implementation closely (sums of squares and softmax denominators in double,
  * RoPE angles advanced by repeated multiplication, F16 caches read with the query and the
  * attention weights rounded to F16) so logits agree with llama.cpp to float rounding. */
@@ -36,6 +36,24 @@ void kiri_cpu_delta_head(float *state, const float *q, const float *k, const flo
         for (int64_t i = 0; i < n; i++)
             row[i] += d * k[i];
         y[j] = dot_f32(row, q, n) * scale;
+    }
+}
+
+/* Channel by channel, the taps in order, as llama.cpp's ssm_conv sums them. */
+void kiri_cpu_short_conv_row(float *state, size_t state_stride, const float *w, size_t w_stride, int64_t taps,
+                             const float *x, int silu, int64_t n, float *y)
+{
+    for (int64_t c = 0; c < n; c++) {
+        const float xc = x[c];
+        float sum = 0.0f;
+        for (int64_t k = 0; k + 1 < taps; k++)
+            sum += state[(size_t)k * state_stride + c] * w[(size_t)k * w_stride + c];
+        sum += xc * w[(size_t)(taps - 1) * w_stride + c];
+        for (int64_t k = 0; k + 2 < taps; k++)
+            state[(size_t)k * state_stride + c] = state[(size_t)(k + 1) * state_stride + c];
+        if (taps > 1)
+            state[(size_t)(taps - 2) * state_stride + c] = xc;
+        y[c] = silu ? sum / (1.0f + expf(-sum)) : sum;
     }
 }
 

@@ -2,7 +2,8 @@
  * attention over an F16 or F32 key/value cache, one head or a group of heads sharing a key/value
  * head (the per-token cost of decoding grows with the context through it, and prefill's with the
  * square of the prompt), and the element-wise rows: RMS norm, SwiGLU, GeGLU, scaling and
- * soft-capping (the logits of a large vocabulary, once per token).
+ * soft-capping (the logits of a large vocabulary, once per token), and the recurrent layers' steps
+ * (one head of the gated delta rule, one token's short convolution).
  *
  * What must stay true: the same numerics as kiri_cpu_attend_head in ops.c (the query rounded to
  * F16 for an F16 cache, scores scaled after the dot product, the softmax denominator summed in
@@ -542,8 +543,10 @@ AVX2 static inline float sum8_avx2(__m256 v)
 
 /* kiri_cpu_delta_head with each row in two short passes while it is in L1 (decay and the
  * prediction; the update and the query), eight lanes at a time: the lanes are dot_f32's eight
- * running sums, with fused multiply-adds. Head sizes that are not a multiple of 8 take the
- * reference. */
+ * running sums, with fused multiply-adds. One loop runs the second pass of a row beside the first
+ * pass of the next, so the chains of multiply-adds and sums of two rows overlap while the state is
+ * still read in order, one stream (rows side by side in separate streams made decode, whose state
+ * comes from DRAM, slower). Head sizes that are not a multiple of 8 take the reference. */
 AVX2 static void delta_head_avx2(float *state, const float *q, const float *k, const float *v, float beta,
                                  float decay, float scale, int64_t n, float *y)
 {
@@ -552,23 +555,62 @@ AVX2 static void delta_head_avx2(float *state, const float *q, const float *k, c
         return;
     }
     const __m256 dv = _mm256_set1_ps(decay);
+    __m256 pk = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) { /* the first pass of row 0 */
+        const __m256 m = _mm256_mul_ps(_mm256_loadu_ps(state + i), dv);
+        _mm256_storeu_ps(state + i, m);
+        pk = _mm256_fmadd_ps(m, _mm256_loadu_ps(k + i), pk);
+    }
     for (int64_t j = 0; j < n; j++) {
-        float *row = state + j * n;
-        __m256 pk = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n; i += 8) {
-            const __m256 m = _mm256_mul_ps(_mm256_loadu_ps(row + i), dv);
-            _mm256_storeu_ps(row + i, m);
-            pk = _mm256_fmadd_ps(m, _mm256_loadu_ps(k + i), pk);
-        }
+        float *row = state + j * n, *next = row + n;
         const __m256 d = _mm256_set1_ps((v[j] - sum8_avx2(pk)) * beta);
         __m256 pq = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n; i += 8) {
-            const __m256 m = _mm256_fmadd_ps(d, _mm256_loadu_ps(k + i), _mm256_loadu_ps(row + i));
-            _mm256_storeu_ps(row + i, m);
-            pq = _mm256_fmadd_ps(m, _mm256_loadu_ps(q + i), pq);
-        }
+        pk = _mm256_setzero_ps();
+        if (j + 1 < n)
+            for (int64_t i = 0; i < n; i += 8) {
+                const __m256 kv = _mm256_loadu_ps(k + i);
+                const __m256 m = _mm256_fmadd_ps(d, kv, _mm256_loadu_ps(row + i));
+                _mm256_storeu_ps(row + i, m);
+                pq = _mm256_fmadd_ps(m, _mm256_loadu_ps(q + i), pq);
+                const __m256 mn = _mm256_mul_ps(_mm256_loadu_ps(next + i), dv);
+                _mm256_storeu_ps(next + i, mn);
+                pk = _mm256_fmadd_ps(mn, kv, pk);
+            }
+        else
+            for (int64_t i = 0; i < n; i += 8) {
+                const __m256 m = _mm256_fmadd_ps(d, _mm256_loadu_ps(k + i), _mm256_loadu_ps(row + i));
+                _mm256_storeu_ps(row + i, m);
+                pq = _mm256_fmadd_ps(m, _mm256_loadu_ps(q + i), pq);
+            }
         y[j] = sum8_avx2(pq) * scale;
     }
+}
+
+/* kiri_cpu_short_conv_row eight channels at a time: the same products and sums in the same order
+ * (no fused multiply-adds), so without SiLU the output is the reference's to the bit; SiLU as
+ * swiglu_row_avx2 takes it, within a few ulp. The channels left over take the reference. */
+AVX2 static void short_conv_row_avx2(float *state, size_t state_stride, const float *w, size_t w_stride,
+                                     int64_t taps, const float *x, int silu, int64_t n, float *y)
+{
+    if (taps < 1 || taps > KIRI_SHORT_CONV_MAX_TAPS) {
+        kiri_cpu_short_conv_row(state, state_stride, w, w_stride, taps, x, silu, n, y);
+        return;
+    }
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 in[KIRI_SHORT_CONV_MAX_TAPS];
+        for (int64_t k = 0; k + 1 < taps; k++)
+            in[k] = _mm256_loadu_ps(state + (size_t)k * state_stride + c);
+        in[taps - 1] = _mm256_loadu_ps(x + c);
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t k = 0; k < taps; k++)
+            sum = _mm256_add_ps(sum, _mm256_mul_ps(in[k], _mm256_loadu_ps(w + (size_t)k * w_stride + c)));
+        for (int64_t k = 0; k + 1 < taps; k++)
+            _mm256_storeu_ps(state + (size_t)k * state_stride + c, in[k + 1]);
+        _mm256_storeu_ps(y + c, silu ? _mm256_mul_ps(sum, sigmoid(sum)) : sum);
+    }
+    if (c < n)
+        kiri_cpu_short_conv_row(state + c, state_stride, w + c, w_stride, taps, x + c, silu, n - c, y + c);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -586,6 +628,7 @@ void kiri_cpu_kernels_init_ops_avx2(struct kiri_cpu_kernels *k)
     k->scale_row = scale_row_avx2;
     k->softcap_row = softcap_row_avx2;
     k->delta_head = delta_head_avx2;
+    k->short_conv_row = short_conv_row_avx2;
 }
 
 #else

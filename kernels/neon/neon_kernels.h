@@ -1,7 +1,8 @@
 /* The ARM NEON kernels of the CPU backend, as replacements for entries of the CPU kernel table:
  * the dot products and activation conversions (quants_neon.c), the matrix products of prefill
  * (gemm_neon.c: SDOT, and SMMLA where the CPU has i8mm) and the row operations (ops_neon.c:
- * attention, RMS norm, SwiGLU, GeGLU, scaling, soft-capping).
+ * attention, RMS norm, SwiGLU, GeGLU, scaling, soft-capping, the delta rule's head step, the
+ * short convolution's token).
  *
  * Every replacement keeps the contract of the portable kernel it replaces (kernels/cpu/quants.c,
  * ops.c): the activation conversions write the same bytes; the products compute the same integer
@@ -23,7 +24,7 @@ void kiri_cpu_kernels_init_neon(struct kiri_cpu_kernels *k, uint32_t cpu_feature
  * KIRI_CPU_DOTPROD and SMMLA when it has KIRI_CPU_I8MM. Called by kiri_cpu_kernels_init_neon. */
 void kiri_cpu_kernels_init_gemm_neon(struct kiri_cpu_kernels *k, uint32_t cpu_features);
 /* Sets the row-operation entries that have NEON versions (ops_neon.c: attention, norms,
- * SwiGLU, GeGLU, scaling, soft-capping). Called by kiri_cpu_kernels_init_neon. */
+ * SwiGLU, GeGLU, scaling, soft-capping, delta_head, short_conv_row). Called by kiri_cpu_kernels_init_neon. */
 void kiri_cpu_kernels_init_ops_neon(struct kiri_cpu_kernels *k);
 #endif
 

@@ -1,7 +1,8 @@
 /* ARM NEON versions of the row operations of ops.c that cost time in a step: attention over an
  * F16 or F32 key/value cache (one head, a group of heads sharing a key/value head, and a tile of
  * a prompt's tokens times such heads), the RMS norm, SwiGLU, GeGLU, scaling and soft-capping
- * rows. The attention of decoding
+ * rows, and the recurrent layers' steps (one head of the gated delta rule, one token's short
+ * convolution). The attention of decoding
  * grows with the context, prefill's with the square of the prompt.
  *
  * What must stay true: the same numerics as kiri_cpu_attend_head in ops.c (the query rounded to
@@ -663,6 +664,33 @@ static void delta_head_neon(float *state, const float *q, const float *k, const 
     }
 }
 
+/* kiri_cpu_short_conv_row four channels at a time: the products and sums in the reference's order
+ * (separate multiplies and adds; the reference's may be fused by the compiler), SiLU as
+ * swiglu_row_neon takes it, within a few ulp. The channels left over take the reference. */
+static void short_conv_row_neon(float *state, size_t state_stride, const float *w, size_t w_stride, int64_t taps,
+                                const float *x, int silu, int64_t n, float *y)
+{
+    if (taps < 1 || taps > KIRI_SHORT_CONV_MAX_TAPS) {
+        kiri_cpu_short_conv_row(state, state_stride, w, w_stride, taps, x, silu, n, y);
+        return;
+    }
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        float32x4_t in[KIRI_SHORT_CONV_MAX_TAPS];
+        for (int64_t k = 0; k + 1 < taps; k++)
+            in[k] = vld1q_f32(state + (size_t)k * state_stride + c);
+        in[taps - 1] = vld1q_f32(x + c);
+        float32x4_t sum = vdupq_n_f32(0.0f);
+        for (int64_t k = 0; k < taps; k++)
+            sum = vaddq_f32(sum, vmulq_f32(in[k], vld1q_f32(w + (size_t)k * w_stride + c)));
+        for (int64_t k = 0; k + 1 < taps; k++)
+            vst1q_f32(state + (size_t)k * state_stride + c, in[k + 1]);
+        vst1q_f32(y + c, silu ? vmulq_f32(sum, sigmoid(sum)) : sum);
+    }
+    if (c < n)
+        kiri_cpu_short_conv_row(state + c, state_stride, w + c, w_stride, taps, x + c, silu, n - c, y + c);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Table
  * ------------------------------------------------------------------------------------------- */
@@ -678,6 +706,7 @@ void kiri_cpu_kernels_init_ops_neon(struct kiri_cpu_kernels *k)
     k->scale_row = scale_row_neon;
     k->softcap_row = softcap_row_neon;
     k->delta_head = delta_head_neon;
+    k->short_conv_row = short_conv_row_neon;
 }
 
 #else
