@@ -1,5 +1,7 @@
 #include "draft.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "batcher.h"
@@ -276,6 +278,7 @@ struct mtp_drafter {
     int32_t *tokens, *pos, *cells, *n_kv, *toff;
     float *h_in;                    /* (n_embd, max_tokens) */
     float *h_out;                   /* (n_embd) */
+    FILE *trace;                    /* owned, or NULL: KIRI_MTP_TRACE's file */
 };
 
 static struct mtp_slot *mtp_slot_of(struct mtp_drafter *d, uint64_t seq, int take)
@@ -341,6 +344,26 @@ static void mtp_observe(struct kiri_drafter *base, uint64_t seq, const struct ki
     sl->done = p0 + n;
 }
 
+/* With KIRI_MTP_TRACE naming a file (a test's hook), each proposal goes there as a line of JSON:
+ * the sequence up to the pending token, the drafts, and each draft's logit. */
+static void mtp_trace(struct mtp_drafter *d, const int32_t *tokens, int32_t n, const int32_t *draft,
+                      const float *logit, int32_t k)
+{
+    if (!d->trace)
+        return;
+    fputs("{\"tokens\": [", d->trace);
+    for (int32_t i = 0; i < n; i++)
+        fprintf(d->trace, "%s%d", i ? ", " : "", tokens[i]);
+    fputs("], \"drafts\": [", d->trace);
+    for (int32_t i = 0; i < k; i++)
+        fprintf(d->trace, "%s%d", i ? ", " : "", draft[i]);
+    fputs("], \"logits\": [", d->trace);
+    for (int32_t i = 0; i < k; i++)
+        fprintf(d->trace, "%s%.9g", i ? ", " : "", (double)logit[i]);
+    fputs("]}\n", d->trace);
+    fflush(d->trace);
+}
+
 static int32_t mtp_propose(struct kiri_drafter *base, uint64_t seq, const int32_t *tokens, int32_t n, int32_t *draft,
                            int32_t max)
 {
@@ -351,14 +374,19 @@ static int32_t mtp_propose(struct kiri_drafter *base, uint64_t seq, const int32_
         return 0;
     const size_t E = (size_t)d->n_embd;
     int32_t token = tokens[n - 1];
+    float logit[KIRI_SPEC_MAX_DRAFT];
+    if (max > KIRI_SPEC_MAX_DRAFT)
+        max = KIRI_SPEC_MAX_DRAFT;
     memcpy(d->h_in, sl->h, E * sizeof(float));
     for (int32_t k = 0; k < max; k++) {
         const float *lg = NULL;
         if (mtp_run(d, sl, &token, n - 1 + k, 1, 1, &lg) != KIRI_OK || !lg)
             return k;
         token = draft[k] = kiri_sampler_argmax(lg, d->n_vocab);
+        logit[k] = lg[token];
         memcpy(d->h_in, d->h_out, E * sizeof(float));
     }
+    mtp_trace(d, tokens, n, draft, logit, max);
     return max;
 }
 
@@ -386,6 +414,8 @@ static void mtp_free(struct kiri_drafter *base)
     kiri_mem_free(d->toff);
     kiri_mem_free(d->h_in);
     kiri_mem_free(d->h_out);
+    if (d->trace)
+        fclose(d->trace);
     kiri_mem_free(d);
 }
 
@@ -408,6 +438,8 @@ int kiri_drafter_mtp_init(struct kiri_model *m, struct kiri_kvcache *kv, struct 
     d->n_vocab = m->hp.n_vocab;
     d->max_tokens = max_tokens;
     d->n_slots = max_seqs;
+    const char *trace = getenv("KIRI_MTP_TRACE");
+    d->trace = trace && trace[0] ? fopen(trace, "a") : NULL;
     const size_t E = (size_t)d->n_embd, T = (size_t)max_tokens;
     int ok = (d->slots = kiri_mem_calloc((size_t)max_seqs, sizeof *d->slots)) != NULL;
     for (int32_t i = 0; ok && i < max_seqs; i++)

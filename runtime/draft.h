@@ -56,7 +56,9 @@ int kiri_drafter_model_init(const struct kiri_model *target, struct kiri_model *
  * of the sequence rolls them back too); propose then chains it from the pending token: the first
  * guess from the pending token and the hidden state before it, each further one from the guess
  * before and the head's own hidden state, greedy. The positions it drafts must be reserved in the
- * sequence's table. KIRI_E_INVALID_ARG for a model without the head, KIRI_E_NOMEM. */
+ * sequence's table. KIRI_E_INVALID_ARG for a model without the head, KIRI_E_NOMEM. The environment
+ * variable KIRI_MTP_TRACE may name a file that each proposal is appended to (JSON lines: the
+ * sequence up to the pending token, the drafts), for tests. */
 int kiri_drafter_mtp_init(struct kiri_model *m, struct kiri_kvcache *kv, struct kiri_graph *graph, int32_t max_seqs,
                           int32_t max_tokens, struct kiri_drafter **out, struct kiri_status_info *info);
 

@@ -148,6 +148,51 @@ def test_run_greedy_same(name, files, kiri_bin):
         assert drafted > 0 and kept < drafted, (name, drafted, kept)
 
 
+def check_traced_drafts(path, trace):
+    """Every proposal the drafter made (KIRI_MTP_TRACE: the sequence up to the pending token, the
+    drafts, each one's logit) against the float64 references: the head over every position before
+    the pending one after the trunk's hidden states, then chained from the pending token. Each
+    draft's logit is the reference's largest within 1e-4 of the row's largest magnitude (a few
+    1e-6 measured); a chain is compared up to its first draft that is not the reference's argmax,
+    which must then be a near tie. Returns the number of drafts compared."""
+    props = [json.loads(ln) for ln in open(trace)]
+    assert props, "no proposal was traced"
+    longest = max(props, key=lambda pr: len(pr["tokens"]))["tokens"]
+    _, h = tq.reference_logits(path, longest, return_hidden=True)
+    compared = 0
+    for pr in props:
+        toks, drafts, logits = pr["tokens"], pr["drafts"], pr["logits"]
+        assert toks == longest[:len(toks)], "the proposals are not of one sequence"
+        ctoks, chs = list(toks), list(np.concatenate([np.zeros((1, h.shape[1])), h[:len(toks) - 1]]))
+        for d, lg in zip(drafts, logits):
+            L, hn = tq.reference_mtp(path, ctoks, np.array(chs))
+            row = L[-1]
+            compared += 1
+            assert abs(lg - row.max()) <= 1e-4 * np.abs(row).max(), (len(toks), drafts, lg, row.max())
+            if d != int(np.argmax(row)):
+                assert row.max() - row[d] <= 1e-4 * np.abs(row).max(), (len(toks), drafts, int(np.argmax(row)))
+                break
+            ctoks.append(d)
+            chs.append(hn[-1])
+    return compared
+
+
+@pytest.mark.parametrize("name", MTP_FILES)
+def test_drafts_follow_the_sequence(name, files, kiri_bin, tmp_path):
+    """What the drafter proposes in the serving loop is the head of the references at that point:
+    its keys and values kept up with every kept position (prompt chunks, accepted drafts) and cut
+    back with every rejection, the hidden state before the pending token the trunk's (60 tokens,
+    chunks of 5, so prompt chunks and verifications cross block ends)."""
+    trace = tmp_path / "mtp.jsonl"
+    env = dict(os.environ, KIRI_MTP_TRACE=str(trace))
+    r = subprocess.run([str(kiri_bin), "run", "-m", files[name], "--raw", "-p", PROMPT, "-n", "60", "--temp", "0",
+                        "-t", "1", "--cpu-kernels", "c", "--kv-type", "f32", "--spec", "mtp", "--batch-size", "5"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    compared = check_traced_drafts(files[name], trace)
+    tf.log(f"mtp drafts {name}: {compared} compared")
+
+
 def test_random_head_switched_off(files, kiri_bin):
     """A head whose drafts are seldom kept (qwen35-b's random block) stops drafting for good after
     a few verifications: it would cost a pass of the block per token for nothing. Over 150 tokens
