@@ -871,13 +871,13 @@ static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *t
             k = s->req.max_tokens - s->n_generated - 1;
         if (k < 1)
             continue;
-        /* The positions the drafts take are reserved first: the MTP head writes its keys there
-         * while it drafts. */
-        if (kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
+        /* A drafter that follows the steps (the MTP head) writes its keys at the drafts'
+         * positions while it drafts: they are reserved first. */
+        if (s->drafter->observe && kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
             continue;
         s->proposed = 1;
         k = s->drafter->propose(s->drafter, s->id, s->tokens, s->n_tokens, s->draft, k);
-        if (k < 1)
+        if (k < 1 || kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
             continue;
         s->n_draft = k;
         take[j] += k;
