@@ -158,8 +158,10 @@ static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
                         hp->n_layer, hp->n_conv_taps, (double)kiri_model_state_bytes(m) / 1024.0);
     if (kiri_model_has_mtp(m))
         kiri_buf_printf(text, "mtp head:      1 multi-token-prediction layer after the %d of the trunk%s%s: drafts "
-                        "for --spec mtp\n", hp->n_layer, m->mtp.embed != m->tok_embd ? ", its own embedding" : "",
-                        m->mtp.head != m->output ? ", its own output head" : "");
+                        "for --spec mtp, its keys and values %.1f KiB more per token (F16)\n", hp->n_layer,
+                        m->mtp.embed != m->tok_embd ? ", its own embedding" : "",
+                        m->mtp.head != m->output ? ", its own output head" : "",
+                        (double)(2 * kiri_row_bytes(KIRI_TYPE_F16, (int64_t)hp->n_head_kv * hp->head_dim)) / 1024.0);
     else if (hp->n_layer_nextn)
         kiri_buf_printf(text, "mtp head:      %d multi-token-prediction layers after the %d of the trunk, loaded and "
                         "not run (--spec mtp runs one)\n", hp->n_layer_nextn, hp->n_layer);

@@ -218,14 +218,38 @@ def test_refusals_and_info(files, kiri_bin, start_server):
         r = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "speculative": "mtp"})
         assert r.status == 400 and r.json["error"]["param"] == "speculative", r
         assert said in r.json["error"]["message"], r.json
-    for name, want in (("qwen35-mtp", "its own embedding, its own output head: drafts for --spec mtp"),
-                       ("qwen35-mtp-bare", "after the 5 of the trunk: drafts for --spec mtp"),
-                       ("qwen35-b", "after the 6 of the trunk: drafts for --spec mtp")):
+    # One attention layer's keys and values: 2 KV heads x 32 (qwen35-b: 1 x 32), K and V, F16.
+    for name, want in (("qwen35-mtp", "its own embedding, its own output head: drafts for --spec mtp, its keys and "
+                                      "values 0.2 KiB more per token"),
+                       ("qwen35-mtp-bare", "after the 5 of the trunk: drafts for --spec mtp, its keys and values 0.2"),
+                       ("qwen35-b", "after the 6 of the trunk: drafts for --spec mtp, its keys and values 0.1")):
         r = subprocess.run([str(kiri_bin), "info", "-m", files[name]], capture_output=True, text=True, timeout=60)
         line = next((ln for ln in r.stdout.splitlines() if ln.startswith("mtp head:")), "")
         assert want in line, (name, r.stdout)
     r = subprocess.run([str(kiri_bin), "info", "-m", files["qwen35-a"]], capture_output=True, text=True, timeout=60)
     assert "mtp head:" not in r.stdout
+
+
+def test_bench_spec(files, kiri_bin):
+    """kiri bench --spec mtp times greedy generation without and with the head and counts its
+    drafts (--json)."""
+    r = subprocess.run([str(kiri_bin), "bench", "-m", files["qwen35-mtp-bare"], "--spec", "mtp", "-n", "48", "-r", "1",
+                        "-t", "1", "--json", "--text", PROMPT], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout.strip().splitlines()[-1])
+    assert j["spec"] == "mtp" and j["drafted"] > j["accepted"] > 0 and j["plain_tok_s"] > 0, j
+
+
+def test_sampling_runs(files, kiri_bin):
+    """Sampling (temperature 0.8, a seed) verifies the head's drafts by the rejection rule: drafts
+    are kept and rejected, and the same seed gives the same text again."""
+    out = []
+    for _ in range(2):
+        text, log = run(kiri_bin, files["qwen35-mtp-bare"], "mtp", n=80, extra=("--temp", "0.8", "--seed", "7"))
+        drafted, kept = drafted_kept(log)
+        assert drafted > kept > 0, log
+        out.append(text)
+    assert out[0] == out[1]
 
 
 SERVE_PROMPTS = [PROMPT, "once upon a time there was a cat", "a b c d e f g a b c d e f g a b c", "hello world"]
