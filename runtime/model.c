@@ -856,6 +856,11 @@ static int take_mtp(struct kiri_model *m, const struct arch_info *ai, struct kir
     struct kiri_mtp_head *h = &m->mtp;
     char n[KIRI_GGUF_MAX_NAME + 32];
     int rc;
+    /* A file that keeps the count but not the block (converted without it) runs as the trunk,
+     * as llama.cpp's does; a block that is there must be whole. */
+    snprintf(n, sizeof n, "blk.%d.nextn.eh_proj.weight", l);
+    if (!kiri_gguf_find_tensor(m->gguf, n))
+        return KIRI_OK;
     *L = (struct kiri_layer){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                              .n_ff = hp->n_ff, .n_rot = hp->n_rot, .kv_source = l, .rope_factors = 1,
                              .out_scale = 1.0f, .attn_gated = 1, .rope = 1, .rope_freq_base = hp->rope_freq_base,

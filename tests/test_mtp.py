@@ -228,6 +228,12 @@ def test_refusals_and_info(files, kiri_bin, start_server):
         assert want in line, (name, r.stdout)
     r = subprocess.run([str(kiri_bin), "info", "-m", files["qwen35-a"]], capture_output=True, text=True, timeout=60)
     assert "mtp head:" not in r.stdout
+    # nextn_predict_layers 1 without the block: the trunk runs (qwen35-a's text), --spec mtp is refused.
+    plain, _ = run(kiri_bin, files["qwen35-a"], "none", n=20)
+    assert run(kiri_bin, files["qwen35-nextn-gone"], "none", n=20)[0] == plain
+    r = subprocess.run([str(kiri_bin), "run", "-m", files["qwen35-nextn-gone"], "-p", "a", "-n", "4", "--spec", "mtp"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "multi-token-prediction head" in r.stderr, r.stderr
 
 
 def test_bench_spec(files, kiri_bin):

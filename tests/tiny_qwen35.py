@@ -55,6 +55,7 @@ class Variant:
     mtp_head_norm: bool = True     # nextn.shared_head_norm (else the head norms with output_norm)
     mtp_own: tuple = ()        # optional MTP tensors: "embed_tokens", "shared_head_head"
     mtp_copy: float = 0.0      # the echo path's gain (0: a random block)
+    mtp_block: bool = True     # False: nextn_predict_layers counts a block the file does not carry
     recurrent: tuple = ()      # attention.recurrent_layers (bools) in place of the interval
     seed: int = 700
     wtype: str = "F32"         # the projections' type (norms, the convolution, ssm_a and ssm_dt stay F32)
@@ -88,6 +89,8 @@ VARIANTS = [
             "only (the trunk's embedding, output norm and output), its drafts often right", n_layer=5,
             recurrent=(True, False, True, True, False), seed=708, nextn=1, untied=True, mtp_head_norm=False,
             mtp_copy=30.0),
+    Variant("qwen35-nextn-gone", "qwen35-a's weights and a nextn_predict_layers of 1 without the block (a file "
+            "converted without it): the trunk runs, no head", seed=701, base="qwen35-a", nextn=1, mtp_block=False),
     Variant("qwen35-q8", "qwen35-a's weights with every projection and the embedding in Q8_0", seed=701,
             wtype="Q8_0"),
     # Refusals.
@@ -162,7 +165,7 @@ def _weights(v, n_vocab):
             attention(p)
         w[p + "post_attention_norm.weight"] = norm(E)
         ffn(p)
-    for i in range(v.n_layer, v.n_layer + v.nextn):
+    for i in range(v.n_layer, v.n_layer + (v.nextn if v.mtp_block else 0)):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = norm(E)
         attention(p)
@@ -176,7 +179,7 @@ def _weights(v, n_vocab):
     w["output_norm.weight"] = norm(E)
     if v.untied:
         w["output.weight"] = mat(n_vocab, E, gain=3.0)
-    for i in range(v.n_layer, v.n_layer + v.nextn):
+    for i in range(v.n_layer, v.n_layer + (v.nextn if v.mtp_block else 0)):
         p = f"blk.{i}."
         embed = w["token_embd.weight"]
         head = w.get("output.weight", embed)
