@@ -32,6 +32,8 @@
 #define SPEC_MIN_RATE 0.25f
 #define SPEC_PAUSE 32
 #define SPEC_PAUSE_MAX 1024
+#define SPEC_START_DRAFT_FOLLOWING 2
+#define SPEC_START_RATE_FOLLOWING 0.5f
 
 /* One request from submit to its final event. tokens holds the prompt and then every generated
  * token; the first kv.n_tokens of them have keys and values in the cache, the rest are pending
@@ -423,6 +425,13 @@ static void start_speculation(struct kiri_batcher *b, struct seq *s)
         s->req.spec_max = KIRI_SPEC_DEFAULT_DRAFT;
     s->draft_len = s->req.spec_max < SPEC_START_DRAFT ? s->req.spec_max : SPEC_START_DRAFT;
     s->spec_rate = 1.0f;
+    /* A drafter that follows every step (the MTP head) pays a pass of its head for each drafted
+     * token, and is switched off rather than paused (adapt): it starts shorter and less trusted,
+     * so that three drafts that keep nothing switch it off. */
+    if (s->drafter && s->drafter->observe) {
+        s->draft_len = s->draft_len < SPEC_START_DRAFT_FOLLOWING ? s->draft_len : SPEC_START_DRAFT_FOLLOWING;
+        s->spec_rate = SPEC_START_RATE_FOLLOWING;
+    }
     s->spec_pause = SPEC_PAUSE;
 }
 
