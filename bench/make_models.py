@@ -42,6 +42,9 @@ benchmark uses random weights at the shapes of two real models instead of downlo
               rms eps 1e-6, tied embeddings, vocab 248320: the Qwen2 vocabulary
               (ggml-vocab-qwen2.gguf, 151669 tokens) padded with control tokens to 248320 rows.
               ssm_a is -1 (A_log 0) and ssm_dt.bias 0, so the state decays as the real one does.
+  qwen35-0.8b-mtp  the same with a multi-token-prediction block after the trunk (nextn_predict_layers
+              1: a gated full-attention block, nextn.eh_proj, enorm, hnorm, shared_head_norm), as
+              Qwen3.5's own files carry; random, so its drafts are seldom kept (kiri bench --spec mtp).
   lfm2-1.2b   LFM2-1.2B: lfm2, n_embd 2048, 16 layers, attention (32 heads, 8 KV heads of 64,
               per-head Q/K norms) on layers 2, 5, 8, 10, 12 and 14, gated short convolutions of 3
               taps on the other 10, n_ff 8192 (the config's block_ff_dim 12288 after its
@@ -114,6 +117,7 @@ class Shape:
     vocab_real: str = ""       # a real_models.py name whose tokenizer.* keys to copy instead
     attn_layers: tuple = ()    # qwen35 and lfm2: the layers that attend (the others are recurrent)
     ssm: tuple = ()            # qwen35: (conv taps, state size, key heads, value heads); lfm2: (taps,)
+    mtp: bool = False          # qwen35: a multi-token-prediction block after the trunk (--spec mtp)
 
     @property
     def hd(self):
@@ -143,6 +147,12 @@ SHAPES = [
               ("ssm.conv_kernel", 4), ("ssm.state_size", 128), ("ssm.group_count", 16),
               ("ssm.time_step_rank", 16), ("ssm.inner_size", 16 * 128)),
           vocab_pad=248320 - 151669, attn_layers=tuple(range(3, 24, 4)), ssm=(4, 128, 16, 16)),
+    Shape("qwen35-0.8b-mtp", "ggml-vocab-qwen2.gguf", 248320, 1024, 24, 8, 2, 3584, 262144, 10000000.0,
+          1e-6, True, 3509, ("Q8_0",), arch="qwen35", head_dim=256, rope_dim=64,
+          kv=(("rope.dimension_sections", [11, 11, 10, 0]), ("full_attention_interval", 4),
+              ("ssm.conv_kernel", 4), ("ssm.state_size", 128), ("ssm.group_count", 16),
+              ("ssm.time_step_rank", 16), ("ssm.inner_size", 16 * 128), ("nextn_predict_layers", 1)),
+          vocab_pad=248320 - 151669, attn_layers=tuple(range(3, 24, 4)), ssm=(4, 128, 16, 16), mtp=True),
     Shape("lfm2-1.2b", "ggml-vocab-gpt-2.gguf", 65536, 2048, 16, 32, 8, 8192, 128000, 1000000.0,
           1e-5, True, 1212, ("Q4_K_M", "Q8_0"), arch="lfm2",
           kv=(("shortconv.l_cache", 3),), vocab_pad=65536 - 50257,
@@ -232,6 +242,15 @@ def hybrid_tensor_list(s):
                       ("shortconv.out_proj.weight", (E, E), False)]
         layer += [("post_attention_norm.weight" if s.arch == "qwen35" else "ffn_norm.weight", (E,), True)]
         out += [(p + n, shape, f) for n, shape, f in layer + ffn]
+    if s.mtp:   # the multi-token-prediction block: a gated full-attention block and its nextn tensors
+        p = f"blk.{s.n_layer}."
+        out += [(p + n, shape, f) for n, shape, f in [
+            ("attn_norm.weight", (E,), True), ("attn_q.weight", (2 * s.n_head * hd, E), False),
+            ("attn_k.weight", (s.n_head_kv * hd, E), False), ("attn_v.weight", (s.n_head_kv * hd, E), False),
+            ("attn_q_norm.weight", (hd,), True), ("attn_k_norm.weight", (hd,), True),
+            ("attn_output.weight", (E, s.n_head * hd), False), ("post_attention_norm.weight", (E,), True)] + ffn + [
+            ("nextn.eh_proj.weight", (E, 2 * E), False), ("nextn.enorm.weight", (E,), True),
+            ("nextn.hnorm.weight", (E,), True), ("nextn.shared_head_norm.weight", (E,), True)]]
     out.append(("output_norm.weight" if s.arch == "qwen35" else "token_embd_norm.weight", (E,), True))
     return out
 
@@ -292,7 +311,7 @@ def write_f16(s, path):
     w.add_description("random weights at real shapes, for speed benchmarks only (kiri bench/make_models.py)")
     w.add_context_length(s.n_ctx)
     w.add_embedding_length(s.n_embd)
-    w.add_block_count(s.n_layer)
+    w.add_block_count(s.n_layer + (1 if s.mtp else 0))
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
     if s.arch == "lfm2":   # per layer: 0 marks a short-convolution layer

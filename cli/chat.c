@@ -464,6 +464,7 @@ static int session_init(struct chat *ch, struct kiri_model *m, const struct kiri
     bp.prefix_cache = 1;
     bp.draft_model = p->draft_model;
     bp.spec_states = p->speculative > 0 ? -1 : 0;
+    bp.mtp = p->speculative == KIRI_SPEC_MTP;
     if (kiri_batcher_init(m, &bp, &ch->batcher, &info) != KIRI_OK) {
         fprintf(stderr, "kiri: error: %s [%s]\n", info.message, kiri_status_name(info.code));
         return 1;

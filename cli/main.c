@@ -170,9 +170,10 @@ static const struct kiri_option chat_opts[] = {
 };
 
 static const struct kiri_option spec_opts[] = {
-    {.name = "spec", .type = KIRI_OPTION_ENUM, O(spec), .choices = "none|ngram|draft", .arg = "KIND",
+    {.name = "spec", .type = KIRI_OPTION_ENUM, O(spec), .choices = "none|ngram|draft|mtp", .arg = "KIND",
      .help = "Speculative decoding: ngram drafts tokens by looking the text's last few tokens up in the "
-             "prompt and the text so far, draft has --draft-model guess them; one step verifies them, and "
+             "prompt and the text so far, draft has --draft-model guess them, mtp the model's own "
+             "multi-token-prediction head (qwen35 files that carry one); one step verifies them, and "
              "the output is the same.", .def = "none (draft with --draft-model)"},
     {.name = "draft-model", .type = KIRI_OPTION_STRING_REF, O(draft_model), .arg = "FILE",
      .help = "A smaller model with the same vocabulary (or a lower-precision copy of the model) that drafts "
@@ -324,6 +325,7 @@ static int make_context(struct kiri_model *m, const struct options *o, struct ki
     kiri_context_params_default(&cp);
     cp.draft_model = draft;
     cp.speculative = spec_kind(o) > 0;
+    cp.mtp = spec_kind(o) == KIRI_SPEC_MTP;
     cp.n_ctx = o->n_ctx;
     if (o->n_batch)
         cp.n_batch = o->n_batch;

@@ -84,6 +84,9 @@ void kiri_model_describe(const struct kiri_model *model, char *buf, size_t cap);
  * while the model is open and not NUL-terminated: KIRI_OK with *text and *len, KIRI_E_INVALID_ARG
  * when the key is absent or not a string. */
 int kiri_model_meta_str(const struct kiri_model *model, const char *key, const char **text, size_t *len);
+/* Whether the model carries a multi-token-prediction head that drafts for KIRI_SPEC_MTP (a qwen35
+ * file with nextn_predict_layers 1). */
+int kiri_model_has_mtp(const struct kiri_model *model);
 /* The size of the model's file in bytes (what its mapping may bring into memory). */
 uint64_t kiri_model_file_bytes(const struct kiri_model *model);
 /* The memory estimate: bytes of KV cache one token of context takes with kv_type (see
@@ -145,6 +148,8 @@ struct kiri_context_params {
     int speculative;        /* non-zero: kiri_generate may speculate on a model with recurrent
                                layers (its spare state slots, kiri_batcher_params.spec_states, are
                                made); other models speculate either way. Default 0 */
+    int mtp;                /* non-zero: lets kiri_generate use KIRI_SPEC_MTP (the model's
+                               multi-token-prediction head; kiri_batcher_params.mtp). Default 0 */
 };
 
 void kiri_context_params_default(struct kiri_context_params *p);
@@ -209,14 +214,17 @@ enum kiri_spec {
     KIRI_SPEC_NONE = 0,
     KIRI_SPEC_NGRAM = 1,       /* prompt lookup: the tokens that followed the latest earlier
                                   occurrence of the sequence's last few tokens */
-    KIRI_SPEC_DRAFT = 2        /* a draft model with the same vocabulary, greedy
+    KIRI_SPEC_DRAFT = 2,       /* a draft model with the same vocabulary, greedy
                                   (kiri_batcher_params.draft_model, kiri_context_params.draft_model) */
+    KIRI_SPEC_MTP = 3          /* the model's own multi-token-prediction head (qwen35 files with
+                                  nextn_predict_layers), greedy, chained on its own hidden state
+                                  (kiri_batcher_params.mtp, kiri_context_params.mtp) */
 };
-#define KIRI_SPEC_KINDS 3
+#define KIRI_SPEC_KINDS 4
 /* Drafted tokens at once: the default and the largest a request may ask for. */
 #define KIRI_SPEC_DEFAULT_DRAFT 8
 #define KIRI_SPEC_MAX_DRAFT 16
-/* "none", "ngram", "draft"; NULL for an unknown kind. */
+/* "none", "ngram", "draft", "mtp"; NULL for an unknown kind. */
 const char *kiri_spec_name(int kind);
 /* The kind named (as kiri_spec_name spells it), or -1. */
 int kiri_spec_parse(const char *name);
@@ -298,6 +306,10 @@ struct kiri_batcher_params {
                                  many as draft_rows. From kv_memory when it is set */
     struct kiri_model *draft_model; /* borrowed, or NULL: the model of KIRI_SPEC_DRAFT (the same
                                  vocabulary; its own KV cache of n_ctx tokens per sequence) */
+    int mtp;                  /* non-zero: the drafter of KIRI_SPEC_MTP, the model's multi-token-
+                                 prediction head, whose keys and values take one more attention
+                                 layer in the cache (counted in kv_memory); init fails with
+                                 KIRI_E_INVALID_ARG for a model without the head. Default 0 */
 };
 
 void kiri_batcher_params_default(struct kiri_batcher_params *p);

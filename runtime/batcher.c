@@ -32,6 +32,8 @@
 #define SPEC_MIN_RATE 0.25f
 #define SPEC_PAUSE 32
 #define SPEC_PAUSE_MAX 1024
+#define SPEC_START_DRAFT_FOLLOWING 2
+#define SPEC_START_RATE_FOLLOWING 0.5f
 
 /* One request from submit to its final event. tokens holds the prompt and then every generated
  * token; the first kv.n_tokens of them have keys and values in the cache, the rest are pending
@@ -78,6 +80,7 @@ struct seq {
     float spec_rate;                /* moving average of the accepted share of each draft */
     int32_t spec_resume;            /* drafting pauses until n_generated reaches this */
     int32_t spec_pause;             /* the next pause's length */
+    int32_t step_pos, step_row;     /* this step's first position and its row in the batch */
     kiri_batcher_fn fn;
     void *user;
     _Atomic int cancel;
@@ -109,6 +112,8 @@ struct kiri_batcher {
     int spec_ok;                    /* drafts can be verified (draft rows; with recurrent state,
                                        spare state slots to roll back to) */
     struct kiri_drafter *draft_model; /* owned, or NULL: the drafter of KIRI_SPEC_DRAFT */
+    struct kiri_drafter *mtp;       /* owned, or NULL: the drafter of KIRI_SPEC_MTP */
+    float *b_hidden;                /* with mtp (max_tok * n_embd): a step's hidden states */
     int spec_said;                  /* why not was logged */
     float *b_logits;                /* owned (n_vocab): logits after bias and grammar mask */
     struct kiri_grammar_vocab *gvocab; /* owned: the vocabulary trie, built at the first grammar */
@@ -174,7 +179,13 @@ int kiri_batcher_init_held(struct kiri_model *m, const struct kiri_batcher_param
      * at most the window before a step's first position plus the step's tokens (at most chunk),
      * so swa_blocks_per_seq for each of max_seqs sequences means that pool never limits
      * admission and never preempts; the rest of a memory budget goes to the global layers. */
-    const size_t global_token = kiri_model_kv_bytes_per_token(m, p.kv_type);
+    if (p.mtp && !kiri_model_has_mtp(m))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG,
+                              "speculative \"mtp\" needs a multi-token-prediction head (a qwen35 file with "
+                              "nextn_predict_layers 1), and this %s file has none", m->arch_name);
+    /* The MTP head's keys and values are one more attention layer of every token. */
+    const size_t global_token = kiri_model_kv_bytes_per_token(m, p.kv_type) +
+                                (p.mtp ? 2 * kiri_row_bytes(p.kv_type, (int64_t)m->hp.n_head_kv * m->hp.head_dim) : 0);
     const size_t swa_token =
         m->hp.swa_window > 0 ? kiri_model_kv_bytes_window(m, p.kv_type) / (size_t)m->hp.swa_window : 0;
     const int32_t blocks_per_seq = (p.n_ctx + BLOCK_SIZE - 1) / BLOCK_SIZE;
@@ -262,10 +273,19 @@ int kiri_batcher_init_held(struct kiri_model *m, const struct kiri_batcher_param
         }
     }
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
-    int rc = kiri_model_kvcache_init_swa(m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks,
-                                         p.max_seqs + (int32_t)n_spec_states, (int32_t)n_snapshots, &b->kv);
+    int rc = (p.mtp ? kiri_model_kvcache_init_mtp : kiri_model_kvcache_init_swa)(
+        m, p.kv_type, BLOCK_SIZE, (int32_t)n_blocks, (int32_t)n_swa_blocks, p.max_seqs + (int32_t)n_spec_states,
+        (int32_t)n_snapshots, &b->kv);
     if (rc == 0)
         rc = kiri_graph_init(m, max_tok, p.max_seqs + p.draft_rows, (int32_t)tables, p.n_ctx, &b->graph);
+    if (rc == 0 && p.mtp && b->spec_ok) {
+        if ((rc = kiri_drafter_mtp_init(m, b->kv, b->graph, p.max_seqs, max_tok, &b->mtp, info)) < 0) {
+            kiri_batcher_free(b);
+            return rc;
+        }
+        if (!(b->b_hidden = kiri_mem_array((size_t)max_tok * (size_t)m->hp.n_embd, sizeof(float))))
+            rc = KIRI_E_NOMEM;
+    }
     if (rc == 0) {
         b->running = kiri_mem_calloc((size_t)p.max_seqs, sizeof *b->running);
         b->b_tokens = kiri_mem_array((size_t)max_tok, sizeof(int32_t));
@@ -319,7 +339,7 @@ static void seq_free(struct kiri_batcher *b, struct seq *s)
 {
     if (!s)
         return;
-    if (s->proposed && s->drafter->release)
+    if (s->proposed && s->drafter && s->drafter->release)
         s->drafter->release(s->drafter, s->id);
     kiri_kvcache_seq_free(b->kv, &s->kv);
     kiri_sampler_free(s->sampler);
@@ -399,11 +419,20 @@ static void start_speculation(struct kiri_batcher *b, struct seq *s)
                                     : "the serving loop was made without draft rows");
         return;
     }
-    s->drafter = s->req.speculative == KIRI_SPEC_DRAFT ? b->draft_model : kiri_drafter_ngram();
+    s->drafter = s->req.speculative == KIRI_SPEC_DRAFT ? b->draft_model
+                 : s->req.speculative == KIRI_SPEC_MTP ? b->mtp
+                                                       : kiri_drafter_ngram();
     if (s->req.spec_max == 0)
         s->req.spec_max = KIRI_SPEC_DEFAULT_DRAFT;
     s->draft_len = s->req.spec_max < SPEC_START_DRAFT ? s->req.spec_max : SPEC_START_DRAFT;
     s->spec_rate = 1.0f;
+    /* A drafter that follows every step (the MTP head) pays a pass of its head for each drafted
+     * token, and is switched off rather than paused (adapt): it starts shorter and less trusted,
+     * so that three drafts that keep nothing switch it off. */
+    if (s->drafter && s->drafter->observe) {
+        s->draft_len = s->draft_len < SPEC_START_DRAFT_FOLLOWING ? s->draft_len : SPEC_START_DRAFT_FOLLOWING;
+        s->spec_rate = SPEC_START_RATE_FOLLOWING;
+    }
     s->spec_pause = SPEC_PAUSE;
 }
 
@@ -443,6 +472,13 @@ static int submit(struct kiri_batcher *b, const struct kiri_request *r, int held
     if (r->speculative == KIRI_SPEC_DRAFT && b->spec_ok && !b->draft_model)
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "speculative", -1,
                              "speculative \"draft\" needs a draft model, and none is loaded");
+    if (r->speculative == KIRI_SPEC_MTP && !b->mtp && (b->spec_ok || !kiri_model_has_mtp(b->model)))
+        return kiri_error_at(info, KIRI_E_INVALID_ARG, "speculative", -1,
+                             kiri_model_has_mtp(b->model)
+                                 ? "speculative \"mtp\" needs the serving loop made with the model's "
+                                   "multi-token-prediction head (--spec mtp)"
+                                 : "speculative \"mtp\" needs a multi-token-prediction head, and this model has "
+                                   "none");
     if (r->spec_max < 0 || r->spec_max > KIRI_SPEC_MAX_DRAFT)
         return kiri_error_at(info, KIRI_E_INVALID_ARG, "spec_max", -1, "spec_max must be 0..%d (0: %d), got %d",
                              KIRI_SPEC_MAX_DRAFT, KIRI_SPEC_DEFAULT_DRAFT, r->spec_max);
@@ -846,6 +882,10 @@ static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *t
             k = s->req.max_tokens - s->n_generated - 1;
         if (k < 1)
             continue;
+        /* A drafter that follows the steps (the MTP head) writes its keys at the drafts'
+         * positions while it drafts: they are reserved first. */
+        if (s->drafter->observe && kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
+            continue;
         s->proposed = 1;
         k = s->drafter->propose(s->drafter, s->id, s->tokens, s->n_tokens, s->draft, k);
         if (k < 1 || kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
@@ -1126,6 +1166,14 @@ static int emit(struct kiri_batcher *b, struct seq *s, const float *lg, double n
 static void adapt(struct seq *s, int32_t drafted, int32_t kept)
 {
     s->spec_rate = (1.0f - SPEC_RATE_WEIGHT) * s->spec_rate + SPEC_RATE_WEIGHT * (float)kept / (float)drafted;
+    /* A drafter that follows every step (the MTP head) costs a pass per token even while it
+     * pauses: one that falls below the rate stops for good. */
+    if (s->drafter->observe && s->spec_rate < SPEC_MIN_RATE) {
+        s->drafter->release(s->drafter, s->id);
+        s->drafter = NULL;
+        s->proposed = 0;
+        return;
+    }
     if (kept == drafted) {
         if (s->draft_len < s->req.spec_max)
             s->draft_len++;
@@ -1141,6 +1189,17 @@ static void adapt(struct seq *s, int32_t drafted, int32_t kept)
         s->spec_rate = 0.5f;
         s->draft_len = 1;
     }
+}
+
+/* Tells s's drafter, when it follows the steps (the MTP head), that the first n positions of this
+ * step are computed and kept. */
+static void observe(struct kiri_batcher *b, struct seq *s, int32_t n)
+{
+    if (!s->drafter || !s->drafter->observe || !b->b_hidden || n < 1)
+        return;
+    s->proposed = 1;
+    s->drafter->observe(s->drafter, s->id, &s->kv, s->tokens, s->step_pos, n,
+                        b->b_hidden + (size_t)s->step_row * (size_t)b->model->hp.n_embd);
 }
 
 /* The step computed s's pending token and its n_draft drafts, with a row of logits after each
@@ -1173,6 +1232,7 @@ static void verify(struct kiri_batcher *b, struct seq *s, const float *lg, doubl
                                        the state of every drafted position kept */
     kiri_kvcache_seq_state_forget(b->kv, &s->kv);
     s->n_draft = 0;
+    observe(b, s, s->kv.n_tokens - s->step_pos);
     adapt(s, drafted, kept);
     publish(b, s);
 }
@@ -1222,6 +1282,7 @@ static int step(struct kiri_batcher *b)
     if (n_planned == 0)
         return end_sequences(b);
     int32_t n_tok = 0, n_out = 0, n_tab = 0, n_seq_out = 0;
+    int want_hidden = 0;
     for (int32_t j = 0; j < n_planned; j++) {
         struct seq *s = planned[j];
         const int32_t toff = n_tab;
@@ -1233,6 +1294,9 @@ static int step(struct kiri_batcher *b)
          * pending one. */
         const int32_t first_row = n_out;
         const int all_rows = s->n_draft > 0;
+        s->step_pos = s->kv.n_tokens;
+        s->step_row = n_tok;
+        want_hidden |= s->drafter && s->drafter->observe;
         for (int32_t i = 0; i < take[j]; i++) {
             const int32_t p = s->kv.n_tokens + i;
             if (all_rows)
@@ -1265,7 +1329,7 @@ static int step(struct kiri_batcher *b)
     if (n_out > 0 || n_tok > 0) {
         struct kiri_batch batch = {n_tok, b->b_tokens, b->b_pos, b->b_slots, b->b_nkv, b->b_toff, b->b_tables,
                                    n_tab, b->b_rows, n_out > 0 ? n_out : 1, b->b_swa_slots, b->b_swa_tables,
-                                   b->b_state_rows, b->b_state_from};
+                                   b->b_state_rows, b->b_state_from, want_hidden ? b->b_hidden : NULL};
         if (n_out == 0)
             b->b_rows[0] = n_tok - 1; /* logits nobody reads: a chunk in the middle of a prompt */
         rc = kiri_graph_run(b->graph, b->kv, &batch, &logits, NULL);
@@ -1280,8 +1344,10 @@ static int step(struct kiri_batcher *b)
     }
     for (int32_t j = 0; j < n_planned; j++) {
         planned[j]->kv.n_tokens += take[j];
-        if (!planned[j]->n_draft) /* a verified sequence publishes what it keeps */
+        if (!planned[j]->n_draft) { /* a verified sequence publishes, and shows, what it keeps */
+            observe(b, planned[j], take[j]);
             publish(b, planned[j]);
+        }
     }
     kiri_platform_mutex_lock(b->lock);
     b->stats.steps++;
@@ -1426,6 +1492,9 @@ void kiri_batcher_free(struct kiri_batcher *b)
         kiri_batcher_stop(b, 0);
     if (b->draft_model) /* after the sequences that used it ended */
         b->draft_model->free(b->draft_model);
+    if (b->mtp)
+        b->mtp->free(b->mtp);
+    kiri_mem_free(b->b_hidden);
     kiri_graph_free(b->graph);
     kiri_kvcache_free(b->kv);
     kiri_mem_free(b->running);

@@ -57,6 +57,10 @@ enum {
     T_GATES,    /* (2 Hv, n) beta, then the decay's logarithm */
     T_DN_OUT,   /* (Hv S, n) the delta rule's output */
     T_DN_OUT_H, /* (S, Hv n) the same per head */
+    /* qwen35's multi-token-prediction head (empty without): */
+    T_HN,       /* (E, n) every token's output-normed hidden state, for kiri_batch.hidden */
+    T_EH,       /* (2E, n) the MTP block's input: the normed embedding, then the normed hidden state */
+    T_EH_E, T_EH_H, /* (E, n) views of its two halves (rows of 2E) */
     T_COUNT
 };
 
@@ -150,6 +154,10 @@ static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t e
     }
     const size_t S = (size_t)hp->ssm_head_dim, Hv = (size_t)hp->ssm_v_heads;
     const size_t C = (2 * (size_t)hp->ssm_k_heads + Hv) * S;
+    if (kiri_model_has_mtp(m)) {
+        bytes[T_HN] = E * (size_t)n * 4;
+        bytes[T_EH] = 2 * E * (size_t)n * 4;
+    }
     if (hp->arch == KIRI_ARCH_QWEN35) {
         bytes[T_QG] = 2 * Q * (size_t)n * 4;
         bytes[T_QKV] = C * (size_t)n * 4;
@@ -175,6 +183,8 @@ static void plan(const struct kiri_model *m, int32_t n, int32_t n_out, int32_t e
     l->off[T_QKV_Q] = l->off[T_QKV];
     l->off[T_QKV_K] = l->off[T_QKV] + (size_t)hp->ssm_k_heads * S * 4;
     l->off[T_DN_OUT_H] = l->off[T_DN_OUT];
+    l->off[T_EH_E] = l->off[T_EH];
+    l->off[T_EH_H] = l->off[T_EH] + E * 4;
     l->total = off;
 }
 
@@ -189,6 +199,9 @@ uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens
     plan(m, max_tokens, max_outputs, max_table_entries, 0, swa, &lo);
     return (uint64_t)l.total + lo.total;
 }
+
+/* The layers a graph runs: the trunk's, and the MTP block's after them. */
+static int n_graph_layers(const struct kiri_model *m) { return m->hp.n_layer + (kiri_model_has_mtp(m) ? 1 : 0); }
 
 static int side_init(struct side *s, const struct kiri_backend_iface *iface, struct kiri_backend *be,
                      const struct layout *l, int n_layer)
@@ -223,12 +236,12 @@ int kiri_graph_init(struct kiri_model *m, int32_t max_tokens, int32_t max_output
     struct layout l;
     const int swa = kiri_model_n_swa_layers(m) > 0;
     plan(m, max_tokens, max_outputs, max_table_entries, 1, swa, &l);
-    g->max_nodes = m->hp.n_layer * 64 + 32;
+    g->max_nodes = n_graph_layers(m) * 64 + 32;
     g->nodes = kiri_mem_calloc((size_t)g->max_nodes, sizeof *g->nodes);
-    int rc = g->nodes ? side_init(&g->main, m->iface, m->be, &l, m->hp.n_layer) : KIRI_E_NOMEM;
+    int rc = g->nodes ? side_init(&g->main, m->iface, m->be, &l, n_graph_layers(m)) : KIRI_E_NOMEM;
     if (rc == KIRI_OK && m->n_offload) {
         plan(m, max_tokens, max_outputs, max_table_entries, 0, swa, &l);
-        rc = side_init(&g->off, m->off_iface, m->off_be, &l, m->hp.n_layer);
+        rc = side_init(&g->off, m->off_iface, m->off_be, &l, n_graph_layers(m));
     }
     if (rc == KIRI_OK && !g->main.host &&
         !(g->logits_host = kiri_mem_array((size_t)m->hp.n_vocab * (size_t)max_outputs, sizeof(float))))
@@ -299,6 +312,15 @@ static int upload(struct side *s, struct kiri_tensor *t, const void *src, size_t
     return s->iface->tensor_set(s->be, t, src, 0, size);
 }
 
+static int download(struct side *s, const struct kiri_tensor *t, void *dst, size_t size)
+{
+    if (t->data) {
+        memcpy(dst, t->data, size);
+        return 0;
+    }
+    return s->iface->tensor_get(s->be, t, dst, 0, size);
+}
+
 /* Shapes id as rows of ne0 elements, ne1 per token, the tokens row_stride bytes apart. */
 static void shape_rows(struct side *s, int id, int64_t ne0, int64_t ne1, int32_t n, size_t row_stride)
 {
@@ -341,7 +363,7 @@ static void shape_step(const struct kiri_model *m, struct side *s, int32_t n, in
     const int f32 = KIRI_TYPE_F32;
     shape(s, T_X, f32, E, n, 1);
     shape(s, T_XN, f32, E, n, 1);
-    for (int l = 0; l < hp->n_layer; l++) {
+    for (int l = 0; l < n_graph_layers(m); l++) {
         const struct kiri_layer *L = &m->layers[l];
         const int64_t D = L->head_dim, H = L->n_head, Hkv = L->n_head_kv, F = L->n_ff;
         struct kiri_tensor *t = &s->lt[(size_t)l * LT_COUNT];
@@ -373,6 +395,15 @@ static void shape_step(const struct kiri_model *m, struct side *s, int32_t n, in
     }
     if (hp->arch == KIRI_ARCH_QWEN35)
         shape_qwen35(m, s, n);
+    if (kiri_model_has_mtp(m)) {
+        shape(s, T_HN, f32, E, n, 1);
+        shape(s, T_EH, f32, 2 * E, n, 1);
+        for (int id = T_EH_E; id <= T_EH_H; id++) {
+            struct kiri_tensor *t = shape(s, id, f32, E, n, 1);
+            t->nb[1] = 2 * (size_t)E * 4; /* rows of the whole input */
+            t->nb[2] = t->nb[3] = t->nb[1] * (size_t)n;
+        }
+    }
     if (hp->arch == KIRI_ARCH_LFM2 && kiri_model_n_recurrent_layers(m)) {
         shape(s, T_BCX, f32, 3 * E, n, 1);
         shape(s, T_CONV_OUT, f32, E, n, 1);
@@ -754,6 +785,8 @@ static int run_step(struct kiri_graph *g, struct kiri_kvcache *kv, const struct 
         build_layers(m, &g->off, kv, g->rope_off, 0, n_off, &bl);
     const int n_first = bl.n;
     build_layers(m, &g->main, kv, g->rope_main, n_off, n_layer, &bl);
+    if (b->hidden) /* every token's hidden state, as the head norms it (the MTP block's input) */
+        rms_norm(&bl, &g->main.t[T_HN], &g->main.t[T_X], m->output_norm, m->hp.rms_eps);
     build_head(m, &g->main, &bl);
     if (rc != 0 || !n_off)
         return rc != 0 ? rc : run_nodes(&g->main, g->nodes, bl.n);
@@ -770,11 +803,31 @@ static int run_step(struct kiri_graph *g, struct kiri_kvcache *kv, const struct 
     return rc;
 }
 
+/* Every token's id, cache slots (below slots_cap; in the windowed pool below swa_cap when that is
+ * not 0), keys and table offset, and every output row, are in range. */
+static int check_tokens(const struct kiri_model *m, const struct kiri_batch *b, int32_t slots_cap, int32_t swa_cap,
+                        struct kiri_status_info *info)
+{
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.n_vocab)
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "token id %d is outside the vocabulary", b->tokens[i]);
+        if (b->slots[i] < 0 || b->slots[i] >= slots_cap || b->n_kv[i] < 1 ||
+            b->table_off[i] < 0 || b->table_off[i] >= b->n_table_entries ||
+            (swa_cap > 0 && (b->swa_slots[i] < 0 || b->swa_slots[i] >= swa_cap)))
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch token %d has an invalid cache slot", i);
+    }
+    for (int32_t i = 0; i < b->n_outputs; i++)
+        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_tokens)
+            return kiri_error_set(info, KIRI_E_INVALID_ARG, "output row %d is outside the batch", b->out_rows[i]);
+    return KIRI_OK;
+}
+
 int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b,
                    const float **logits, struct kiri_status_info *info)
 {
     struct kiri_model *m = g->model;
     const int32_t n = b->n_tokens, n_out = b->n_outputs;
+    int rc;
     if (n < 1 || n > g->max_tokens || n_out < 1 || n_out > g->max_outputs ||
         b->n_table_entries < 1 || b->n_table_entries > g->max_table_entries)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch of %d tokens / %d outputs exceeds the graph", n, n_out);
@@ -798,14 +851,8 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "the batch's sliding-window slots do not match the cache");
     const int32_t slots_cap = l0 >= 0 ? (int32_t)kiri_kvcache_k(kv, l0)->ne[1] : INT32_MAX;
     const int32_t swa_cap = lw >= 0 ? (int32_t)kiri_kvcache_k(kv, lw)->ne[1] : 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.n_vocab)
-            return kiri_error_set(info, KIRI_E_INVALID_ARG, "token id %d is outside the vocabulary", b->tokens[i]);
-        if (b->slots[i] < 0 || b->slots[i] >= slots_cap || b->n_kv[i] < 1 ||
-            b->table_off[i] < 0 || b->table_off[i] >= b->n_table_entries ||
-            (lw >= 0 && (b->swa_slots[i] < 0 || b->swa_slots[i] >= swa_cap)))
-            return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch token %d has an invalid cache slot", i);
-    }
+    if ((rc = check_tokens(m, b, slots_cap, swa_cap, info)) < 0)
+        return rc;
     /* Recurrent layers: the cache's state has their shape, and every token names a slot of it. */
     const int recurrent = kiri_model_n_recurrent_layers(m) > 0;
     for (int l = 0; recurrent && l < m->hp.n_layer; l++) {
@@ -819,9 +866,6 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
         if (b->state_rows[i] < 0 || b->state_rows[i] >= kiri_kvcache_n_state_slots(kv) ||
             (b->state_from && (b->state_from[i] < 0 || b->state_from[i] >= kiri_kvcache_n_state_slots(kv))))
             return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch token %d has an invalid state slot", i);
-    for (int32_t i = 0; i < n_out; i++)
-        if (b->out_rows[i] < 0 || b->out_rows[i] >= n)
-            return kiri_error_set(info, KIRI_E_INVALID_ARG, "output row %d is outside the batch", b->out_rows[i]);
     /* Each layer's keys and values must sit on the backend that runs the layer, as
      * kiri_model_kvcache_init places them. */
     if (kiri_kvcache_n_first(kv) != m->n_offload ||
@@ -829,16 +873,84 @@ int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct k
         kiri_kvcache_backend(kv, m->hp.n_layer - 1) != m->be)
         return kiri_error_set(info, KIRI_E_INVALID_ARG, "the KV cache was not made for this model's placement");
 
+    if (b->hidden && !kiri_model_has_mtp(m))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "hidden states are kept only for a model with an MTP head");
+
     kiri_platform_mutex_lock(m->compute_lock);
-    int rc = run_step(g, kv, b);
+    rc = run_step(g, kv, b);
     const struct kiri_tensor *lt = &g->main.t[T_LOGITS];
     const size_t lbytes = (size_t)m->hp.n_vocab * (size_t)n_out * sizeof(float);
     if (rc == 0 && !lt->data)
         rc = g->main.iface->tensor_get(g->main.be, lt, g->logits_host, 0, lbytes);
+    if (rc == 0 && b->hidden)
+        rc = download(&g->main, &g->main.t[T_HN], b->hidden, (size_t)m->hp.n_embd * (size_t)n * sizeof(float));
     kiri_platform_mutex_unlock(m->compute_lock);
     if (rc != 0)
         return kiri_error_set(info, KIRI_E_BACKEND, "backend %s failed to run a step",
                               m->n_offload ? m->off_iface->name : m->iface->name);
     *logits = lt->data ? lt->data : g->logits_host;
+    return KIRI_OK;
+}
+
+/* The MTP block over the step's tokens (see struct kiri_mtp_head), on the main side: the
+ * embedding and the hidden states h normed and joined, eh_proj, the block (its keys and values in
+ * the cache's layer n_layer), and for the output rows the head's norm and the logits. */
+static int run_mtp(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b, const float *h)
+{
+    struct kiri_model *m = g->model;
+    const struct kiri_mtp_head *mh = &m->mtp;
+    struct side *s = &g->main;
+    const int l = m->hp.n_layer;
+    const float eps = m->hp.rms_eps;
+    int rc = upload_inputs(g, s, b, 1);
+    shape_step(m, s, b->n_tokens, b->n_outputs, 1);
+    rc |= upload(s, &s->t[T_XN], h, (size_t)m->hp.n_embd * (size_t)b->n_tokens * sizeof(float));
+    if (rc != 0)
+        return rc;
+    struct builder bl = {g->nodes, 0, g->max_nodes};
+    struct kiri_tensor *x = &s->t[T_X], *xo = &s->t[T_XO];
+    add(&bl, KIRI_OP_GET_ROWS, x, mh->embed, &s->t[T_TOKENS]);
+    rms_norm(&bl, &s->t[T_EH_E], x, mh->enorm, eps);
+    rms_norm(&bl, &s->t[T_EH_H], &s->t[T_XN], mh->hnorm, eps);
+    add(&bl, KIRI_OP_MATMUL, x, mh->eh_proj, &s->t[T_EH]);
+    build_layers(m, s, kv, g->rope_main, l, l + 1, &bl);
+    if (b->n_outputs > 0) {
+        add(&bl, KIRI_OP_GET_ROWS, xo, x, &s->t[T_OUT_ROWS]);
+        rms_norm(&bl, xo, xo, mh->head_norm, eps);
+        project(&bl, &s->t[T_LOGITS], mh->head, NULL, mh->head_scale, 0, xo);
+    }
+    return run_nodes(s, g->nodes, bl.n);
+}
+
+int kiri_graph_run_mtp(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b, const float *h,
+                       float *h_out, const float **logits, struct kiri_status_info *info)
+{
+    struct kiri_model *m = g->model;
+    const int l = m->hp.n_layer;
+    const int32_t n = b->n_tokens, n_out = b->n_outputs;
+    if (!kiri_model_has_mtp(m))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "the model has no multi-token-prediction head");
+    if (!kiri_kvcache_layer_has_kv(kv, l) || kiri_kvcache_layer_windowed(kv, l) ||
+        kiri_kvcache_backend(kv, l) != m->be)
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "the KV cache has no layer for the MTP head");
+    if (n < 1 || n > g->max_tokens || n_out < 0 || n_out > g->max_outputs || b->n_table_entries < 1 ||
+        b->n_table_entries > g->max_table_entries || !h || (n_out > 0 && (!h_out || !logits)))
+        return kiri_error_set(info, KIRI_E_INVALID_ARG, "batch of %d tokens / %d outputs exceeds the graph", n, n_out);
+    int rc = check_tokens(m, b, (int32_t)kiri_kvcache_k(kv, l)->ne[1], 0, info);
+    if (rc < 0)
+        return rc;
+    kiri_platform_mutex_lock(m->compute_lock);
+    rc = run_mtp(g, kv, b, h);
+    const struct kiri_tensor *lt = &g->main.t[T_LOGITS];
+    if (rc == 0 && n_out > 0 && !lt->data)
+        rc = g->main.iface->tensor_get(g->main.be, lt, g->logits_host, 0,
+                                       (size_t)m->hp.n_vocab * (size_t)n_out * sizeof(float));
+    if (rc == 0 && n_out > 0)
+        rc = download(&g->main, &g->main.t[T_XO], h_out, (size_t)m->hp.n_embd * (size_t)n_out * sizeof(float));
+    kiri_platform_mutex_unlock(m->compute_lock);
+    if (rc != 0)
+        return kiri_error_set(info, KIRI_E_BACKEND, "backend %s failed to run the MTP head", m->iface->name);
+    if (n_out > 0)
+        *logits = lt->data ? lt->data : g->logits_host;
     return KIRI_OK;
 }

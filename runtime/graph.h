@@ -44,6 +44,9 @@ struct kiri_batch {
     const int32_t *swa_tables;
     const int32_t *state_rows;
     const int32_t *state_from;
+    float *hidden;          /* NULL, or (a model with an MTP head) receives every token's hidden
+                               state as the output norm leaves it, n_embd floats a token: the
+                               MTP head's input */
 };
 
 /* n_ctx is the longest sequence the graph will run (the batcher's per-sequence context): it
@@ -60,5 +63,15 @@ uint64_t kiri_graph_scratch_bytes(const struct kiri_model *m, int32_t max_tokens
  * keys and values on the backend that runs the layer); another placement is KIRI_E_INVALID_ARG. */
 int kiri_graph_run(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b,
                    const float **logits, struct kiri_status_info *info);
+
+/* Runs the model's multi-token-prediction head (struct kiri_mtp_head) over b's tokens: token i
+ * at its position with h's row i (n_embd floats) as the hidden state before it, its keys and
+ * values written to the cache's MTP layer (kiri_model_kvcache_init_mtp) at its slot (tables as
+ * for the trunk; no windowed slots, no state rows, b->hidden unused). For the n_outputs rows
+ * (0: none, only the keys are written) the head's logits come out as kiri_graph_run's, and its
+ * hidden state, which a chained draft feeds back as h, is written to h_out (n_embd floats a
+ * row). KIRI_E_INVALID_ARG for a model without the head or a cache without its layer. */
+int kiri_graph_run_mtp(struct kiri_graph *g, struct kiri_kvcache *kv, const struct kiri_batch *b, const float *h,
+                       float *h_out, const float **logits, struct kiri_status_info *info);
 
 #endif

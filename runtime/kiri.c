@@ -156,9 +156,15 @@ static void describe_family(const struct kiri_model *m, struct kiri_buf *text)
                         "attention; their state: %.1f KiB per sequence (F32), taken from the kv memory, and as much again for "
                         "each token a speculative step drafts\n", n_rec,
                         hp->n_layer, hp->n_conv_taps, (double)kiri_model_state_bytes(m) / 1024.0);
-    if (hp->n_layer_nextn)
-        kiri_buf_printf(text, "mtp head:      %d multi-token-prediction layer%s after the %d of the trunk, loaded and "
-                        "not run\n", hp->n_layer_nextn, hp->n_layer_nextn == 1 ? "" : "s", hp->n_layer);
+    if (kiri_model_has_mtp(m))
+        kiri_buf_printf(text, "mtp head:      1 multi-token-prediction layer after the %d of the trunk%s%s: drafts "
+                        "for --spec mtp, its keys and values %.1f KiB more per token (F16)\n", hp->n_layer,
+                        m->mtp.embed != m->tok_embd ? ", its own embedding" : "",
+                        m->mtp.head != m->output ? ", its own output head" : "",
+                        (double)(2 * kiri_row_bytes(KIRI_TYPE_F16, (int64_t)hp->n_head_kv * hp->head_dim)) / 1024.0);
+    else if (hp->n_layer_nextn)
+        kiri_buf_printf(text, "mtp head:      %d multi-token-prediction layers after the %d of the trunk, loaded and "
+                        "not run (--spec mtp runs one)\n", hp->n_layer_nextn, hp->n_layer);
     if (hp->arch == KIRI_ARCH_GEMMA4) {
         int ff_min = hp->n_ff, kv_min = hp->n_head_kv;
         for (int l = 0; l < hp->n_layer; l++) {
@@ -368,7 +374,8 @@ int kiri_context_init(struct kiri_model *m, const struct kiri_context_params *pa
     bp.kv_type = params->kv_type;
     bp.prefix_cache = 0;
     bp.draft_model = params->draft_model;
-    bp.spec_states = params->speculative ? -1 : 0;
+    bp.spec_states = params->speculative || params->mtp ? -1 : 0;
+    bp.mtp = params->mtp;
     const int rc = kiri_batcher_init(m, &bp, &c->batcher, info);
     if (rc < 0) {
         kiri_mem_free(c);

@@ -439,7 +439,7 @@ static const struct kiri_gguf_tensor *find_used(struct kiri_model *m, const char
 static int describe(struct kiri_model *m, const struct kiri_gguf_tensor *gt, int dims, int64_t first, int64_t count,
                     struct kiri_tensor **out, struct kiri_status_info *info)
 {
-    if (m->n_tensors >= m->hp.n_layer * TENSORS_PER_LAYER + TENSORS_GLOBAL)
+    if (m->n_tensors >= (m->hp.n_layer + 1) * TENSORS_PER_LAYER + TENSORS_GLOBAL)
         return kiri_error_set(info, KIRI_E_MODEL_INVALID, "too many weights (at %s)", gt->name);
     struct kiri_tensor *t = &m->tensors[m->n_tensors++];
     memset(t, 0, sizeof *t);
@@ -671,8 +671,8 @@ static int check_all_used(struct kiri_model *m, struct kiri_status_info *info)
         if (m->tensor_used[i])
             continue;
         const char *name = kiri_gguf_tensor(m->gguf, i)->name;
-        /* qwen35's multi-token-prediction blocks (blk.N. past the trunk) are a draft head the
-         * forward pass does not run: loaded, left unused, and said so (n_mtp_tensors). */
+        /* qwen35's multi-token-prediction blocks (blk.N. past the trunk) beyond the one the
+         * drafter runs: loaded, left unused, and said so (n_mtp_tensors). */
         int blk = -1, len = 0;
         if (m->hp.n_layer_nextn > 0 && sscanf(name, "blk.%d.%n", &blk, &len) == 1 && len > 0 &&
             blk >= m->hp.n_layer && blk < m->hp.n_layer + m->hp.n_layer_nextn) {
@@ -702,7 +702,7 @@ static int check_all_used(struct kiri_model *m, struct kiri_status_info *info)
  * weight (the norm op always multiplies by one). */
 static int take_ones(struct kiri_model *m, int64_t n, struct kiri_tensor **out, struct kiri_status_info *info)
 {
-    if (m->n_tensors >= m->hp.n_layer * TENSORS_PER_LAYER + TENSORS_GLOBAL)
+    if (m->n_tensors >= (m->hp.n_layer + 1) * TENSORS_PER_LAYER + TENSORS_GLOBAL)
         return kiri_error_set(info, KIRI_E_MODEL_INVALID, "too many weights (at a norm)");
     if (!m->ones) {
         if (!(m->ones = kiri_mem_array(KIRI_MAX_HEAD_DIM, sizeof *m->ones)))
@@ -844,12 +844,65 @@ static int take_attention(struct kiri_model *m, const struct arch_info *ai, int 
     return KIRI_OK;
 }
 
+/* qwen35's multi-token-prediction block (struct kiri_mtp_head), layer n_layer: a gated
+ * full-attention block as the trunk's, and the nextn tensors that feed and read it; the embedding,
+ * the head's norm and the head fall back to the trunk's, as llama.cpp's graph_mtp does. */
+static int take_mtp(struct kiri_model *m, const struct arch_info *ai, struct kiri_status_info *info)
+{
+    const struct kiri_hparams *hp = &m->hp;
+    const int l = hp->n_layer;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    struct kiri_layer *L = &m->layers[l];
+    struct kiri_mtp_head *h = &m->mtp;
+    char n[KIRI_GGUF_MAX_NAME + 32];
+    int rc;
+    /* A file that keeps the count but not the block (converted without it) runs as the trunk,
+     * as llama.cpp's does; a block that is there must be whole. */
+    snprintf(n, sizeof n, "blk.%d.nextn.eh_proj.weight", l);
+    if (!kiri_gguf_find_tensor(m->gguf, n))
+        return KIRI_OK;
+    *L = (struct kiri_layer){.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                             .n_ff = hp->n_ff, .n_rot = hp->n_rot, .kv_source = l, .rope_factors = 1,
+                             .out_scale = 1.0f, .attn_gated = 1, .rope = 1, .rope_freq_base = hp->rope_freq_base,
+                             .rope_freq_scale = hp->rope_freq_scale};
+#define W(dst, suffix, ne0, ne1, kind, req)                                                        \
+    snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                 \
+    if ((rc = take_weight(m, n, ne0, ne1, kind, req, dst, info)) < 0)                             \
+        return rc;
+    W(&L->attn_norm, "attn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
+    if ((rc = take_attention(m, ai, l, L, info)) < 0)
+        return rc;
+    W(&L->ffn_norm, ai->ffn_norm ? ai->ffn_norm : "ffn_norm.weight", E, 1, WEIGHT_VECTOR, 1)
+    if ((rc = take_ffn(m, ai, l, L, info)) < 0)
+        return rc;
+    W(&h->eh_proj, "nextn.eh_proj.weight", 2 * E, E, WEIGHT_MATRIX, 1)
+    W(&h->enorm, "nextn.enorm.weight", E, 1, WEIGHT_VECTOR, 1)
+    W(&h->hnorm, "nextn.hnorm.weight", E, 1, WEIGHT_VECTOR, 1)
+    W(&h->embed, "nextn.embed_tokens.weight", E, V, WEIGHT_EMBEDDING, 0)
+    W(&h->head_norm, "nextn.shared_head_norm.weight", E, 1, WEIGHT_VECTOR, 0)
+    W(&h->head, "nextn.shared_head_head.weight", E, V, WEIGHT_MATRIX, 0)
+#undef W
+    h->head_scale = h->head ? 1.0f : m->output_scale;
+    if (!h->embed)
+        h->embed = m->tok_embd;
+    if (!h->head_norm)
+        h->head_norm = m->output_norm;
+    if (!h->head)
+        h->head = m->output;
+    return KIRI_OK;
+}
+
+int kiri_model_has_mtp(const struct kiri_model *m) { return m && m->mtp.eh_proj != NULL; }
+
 static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct kiri_status_info *info)
 {
     const struct kiri_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, V = hp->n_vocab;
-    m->tensors = kiri_mem_calloc((size_t)hp->n_layer * TENSORS_PER_LAYER + TENSORS_GLOBAL, sizeof *m->tensors);
-    m->layers = kiri_mem_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    /* One MTP block is run as a drafter (llama.cpp runs exactly one); with more, all are left
+     * unused. Its layer follows the trunk's. */
+    const int mtp = hp->n_layer_nextn == 1;
+    m->tensors = kiri_mem_calloc((size_t)(hp->n_layer + mtp) * TENSORS_PER_LAYER + TENSORS_GLOBAL, sizeof *m->tensors);
+    m->layers = kiri_mem_calloc((size_t)hp->n_layer + (size_t)mtp, sizeof *m->layers);
     m->layer_t0 = kiri_mem_array((size_t)hp->n_layer + 1, sizeof *m->layer_t0);
     m->tensor_used = kiri_mem_calloc((size_t)kiri_gguf_n_tensors(m->gguf) + 1, 1);
     if (!m->tensors || !m->layers || !m->layer_t0 || !m->tensor_used)
@@ -936,6 +989,8 @@ static int load_weights(struct kiri_model *m, const struct arch_info *ai, struct
         L->rope_freq_scale = hp->rope_freq_scale;
     }
     m->layer_t0[hp->n_layer] = m->n_tensors;
+    if (mtp && (rc = take_mtp(m, ai, info)) < 0)
+        return rc;
     return check_all_used(m, info);
 }
 
@@ -1728,15 +1783,18 @@ int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_s
     return kiri_model_kvcache_init_swa(m, kv_type, block_size, n_blocks, 0, 1, 0, out);
 }
 
-int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
-                                int32_t n_swa_blocks, int32_t n_state_slots, int32_t n_snapshots,
-                                struct kiri_kvcache **out)
+/* The cache of kiri_model_kvcache_init_swa, with the MTP block's layer after the trunk's when
+ * with_mtp (on the main backend, as the head). */
+static int kvcache_init(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
+                        int32_t n_swa_blocks, int32_t n_state_slots, int32_t n_snapshots, int with_mtp,
+                        struct kiri_kvcache **out)
 {
-    uint8_t layers[KIRI_MAX_LAYERS];
-    int64_t kv_dim[KIRI_MAX_LAYERS], state_dim[KIRI_MAX_LAYERS];
-    int32_t source[KIRI_MAX_LAYERS];
+    uint8_t layers[KIRI_MAX_LAYERS + 1];
+    int64_t kv_dim[KIRI_MAX_LAYERS + 1], state_dim[KIRI_MAX_LAYERS + 1];
+    int32_t source[KIRI_MAX_LAYERS + 1];
     const int n_swa = n_swa_blocks > 0 ? kiri_model_n_swa_layers(m) : 0;
-    for (int l = 0; l < m->hp.n_layer && l < KIRI_MAX_LAYERS; l++) {
+    const int n_layer = m->hp.n_layer + (with_mtp ? 1 : 0);
+    for (int l = 0; l < n_layer && l <= KIRI_MAX_LAYERS; l++) {
         const struct kiri_layer *L = &m->layers[l];
         layers[l] = n_swa && L->swa;
         state_dim[l] = kiri_model_state_dim(m, l);
@@ -1746,9 +1804,24 @@ int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int blo
     const struct kiri_kvcache_window w = {layers, m->hp.swa_window, n_swa_blocks};
     const struct kiri_kvcache_state st = {state_dim, n_state_slots, n_snapshots};
     const struct kiri_kvcache_layout lay = {kv_dim, source, kiri_model_n_recurrent_layers(m) ? &st : NULL};
-    return kiri_kvcache_init_layers(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, m->hp.n_layer,
+    return kiri_kvcache_init_layers(m->iface, m->be, m->n_offload, m->off_iface, m->off_be, n_layer,
                                     (int64_t)m->hp.n_head_kv * m->hp.head_dim, kv_type, block_size, n_blocks,
                                     n_swa ? &w : NULL, &lay, out);
+}
+
+int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
+                                int32_t n_swa_blocks, int32_t n_state_slots, int32_t n_snapshots,
+                                struct kiri_kvcache **out)
+{
+    return kvcache_init(m, kv_type, block_size, n_blocks, n_swa_blocks, n_state_slots, n_snapshots, 0, out);
+}
+
+int kiri_model_kvcache_init_mtp(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
+                                int32_t n_swa_blocks, int32_t n_state_slots, int32_t n_snapshots,
+                                struct kiri_kvcache **out)
+{
+    return kvcache_init(m, kv_type, block_size, n_blocks, n_swa_blocks, n_state_slots, n_snapshots,
+                        kiri_model_has_mtp(m), out);
 }
 
 void kiri_model_describe_placement(const struct kiri_model *m, char *buf, size_t cap)

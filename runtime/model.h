@@ -91,7 +91,8 @@ struct kiri_hparams {
      * query/key heads (ssm.group_count) and ssm_v_heads value heads (ssm.time_step_rank). */
     int32_t ssm_head_dim, ssm_k_heads, ssm_v_heads;
     int32_t n_layer_nextn;    /* qwen35's nextn_predict_layers: multi-token-prediction blocks after
-                                 the n_layer layers of the trunk (loaded, not run) */
+                                 the n_layer layers of the trunk (one is run as a drafter:
+                                 struct kiri_mtp_head; more are loaded, not run) */
 };
 
 struct kiri_layer {
@@ -153,6 +154,21 @@ struct kiri_layer {
                                         gate (2 head_dim rows per head); out *= sigmoid(gate) */
 };
 
+/* qwen35's multi-token-prediction head (llama.cpp's graph_mtp): for position q, from the
+ * embedding e of token q and the trunk's output-normed hidden state h of position q - 1,
+ * x = eh_proj [enorm(e); hnorm(h)], then one gated full-attention block (layers[n_layer], with
+ * keys and values of its own in the KV cache's layer n_layer), then head_norm: the head's hidden
+ * state, which a chained draft feeds back as h, and through head the logits of token q + 2's
+ * guess (the token after q + 1). */
+struct kiri_mtp_head {
+    struct kiri_tensor *eh_proj;     /* (2 n_embd, n_embd) */
+    struct kiri_tensor *enorm, *hnorm; /* (n_embd) F32 */
+    struct kiri_tensor *embed;       /* nextn.embed_tokens, else tok_embd */
+    struct kiri_tensor *head_norm;   /* nextn.shared_head_norm, else output_norm */
+    struct kiri_tensor *head;        /* nextn.shared_head_head, else output */
+    float head_scale;                /* output_scale when head is output, else 1 */
+};
+
 struct kiri_model {
     struct kiri_gguf *gguf;              /* owned: the mapping every weight points into */
     struct kiri_tokenizer *tokenizer;    /* owned */
@@ -179,10 +195,12 @@ struct kiri_model {
     struct kiri_tensor *pl_tok_embd, *pl_model_proj, *pl_proj_norm;
     float *ones;                         /* owned: the data of the layers' v_norm, or NULL */
     int n_mtp_tensors;                   /* qwen35: tensors of the multi-token-prediction blocks
-                                            (blk.N past the trunk), left unused */
+                                            (blk.N past the trunk) left unused (all but one) */
+    struct kiri_mtp_head mtp;            /* qwen35: its one multi-token-prediction block, all
+                                            NULL without (kiri_model_has_mtp) */
     int n_tower_tensors;                 /* gemma4: vision/audio tensors (v.*, a.*, mm.*) of the
                                             file, left unused: kiri runs the text model */
-    struct kiri_layer *layers;           /* owned, n_layer */
+    struct kiri_layer *layers;           /* owned, n_layer, and the MTP block's after them */
     size_t weight_bytes;
 
     /* Execution: one pool per model; steps are serialised by compute_lock. iface/be runs the
@@ -230,6 +248,11 @@ int kiri_model_kvcache_init(const struct kiri_model *m, int kv_type, int block_s
  * keep no keys but n_state_slots sequences' state and n_snapshots snapshots of it for prefix
  * reuse (kiri_kvcache_state; kiri_model_kvcache_init makes one slot and no snapshot). */
 int kiri_model_kvcache_init_swa(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
+                                int32_t n_swa_blocks, int32_t n_state_slots, int32_t n_snapshots,
+                                struct kiri_kvcache **out);
+/* kiri_model_kvcache_init_swa with one more attention layer, n_layer, for the MTP block (a
+ * model with kiri_model_has_mtp; otherwise the same). */
+int kiri_model_kvcache_init_mtp(const struct kiri_model *m, int kv_type, int block_size, int32_t n_blocks,
                                 int32_t n_swa_blocks, int32_t n_state_slots, int32_t n_snapshots,
                                 struct kiri_kvcache **out);
 /* Layers that attend only the last hp.swa_window keys (0 when swa_window is 0). */

@@ -125,10 +125,11 @@ static const struct kiri_option opts[] = {
     {.name = "chunk", .type = KIRI_OPTION_INT, F(chunk), .lo = 1, .hi = 65536, .arg = "N",
      .help = "Prompt tokens processed per batch step (chunked prefill); the compute scratch grows with it.",
      .def = "64"},
-    {.name = "spec", .type = KIRI_OPTION_ENUM, F(spec), .choices = "none|ngram|draft", .arg = "KIND",
+    {.name = "spec", .type = KIRI_OPTION_ENUM, F(spec), .choices = "none|ngram|draft|mtp", .arg = "KIND",
      .help = "Speculative decoding for requests without a \"speculative\" field: ngram drafts tokens by looking "
-     "the text's last few tokens up in the prompt and the text so far, draft has --draft-model guess them; "
-     "one step verifies them (the output is the same).",
+     "the text's last few tokens up in the prompt and the text so far, draft has --draft-model guess them, "
+     "mtp the model's own multi-token-prediction head (qwen35 files that carry one; requests may then ask "
+     "for \"mtp\"); one step verifies them (the output is the same).",
      .def = "none"},
     {.name = "draft-model", .type = KIRI_OPTION_STRING, F(draft_model), .arg = "FILE",
      .help = "A smaller model with the same vocabulary as --model (or a lower-precision copy of it) that drafts "

@@ -25,7 +25,7 @@ struct kiri_server_config {
     int parallel;               /* --parallel: sequences batched at once (default 8) */
     int32_t chunk;              /* --chunk: prompt tokens per step (default 256) */
     int queue;                  /* --queue: waiting requests before 429 (default 64) */
-    char spec[8];               /* --spec none|ngram|draft: speculation for requests that do not say */
+    char spec[8];               /* --spec none|ngram|draft|mtp: speculation for requests that do not say */
     char draft_model[1024];     /* --draft-model FILE: drafts for --model (same vocabulary) */
     int spec_max;               /* --spec-max: most drafted tokens at once (default 8) */
     int spec_max_seqs;          /* --spec-max-seqs: drafts only while this many decode (default 4) */

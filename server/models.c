@@ -167,6 +167,7 @@ static int slot_load(const struct kiri_models *r, const char *id, const char *pa
     bp.kv_type = r->p.kv_type;
     bp.spec_max_seqs = r->p.spec_max_seqs;
     bp.spec_states = r->p.speculative ? -1 : 0;
+    bp.mtp = r->p.mtp == 1 || (r->p.mtp == 2 && kiri_model_has_mtp(m->model));
     if (!bp.spec_max_seqs)
         bp.draft_rows = 0;
     if (r->p.draft_model && r->p.draft_model[0]) {

@@ -63,6 +63,9 @@ struct kiri_models_params {
     int speculative;          /* speculation was asked for at start-up (--spec, --draft-model): models
                                  with recurrent layers make their spare state slots (else they
                                  serve every request without drafts, and pay nothing for it) */
+    int mtp;                  /* --spec mtp: models run their multi-token-prediction head as the
+                                 drafter of "mtp"; 1: a model without one fails to load (--model),
+                                 2: it serves without (--models-dir) */
     uint64_t memory_budget;   /* bytes for all loaded models together; 0: no limit */
     int warm_up;              /* run one token through a new model before it serves */
     void (*log)(void *user, const char *line);   /* may be NULL */

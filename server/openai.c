@@ -38,7 +38,7 @@
  *   - The "developer" role is read as "system". Text content parts are joined with nothing
  *     between them; any other part type is refused.
  *   - Extensions: top_k, min_p, repetition_penalty (also spelled repeat_penalty), repeat_last_n,
- *     priority, speculative ("ngram"/"draft"/"none", true/false, or {"type", "max_draft"}: drafted tokens
+ *     priority, speculative ("ngram"/"draft"/"mtp"/"none", true/false, or {"type", "max_draft"}: drafted tokens
  *     verified in one step, with the same output; absent: the server's --spec). Penalties look
  *     back over repeat_last_n tokens (default 64), not the whole text.
  *   - Out of memory while parsing is KIRI_E_NOMEM with a 500 "server_error".
@@ -1092,8 +1092,8 @@ static int parse_max_tokens(struct parser *p, json_t *body, struct kiri_api_requ
     return 0;
 }
 
-/* speculative (an extension): "ngram", "draft" or "none", true (ngram) or false, or an object
- * {"type": "ngram"|"draft"|"none", "max_draft": 1..KIRI_SPEC_MAX_DRAFT}. */
+/* speculative (an extension): "ngram", "draft", "mtp" or "none", true (ngram) or false, or an
+ * object {"type": "ngram"|"draft"|"mtp"|"none", "max_draft": 1..KIRI_SPEC_MAX_DRAFT}. */
 static int parse_speculative(struct parser *p, json_t *body, struct kiri_api_request *r)
 {
     json_t *v = field(body, "speculative");
@@ -1105,11 +1105,11 @@ static int parse_speculative(struct parser *p, json_t *body, struct kiri_api_req
     }
     json_t *type = json_is_object(v) ? field(v, "type") : v;
     if (json_is_object(v) && !type)
-        return bad(p, "speculative.type", "", "speculative.type is required: \"ngram\", \"draft\" or \"none\"");
+        return bad(p, "speculative.type", "", "speculative.type is required: \"ngram\", \"draft\", \"mtp\" or \"none\"");
     if (!json_is_string(type) || (r->speculative = kiri_spec_parse(json_string_value(type))) < 0)
         return bad(p, json_is_object(v) ? "speculative.type" : "speculative", "",
-                   "speculative must be \"ngram\", \"draft\", \"none\", true, false or an object {\"type\", "
-                   "\"max_draft\"}");
+                   "speculative must be \"ngram\", \"draft\", \"mtp\", \"none\", true, false or an object "
+                   "{\"type\", \"max_draft\"}");
     json_t *m = json_is_object(v) ? field(v, "max_draft") : NULL;
     if (!m)
         return 0;

@@ -1764,6 +1764,7 @@ static int load_models(struct kiri_server *s, struct kiri_status_info *info)
     mp.spec_max_seqs = cfg->spec_max_seqs;
     mp.draft_model = cfg->draft_model[0] ? cfg->draft_model : NULL;
     mp.speculative = mp.draft_model || kiri_spec_parse(cfg->spec) > 0;
+    mp.mtp = kiri_spec_parse(cfg->spec) != KIRI_SPEC_MTP ? 0 : cfg->models_dir[0] ? 2 : 1;
     mp.memory_budget = cfg->models_dir[0] ? cfg->models_memory : 0;
     /* A directory's models change while serving: each one proves it runs before it serves. */
     mp.warm_up = cfg->models_dir[0] != 0;

@@ -7,7 +7,14 @@ layer has attn_qkv (q, k, v of the convolution's channels), attn_gate (z), ssm_c
 ssm_a (-exp(A_log), as the converter stores it), ssm_beta, ssm_alpha, ssm_norm, ssm_out; a
 full-attention layer has attn_q (each head's query then its output gate), attn_k, attn_v, attn_q_norm,
 attn_k_norm, attn_output; every layer attn_norm, post_attention_norm and the SwiGLU feed-forward.
-A variant with nextn_predict_layers carries one multi-token-prediction block after the trunk.
+A variant with nextn_predict_layers carries one multi-token-prediction block after the trunk
+(llama.cpp's load_block_mtp: a gated full-attention block, nextn.eh_proj, nextn.enorm, nextn.hnorm,
+and optionally nextn.shared_head_norm, nextn.embed_tokens, nextn.shared_head_head). mtp_copy > 0
+makes its drafts often right, so that the speculative tests see drafts kept and rejected: the
+trunk's layers add little to the embedding (their outputs scaled by 0.01), so its next token is
+mostly a function of the current one through the output head, and the block passes its input
+token's normed embedding on (eh_proj) with little of its own (outputs scaled by 0.05) to a head
+near the trunk's: it guesses that same function of the token it is given.
 
     python3 tests/tiny_qwen35.py OUT_DIR     writes every file of VARIANTS into OUT_DIR
 """
@@ -45,6 +52,10 @@ class Variant:
     v_heads: int = 4           # ssm.time_step_rank (a multiple of k_heads)
     untied: bool = False
     nextn: int = 0             # nextn_predict_layers: MTP blocks after the trunk
+    mtp_head_norm: bool = True     # nextn.shared_head_norm (else the head norms with output_norm)
+    mtp_own: tuple = ()        # optional MTP tensors: "embed_tokens", "shared_head_head"
+    mtp_copy: float = 0.0      # the echo path's gain (0: a random block)
+    mtp_block: bool = True     # False: nextn_predict_layers counts a block the file does not carry
     recurrent: tuple = ()      # attention.recurrent_layers (bools) in place of the interval
     seed: int = 700
     wtype: str = "F32"         # the projections' type (norms, the convolution, ssm_a and ssm_dt stay F32)
@@ -71,6 +82,15 @@ VARIANTS = [
             n_ff=160, state=128, k_heads=2, v_heads=4, seed=705),
     Variant("qwen35-d", "5 layers listed by attention.recurrent_layers (Gated DeltaNet on 0, 2 and 3, attention "
             "on 1 and 4) rather than an interval", n_layer=5, recurrent=(True, False, True, True, False), seed=706),
+    Variant("qwen35-mtp", "qwen35-a's shapes with a multi-token-prediction block that has its own token "
+            "embedding, output head and head norm, its drafts often right", seed=707, nextn=1, untied=True,
+            mtp_own=("embed_tokens", "shared_head_head"), mtp_copy=30.0),
+    Variant("qwen35-mtp-bare", "qwen35-d's layout with a multi-token-prediction block of the required tensors "
+            "only (the trunk's embedding, output norm and output), its drafts often right", n_layer=5,
+            recurrent=(True, False, True, True, False), seed=708, nextn=1, untied=True, mtp_head_norm=False,
+            mtp_copy=30.0),
+    Variant("qwen35-nextn-gone", "qwen35-a's weights and a nextn_predict_layers of 1 without the block (a file "
+            "converted without it): the trunk runs, no head", seed=701, base="qwen35-a", nextn=1, mtp_block=False),
     Variant("qwen35-q8", "qwen35-a's weights with every projection and the embedding in Q8_0", seed=701,
             wtype="Q8_0"),
     # Refusals.
@@ -145,7 +165,7 @@ def _weights(v, n_vocab):
             attention(p)
         w[p + "post_attention_norm.weight"] = norm(E)
         ffn(p)
-    for i in range(v.n_layer, v.n_layer + v.nextn):
+    for i in range(v.n_layer, v.n_layer + (v.nextn if v.mtp_block else 0)):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = norm(E)
         attention(p)
@@ -154,10 +174,29 @@ def _weights(v, n_vocab):
         w[p + "nextn.eh_proj.weight"] = mat(E, 2 * E)
         w[p + "nextn.enorm.weight"] = norm(E)
         w[p + "nextn.hnorm.weight"] = norm(E)
-        w[p + "nextn.shared_head_norm.weight"] = norm(E)
+        if v.mtp_head_norm:
+            w[p + "nextn.shared_head_norm.weight"] = norm(E)
     w["output_norm.weight"] = norm(E)
     if v.untied:
         w["output.weight"] = mat(n_vocab, E, gain=3.0)
+    for i in range(v.n_layer, v.n_layer + (v.nextn if v.mtp_block else 0)):
+        p = f"blk.{i}."
+        embed = w["token_embd.weight"]
+        head = w.get("output.weight", embed)
+        if "embed_tokens" in v.mtp_own:
+            noise = rng.standard_normal((n_vocab, E)) / math.sqrt(E)
+            w[p + "nextn.embed_tokens.weight"] = (embed + 0.05 * noise if v.mtp_copy else noise).astype(np.float32)
+        if "shared_head_head" in v.mtp_own:
+            noise = mat(n_vocab, E, gain=3.0)
+            w[p + "nextn.shared_head_head.weight"] = (head + 0.1 * noise if v.mtp_copy else noise).astype(np.float32)
+        if v.mtp_copy:
+            w[p + "nextn.eh_proj.weight"][:, :E] += v.mtp_copy * np.eye(E, dtype=np.float32)
+            w[p + "attn_output.weight"] *= 0.05
+            w[p + "ffn_down.weight"] *= 0.05
+            for j in range(v.n_layer):
+                for name in ("attn_output", "ssm_out", "ffn_down"):
+                    if f"blk.{j}.{name}.weight" in w:
+                        w[f"blk.{j}.{name}.weight"] *= 0.01
     return mtm.tiny_extras(w, v)
 
 
@@ -187,7 +226,8 @@ def write(v, path):
     wr.add_uint32(f"{k}.ssm.time_step_rank", v.v_heads)
     wr.add_uint32(f"{k}.ssm.group_count", v.k_heads)
     if v.recurrent:
-        wr.add_array(f"{k}.attention.recurrent_layers", [bool(x) for x in v.recurrent])
+        # One flag per block, the MTP blocks' (attention) included, as llama.cpp reads them.
+        wr.add_array(f"{k}.attention.recurrent_layers", [bool(x) for x in v.recurrent] + [False] * v.nextn)
     else:
         wr.add_uint32(f"{k}.full_attention_interval", v.interval)
     if v.nextn:
@@ -222,7 +262,45 @@ def _rope_text(x, pos, base, n_rot, sections):
     return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c, x[..., n_rot:]], axis=-1)
 
 
-def reference_logits(path, tokens):
+def _gated_attention(meta, t, p, h):
+    """A full-attention layer's output (before the residual) for the normed input h (n, E) at
+    positions 0..n-1: each head's query and output gate from attn_q, RMS-normed q and k, the
+    text-position RoPE on the first n_rot dimensions, causal attention at 1/sqrt(head size), the
+    output times sigmoid(gate), attn_output."""
+    def hp(key):
+        return meta[f"{ARCH}.{key}"]
+
+    n = h.shape[0]
+    H, Hkv, D = hp("attention.head_count"), hp("attention.head_count_kv"), hp("attention.key_length")
+    eps, base, n_rot = hp("attention.layer_norm_rms_epsilon"), hp("rope.freq_base"), hp("rope.dimension_count")
+    sections = list(hp("rope.dimension_sections"))
+    pos = np.arange(n, dtype=np.float64)
+    causal = np.triu(np.full((n, n), -np.inf), 1)
+    qg = (h @ t[p + "attn_q.weight"].T).reshape(n, H, 2 * D)
+    q, gate = qg[..., :D], qg[..., D:]
+    q = mtm._rms(q, t[p + "attn_q_norm.weight"], eps)
+    k = mtm._rms((h @ t[p + "attn_k.weight"].T).reshape(n, Hkv, D), t[p + "attn_k_norm.weight"], eps)
+    v = (h @ t[p + "attn_v.weight"].T).reshape(n, Hkv, D)
+    q, k = _rope_text(q, pos, base, n_rot, sections), _rope_text(k, pos, base, n_rot, sections)
+    g = H // Hkv
+    att = np.empty((n, H, D))
+    for hh in range(H):
+        sc = q[:, hh, :] @ k[:, hh // g, :].T / math.sqrt(D) + causal
+        sc = np.exp(sc - sc.max(-1, keepdims=True))
+        sc /= sc.sum(-1, keepdims=True)
+        att[:, hh, :] = sc @ v[:, hh // g, :]
+    att = att * _sigmoid(gate)
+    return att.reshape(n, H * D) @ t[p + "attn_output.weight"].T
+
+
+def _ffn_block(meta, t, p, x):
+    """x plus the SwiGLU feed-forward of post_attention_norm(x)."""
+    h = mtm._rms(x, t[p + "post_attention_norm.weight"], meta[f"{ARCH}.attention.layer_norm_rms_epsilon"])
+    gt = h @ t[p + "ffn_gate.weight"].T
+    return x + (gt * _sigmoid(gt) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T
+
+
+def reference_logits(path, tokens, return_hidden=False):
     """Logits (n_tokens, n_vocab), float64, of qwen35 as llama.cpp's src/models/qwen35.cpp and
     delta-net-base.cpp build the graph, over the file's weights. Per layer an RMS norm, then either
     Gated DeltaNet: qkv = attn_qkv h through a causal depthwise convolution (zeros before the first
@@ -234,7 +312,8 @@ def reference_logits(path, tokens):
     scale 1/sqrt(head size), the output times sigmoid(gate), attn_output. Then the residual,
     post_attention_norm, the SwiGLU feed-forward, the residual; output_norm; the output. The
     recurrent layers are those attention.recurrent_layers marks, else all but every
-    full_attention_interval-th."""
+    full_attention_interval-th. With return_hidden, also the output-normed hidden states (the MTP
+    block's input)."""
     meta, t = mtm.read_gguf(path)
     a = ARCH
 
@@ -243,16 +322,11 @@ def reference_logits(path, tokens):
 
     toks = np.asarray(tokens)
     n = len(toks)
-    E, H, Hkv = hp("embedding_length"), hp("attention.head_count"), hp("attention.head_count_kv")
-    D, n_rot = hp("attention.key_length"), hp("rope.dimension_count")
-    eps, base = hp("attention.layer_norm_rms_epsilon"), hp("rope.freq_base")
-    sections = list(hp("rope.dimension_sections"))
+    eps = hp("attention.layer_norm_rms_epsilon")
     K, S, Hk, Hv = hp("ssm.conv_kernel"), hp("ssm.state_size"), hp("ssm.group_count"), hp("ssm.time_step_rank")
     interval = hp("full_attention_interval", 4)
     listed = meta.get(f"{a}.attention.recurrent_layers")
     n_layer = hp("block_count") - hp("nextn_predict_layers", 0)
-    pos = np.arange(n, dtype=np.float64)
-    causal = np.triu(np.full((n, n), -np.inf), 1)
     x = t["token_embd.weight"][toks]
     for i in range(n_layer):
         p = f"blk.{i}."
@@ -285,27 +359,41 @@ def reference_logits(path, tokens):
             o = mtm._rms(out, t[p + "ssm_norm.weight"], eps) * (z * _sigmoid(z))
             out = o.reshape(n, Hv * S) @ t[p + "ssm_out.weight"].T
         else:
-            qg = (h @ t[p + "attn_q.weight"].T).reshape(n, H, 2 * D)
-            q, gate = qg[..., :D], qg[..., D:]
-            q = mtm._rms(q, t[p + "attn_q_norm.weight"], eps)
-            k = mtm._rms((h @ t[p + "attn_k.weight"].T).reshape(n, Hkv, D), t[p + "attn_k_norm.weight"], eps)
-            v = (h @ t[p + "attn_v.weight"].T).reshape(n, Hkv, D)
-            q, k = _rope_text(q, pos, base, n_rot, sections), _rope_text(k, pos, base, n_rot, sections)
-            g = H // Hkv
-            att = np.empty((n, H, D))
-            for hh in range(H):
-                sc = q[:, hh, :] @ k[:, hh // g, :].T / math.sqrt(D) + causal
-                sc = np.exp(sc - sc.max(-1, keepdims=True))
-                sc /= sc.sum(-1, keepdims=True)
-                att[:, hh, :] = sc @ v[:, hh // g, :]
-            att = att * _sigmoid(gate)
-            out = att.reshape(n, H * D) @ t[p + "attn_output.weight"].T
-        x = x + out
-        h = mtm._rms(x, t[p + "post_attention_norm.weight"], eps)
-        gt = h @ t[p + "ffn_gate.weight"].T
-        x = x + (gt * _sigmoid(gt) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T
+            out = _gated_attention(meta, t, p, h)
+        x = _ffn_block(meta, t, p, x + out)
     h = mtm._rms(x, t["output_norm.weight"], eps)
+    if return_hidden:
+        return h @ t.get("output.weight", t["token_embd.weight"]).T, h
     return h @ t.get("output.weight", t["token_embd.weight"]).T
+
+
+def reference_mtp(path, tokens, hidden):
+    """The multi-token-prediction block as llama.cpp's graph_mtp (src/models/qwen35.cpp) builds it,
+    float64 over the file's weights, at positions 0..n-1: token i (its row of nextn.embed_tokens,
+    else token_embd) with hidden[i], the hidden state before it (the trunk's output-normed state of
+    position i - 1, zeros at 0, or the block's own when chained); x = eh_proj [rms(e) enorm;
+    rms(h) hnorm]; then the gated full-attention block (q/k norms, the text-position RoPE, causal
+    attention over its own keys, the output times sigmoid(gate)), the residual, post_attention_norm,
+    the SwiGLU feed-forward, the residual; then nextn.shared_head_norm (else output_norm): the
+    block's hidden state; then nextn.shared_head_head (else output, else token_embd). Returns
+    (logits (n, n_vocab), that hidden state (n, n_embd))."""
+    meta, t = mtm.read_gguf(path)
+    a = ARCH
+
+    def hp(key, default=None):
+        return meta.get(f"{a}.{key}", default)
+
+    toks = np.asarray(tokens)
+    eps = hp("attention.layer_norm_rms_epsilon")
+    p = f"blk.{hp('block_count') - hp('nextn_predict_layers')}."
+    e = t.get(p + "nextn.embed_tokens.weight", t["token_embd.weight"])[toks]
+    x = np.concatenate([mtm._rms(e, t[p + "nextn.enorm.weight"], eps),
+                        mtm._rms(np.asarray(hidden, dtype=np.float64), t[p + "nextn.hnorm.weight"], eps)], axis=-1)
+    x = x @ t[p + "nextn.eh_proj.weight"].T
+    x = _ffn_block(meta, t, p, x + _gated_attention(meta, t, p, mtm._rms(x, t[p + "attn_norm.weight"], eps)))
+    hn = mtm._rms(x, t.get(p + "nextn.shared_head_norm.weight", t["output_norm.weight"]), eps)
+    head = t.get(p + "nextn.shared_head_head.weight", t.get("output.weight", t["token_embd.weight"]))
+    return hn @ head.T, hn
 
 
 SCRIPT_MTIME = max(os.path.getmtime(__file__), mtm.SCRIPT_MTIME)
