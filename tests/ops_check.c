@@ -344,6 +344,8 @@ static const struct tile_case tile_cases[] = {
     {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0, 0},     {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0, 0},
     {KIRI_TYPE_F16, 64, 3, 5, 2, 1.0f, 1, 0},     {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 1, 0},
     {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 1, 0},
+    /* A decode step's 8 heads of one key/value head over several blocks of value rows. */
+    {KIRI_TYPE_F16, 64, 1, 8, 700, 1.0f, 0, 0},
     /* Sliding windows: every token past it (first keys 4 .. 8), a prompt that grows into it,
      * a window of 1, windows around the vector widths, cases the kernels hand on. */
     {KIRI_TYPE_F16, 64, 5, 3, 9, 1.0f, 0, 5},  {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0, 4},
@@ -352,6 +354,7 @@ static const struct tile_case tile_cases[] = {
     {KIRI_TYPE_F16, 256, 1, 16, 20, 1.0f, 0, 9}, {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0, 2},
     {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0, 5}, {KIRI_TYPE_F16, 260, 3, 2, 6, 1.0f, 0, 2},
     {KIRI_TYPE_F16, 64, 3, 5, 12, 1.0f, 1, 2},  {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 0, 6},
+    {KIRI_TYPE_F16, 64, 5, 3, 400, 1.0f, 0, 300}, /* windows that start inside a block of values */
 };
 
 /* Runs of tokens times heads against the reference one (token, head) at a time, token i seeing

@@ -657,6 +657,22 @@ AVX512 static inline void unpack16_q6_K(const char *const rows[16], int64_t b, s
         }
 }
 
+/* s + vpdpbusd(q, the 4 bytes at a in every lane), the bytes broadcast by the instruction's own
+ * memory operand: compilers emit a separate broadcast load for the intrinsic, and in the octet
+ * loops those loads were as many instructions as the products. */
+AVX512 static inline __m512i dpbusd_bcst(__m512i s, __m512i q, const int8_t *a)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(s) : "v"(q), "m"(*(const int32_t(*)[1])a));
+    return s;
+}
+
+/* s + vpdpwssd(p, the two int16 at b in every lane), broadcast the same way. */
+AVX512 static inline __m512i dpwssd_bcst(__m512i s, __m512i p, const int16_t *b)
+{
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(s) : "v"(p), "m"(*(const int32_t(*)[1])b));
+    return s;
+}
+
 /* The sum over n vectors of the transposed quants from vector v0 on, against the activation
  * values from 4 v0 on: lane i is row i's integer sum. Two chains. */
 AVX512 static inline __m512i dot_k(const __m512i *q, const int8_t *a, int n)
@@ -664,8 +680,8 @@ AVX512 static inline __m512i dot_k(const __m512i *q, const int8_t *a, int n)
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     UNROLL
     for (int v = 0; v < n; v += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, q[v], _mm512_set1_epi32(load_i32(a + 4 * v)));
-        s1 = _mm512_dpbusd_epi32(s1, q[v + 1], _mm512_set1_epi32(load_i32(a + 4 * v + 4)));
+        s0 = dpbusd_bcst(s0, q[v], a + 4 * v);
+        s1 = dpbusd_bcst(s1, q[v + 1], a + 4 * v + 4);
     }
     return _mm512_add_epi32(s0, s1);
 }
@@ -676,7 +692,7 @@ AVX512 static inline __m512 finish_k(const struct sb16 *u, const struct kiri_blo
     __m512i ib = _mm512_setzero_si512();
     UNROLL
     for (int i = 0; i < 8; i++)
-        ib = _mm512_dpwssd_epi32(ib, u->mp[i], _mm512_set1_epi32(load_i32(y->bsums + 2 * i)));
+        ib = dpwssd_bcst(ib, u->mp[i], y->bsums + 2 * i);
     const __m512 dy = _mm512_set1_ps(y->d);
     if (q6) {
         const __m512i s = _mm512_sub_epi32(isum, _mm512_slli_epi32(ib, 5));

@@ -204,6 +204,12 @@ AVX2 static inline __m256 fold8(const __m256 a[8])
 }
 
 #define TILE_ROWS KIRI_ATTEND_TILE_ROWS
+/* Keys ahead of the one being scored whose key rows (into L1) and value rows (into L2, read after
+ * every score) a tile prefetches: a decode step reads them from memory, 128 B of each cache row
+ * per key/value head, a stride the hardware prefetchers follow poorly. */
+#define ATTN_PREFETCH 32
+/* Bytes of value rows a tile's weighted sums take at once (see attend_tile_avx2): within L1. */
+#define V_BLOCK_BYTES 16384
 
 /* The scores of one key row (kr) for the first `w` (2, 4 or 8: a constant where inlined) of 8
  * query rows at qr (rows of 256), scaled, into dst[0 .. 8); lanes past w get 0. */
@@ -242,6 +248,17 @@ AVX2 static inline __attribute__((always_inline)) void weighted_values(__m256 o[
                 o[h][0] = _mm256_fmadd_ps(w, v0, o[h][0]);
                 o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
             }
+    }
+}
+
+/* o[h] = values c .. c + 16 of rows r0 + h of the partial sums (rows past nr repeat row r0). */
+AVX2 static inline __attribute__((always_inline)) void load_sums(__m256 o[4][2], const float (*acc)[256], int r0,
+                                                                 int nr, int c)
+{
+    UNROLL
+    for (int h = 0; h < 4; h++) {
+        o[h][0] = _mm256_load_ps(&acc[r0 + (h < nr ? h : 0)][c]);
+        o[h][1] = _mm256_load_ps(&acc[r0 + (h < nr ? h : 0)][c + 8]);
     }
 }
 
@@ -302,6 +319,16 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
     for (int j = j_lo; j < n_max; j++) {
         const char *kr = KROW(j);
         float *sj = scratch + (size_t)TILE_ROWS * j;
+        if (j + ATTN_PREFETCH < n_max) {
+            const char *kp = KROW(j + ATTN_PREFETCH), *vp = VROW(j + ATTN_PREFETCH);
+            const int bytes = d * (f16 ? 2 : 4);
+            for (int i = 0; i < bytes; i += 64) {
+                _mm_prefetch(kp + i, _MM_HINT_T0);
+                _mm_prefetch(vp + i, _MM_HINT_T1);
+            }
+            _mm_prefetch(kp + bytes - 1, _MM_HINT_T0); /* a row that does not start a line */
+            _mm_prefetch(vp + bytes - 1, _MM_HINT_T1);
+        }
         if (rows <= 2)
             key_scores(qr, 2, kr, f16, d, sc, sj);
         else if (rows <= 4)
@@ -347,31 +374,67 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
     }
     /* Weighted sums of the value rows: 4 rows x 16 values in registers per pass over the keys all
      * 4 rows see ([all0, all1)), each row alone over the few keys only some of them see (a
-     * prompt's later tokens see more, and with a window its earlier ones see older keys). */
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        const int nr = rows - r0 < 4 ? rows - r0 : 4;
-        int lo = n_max, hi = 0, all0 = 0, all1 = n_max;
+     * prompt's later tokens see more, and with a window its earlier ones see older keys). The
+     * keys all rows of a group see go in blocks small enough that their value rows stay in L1
+     * while every group of rows and every 16 values pass over them (else each pass reads them
+     * again from L2); the partial sums wait in acc between blocks, so each sum still adds its
+     * keys in order. */
+    const int groups4 = (rows + 3) / 4;
+    int lo[TILE_ROWS / 4], hi[TILE_ROWS / 4], all0[TILE_ROWS / 4], all1[TILE_ROWS / 4];
+    int jb_lo = n_max, jb_hi = 0;
+    for (int g = 0; g < groups4; g++) {
+        const int r0 = 4 * g, nr = rows - r0 < 4 ? rows - r0 : 4;
+        lo[g] = n_max, hi[g] = 0, all0[g] = 0, all1[g] = n_max;
         for (int h = 0; h < nr; h++) {
-            lo = fk[r0 + h] < lo ? fk[r0 + h] : lo;
-            hi = nk[r0 + h] > hi ? nk[r0 + h] : hi;
-            all0 = fk[r0 + h] > all0 ? fk[r0 + h] : all0;
-            all1 = nk[r0 + h] < all1 ? nk[r0 + h] : all1;
+            lo[g] = fk[r0 + h] < lo[g] ? fk[r0 + h] : lo[g];
+            hi[g] = nk[r0 + h] > hi[g] ? nk[r0 + h] : hi[g];
+            all0[g] = fk[r0 + h] > all0[g] ? fk[r0 + h] : all0[g];
+            all1[g] = nk[r0 + h] < all1[g] ? nk[r0 + h] : all1[g];
         }
-        if (all1 < all0)
-            all1 = all0;
+        if (all1[g] < all0[g])
+            all1[g] = all0[g];
+        if (all0[g] < all1[g]) {
+            jb_lo = all0[g] < jb_lo ? all0[g] : jb_lo;
+            jb_hi = all1[g] > jb_hi ? all1[g] : jb_hi;
+        }
+    }
+    float acc[TILE_ROWS][256] __attribute__((aligned(32)));
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < d; c += 8)
+            _mm256_store_ps(&acc[r][c], _mm256_setzero_ps());
+    const int block = V_BLOCK_BYTES / (d * (f16 ? 2 : 4)) > 8 ? V_BLOCK_BYTES / (d * (f16 ? 2 : 4)) : 8;
+    for (int jb = jb_lo; jb < jb_hi; jb += block) {
+        const int je = jb_hi - jb < block ? jb_hi : jb + block;
+        for (int g = 0; g < groups4; g++) {
+            const int r0 = 4 * g, nr = rows - r0 < 4 ? rows - r0 : 4;
+            const int j0 = all0[g] > jb ? all0[g] : jb, j1 = all1[g] < je ? all1[g] : je;
+            if (j0 >= j1)
+                continue;
+            for (int c = 0; c < d; c += 16) {
+                __m256 o[4][2];
+                load_sums(o, acc, r0, nr, c);
+                if (nr <= 2)
+                    weighted_values(o, 2, scratch + r0, v, v_stride, slots, j0, j1, f16, c);
+                else
+                    weighted_values(o, 4, scratch + r0, v, v_stride, slots, j0, j1, f16, c);
+                UNROLL
+                for (int h = 0; h < 4; h++)
+                    if (h < nr) {
+                        _mm256_store_ps(&acc[r0 + h][c], o[h][0]);
+                        _mm256_store_ps(&acc[r0 + h][c + 8], o[h][1]);
+                    }
+            }
+        }
+    }
+    for (int g = 0; g < groups4; g++) {
+        const int r0 = 4 * g, nr = rows - r0 < 4 ? rows - r0 : 4;
         for (int c = 0; c < d; c += 16) {
             __m256 o[4][2];
-            UNROLL
-            for (int h = 0; h < 4; h++)
-                o[h][0] = o[h][1] = _mm256_setzero_ps();
-            if (nr <= 2)
-                weighted_values(o, 2, scratch + r0, v, v_stride, slots, all0, all1, f16, c);
-            else
-                weighted_values(o, 4, scratch + r0, v, v_stride, slots, all0, all1, f16, c);
-            for (int j = lo; j < hi; j++) { /* [lo, all0), then [all1, hi) */
-                if (j == all0 && all0 < all1) {
-                    j = all1;
-                    if (j >= hi)
+            load_sums(o, acc, r0, nr, c);
+            for (int j = lo[g]; j < hi[g]; j++) { /* [lo, all0), then [all1, hi) */
+                if (j == all0[g] && all0[g] < all1[g]) {
+                    j = all1[g];
+                    if (j >= hi[g])
                         break;
                 }
                 const char *vr = VROW(j);
