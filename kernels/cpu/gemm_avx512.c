@@ -1,7 +1,7 @@
 /* AVX-512 (F, BW, VL) with VNNI tiles of matrix products (kiri_gemm_fn) for Q4_0, Q5_0 and Q8_0
  * weights against Q8_0 activations, Q4_1 and Q5_1 against Q8_1, and Q4_K, Q5_K and Q6_K against
- * Q8_K: the same contract as gemm_avx2.c, for CPUs that have them. Q4_1, Q5_0 and Q5_1 have
- * octets only (prefill): their one to four tokens (decode, small batches) take the AVX2 kernels.
+ * Q8_K: the same contract as gemm_avx2.c, for CPUs that have them. Q5_0 and Q5_1 have octets
+ * only (prefill): their one to four tokens (decode, small batches) take the AVX2 kernels.
  *
  * The AVX2 kernels fold the partial sums of several (row, token) pairs with horizontal adds; here
  * the rows of a group of 16 go in the 16 int32 lanes of a register instead, so one VNNI
@@ -15,12 +15,13 @@
  * (a serving step with a few sequences: streamed once like one token, not padded to an octet) or
  * for one (Q8_0 decode). K-quant super-blocks are transposed whole into a stack buffer, with
  * their scales as vectors of 16 rows, and then used for every token of an octet. A single
- * K-quant or Q4_0 token (decode), and a K-quant small batch of 2 to 4 tokens, take other kernels,
+ * K-quant, Q4_0 or Q4_1 token (decode), and a K-quant small batch of 2 to 4 tokens, take other kernels,
  * which read four rows as they lie, with no transposition (see "One token" below): for so few
  * tokens the transposition costs more than it saves, and its sixteen row streams defeat the
  * prefetchers.
- * The Q4_0 ones add each row's blocks in the order of the transposed kernels, so a token gets
- * the same floats alone or in a small batch.
+ * The Q4_0 and Q4_1 ones add each row's blocks in the order of the transposed kernels, so a token
+ * gets the same floats alone or in a small batch (Q4_1's small batches go up to 8 tokens: a
+ * verification step of drafted tokens).
  *
  * Integer ranges: vpdpbusd multiplies unsigned by signed bytes. Q4_0 quants enter as their
  * nibbles 0..15 and the term 8 sum a is subtracted afterwards, Q5_0's as 0..31 and 16 sum a;
@@ -384,17 +385,21 @@ AVX512 SPECIALIZE static inline void tile_rows(int64_t k, const void *w, size_t 
     }
 }
 
-/* m (2..4) tokens against the rows, 16 at a time: a small batch (a serving step with a few
- * sequences) is memory-bound like one token, so each block of 16 rows is transposed once for
- * all m tokens and streamed with tile_rows's prefetch, instead of once per token or padded to
- * an octet whose table passes cost more than the tokens they carry. */
+/* m (2..8) tokens against the rows, 16 at a time: a small batch (a serving step with a few
+ * sequences, a verification step of drafted tokens) is memory-bound like one token, so each
+ * block of 16 rows is transposed once for all m tokens and streamed with tile_rows's prefetch,
+ * instead of once per token or padded to an octet whose table passes cost more than the tokens
+ * they carry. q81: Q8_1 activations against Q4_1 or Q5_1, whose d and m are read as one word per
+ * row, and their offsets' terms m s summed in chains of their own (as q4_1_one does). */
+#define ROWS_M_MAX 8
 AVX512 SPECIALIZE static inline void tile_rows_m(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
-                                                 int bias, const void *a, size_t as, float *dst, size_t ds,
+                                                 int bias, int q81, const void *a, size_t as, float *dst, size_t ds,
                                                  int64_t nr, int m)
 {
-    const struct kiri_block_q8_0 *y[4];
-    for (int j = 0; j < 4; j++)
-        y[j] = (const struct kiri_block_q8_0 *)((const char *)a + (size_t)(j < m ? j : m - 1) * as);
+    const size_t asz = act_size(q81), aqs = act_qs(q81);
+    const char *y[ROWS_M_MAX];
+    for (int j = 0; j < ROWS_M_MAX; j++)
+        y[j] = (const char *)a + (size_t)(j < m ? j : m - 1) * as;
     const int64_t nb = k / KIRI_QK8_0;
     for (int64_t r = 0; r < nr; r += 16) {
         const char *rows[16], *next[16];
@@ -402,10 +407,10 @@ AVX512 SPECIALIZE static inline void tile_rows_m(int64_t k, const void *w, size_
             rows[i] = tile_row(w, ws, r + i, nr);
             next[i] = r + 16 < nr ? tile_row(w, ws, r + 16 + i, nr) : NULL;
         }
-        __m512 acc[4];
-        _Pragma("GCC unroll 4")
+        __m512 acc[ROWS_M_MAX], accm[ROWS_M_MAX]; /* q81: the offsets' terms in chains of their own */
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < m; j++)
-            acc[j] = _mm512_setzero_ps();
+            acc[j] = accm[j] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             if (next[0] && (bsize >= 32 || !(b & 1))) { /* as in tile_rows */
                 UNROLL
@@ -414,17 +419,31 @@ AVX512 SPECIALIZE static inline void tile_rows_m(int64_t k, const void *w, size_
             }
             __m512i q[8];
             quants(rows, b, q);
-            const __m512 sw = scales16(rows, b, bsize);
-            _Pragma("GCC unroll 4")
+            __m512 sw, smin = _mm512_setzero_ps();
+            if (q81) { /* d and m, the block's first two halves, in one word */
+                const __m512i dm = words16(rows, (size_t)b * bsize);
+                sw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+                smin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+            } else {
+                sw = scales16(rows, b, bsize);
+            }
+            _Pragma("GCC unroll 8")
             for (int j = 0; j < m; j++) {
-                const __m512i s = _mm512_sub_epi32(dot16(q, y[j][b].qs), _mm512_set1_epi32(bias * sum_q8(&y[j][b])));
-                const __m512 d = _mm512_mul_ps(sw, _mm512_set1_ps(_cvtsh_ss(y[j][b].d)));
+                const char *yb = y[j] + (size_t)b * asz;
+                const int8_t *aq = (const int8_t *)(yb + aqs);
+                __m512i s = dot16(q, aq);
+                if (bias)
+                    s = _mm512_sub_epi32(s, _mm512_set1_epi32(bias * sum_i8x32(aq)));
+                const __m512 d = _mm512_mul_ps(sw, _mm512_set1_ps(_cvtsh_ss(load_u16(yb))));
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[j]);
+                if (q81)
+                    accm[j] = _mm512_fmadd_ps(
+                        smin, _mm512_set1_ps(_cvtsh_ss(load_u16(yb + offsetof(struct kiri_block_q8_1, s)))), accm[j]);
             }
         }
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < m; j++)
-            put16(dst + (size_t)j * ds + r, acc[j], nr - r, 1);
+            put16(dst + (size_t)j * ds + r, q81 ? _mm512_add_ps(acc[j], accm[j]) : acc[j], nr - r, 1);
     }
 }
 
@@ -453,16 +472,16 @@ AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws,
     const void *at = (const char *)a + (size_t)t * as;
     float *dt = dst + (size_t)t * ds;
     switch (nt - t) {
-    case 4: tile_rows_m(k, w, ws, bsize, quants, bias, at, as, dt, ds, nr, 4); break;
-    case 3: tile_rows_m(k, w, ws, bsize, quants, bias, at, as, dt, ds, nr, 3); break;
-    case 2: tile_rows_m(k, w, ws, bsize, quants, bias, at, as, dt, ds, nr, 2); break;
+    case 4: tile_rows_m(k, w, ws, bsize, quants, bias, 0, at, as, dt, ds, nr, 4); break;
+    case 3: tile_rows_m(k, w, ws, bsize, quants, bias, 0, at, as, dt, ds, nr, 3); break;
+    case 2: tile_rows_m(k, w, ws, bsize, quants, bias, 0, at, as, dt, ds, nr, 2); break;
     case 1: tile_rows(k, w, ws, bsize, quants, bias, at, dt, nr); break;
     default: break;
     }
 }
 
-/* Q4_1, Q5_0, Q5_1: octets only; one to four tokens (decode, small batches, the rest of a tile)
- * take the AVX2 kernels. Q4_1 and Q5_1 add m s per block (Q8_1 activations); Q5_0's zero point 16
+/* Q5_0, Q5_1: octets only; one to four tokens (decode, small batches, the rest of a tile)
+ * take the AVX2 kernels. Q5_1 adds m s per block (Q8_1 activations); Q5_0's zero point 16
  * enters as 16 sum a. */
 #define GEMM_OCTETS16(name, block, quants, bias, q81, small)                                               \
     AVX512 static void name(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,     \
@@ -473,7 +492,6 @@ AVX512 SPECIALIZE static inline void gemm16(int64_t k, const void *w, size_t ws,
             small(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr, nt - t); \
     }
 
-GEMM_OCTETS16(gemm_q4_1_avx512, struct kiri_block_q4_1, quants16_q4_1, 0, 1, kiri_cpu_gemm_small_q4_1_avx2)
 GEMM_OCTETS16(gemm_q5_0_avx512, struct kiri_block_q5_0, quants16_q5_0, 16, 0, kiri_cpu_gemm_small_q5_0_avx2)
 GEMM_OCTETS16(gemm_q5_1_avx512, struct kiri_block_q5_1, quants16_q5_1, 0, 1, kiri_cpu_gemm_small_q5_1_avx2)
 
@@ -1192,119 +1210,165 @@ AVX512 OUT_OF_LINE static void q6_K_rows_small(int64_t k, const void *w, size_t 
     }
 }
 
-/* Q4_0 rows against one token, four rows at a time, in groups of four blocks (72 bytes of each
- * row). A row's group is two overlapping 64-byte loads (bytes 0..63 and 8..71), from which one
- * word permutation (the quants are word-aligned: block j's 16 bytes are words 9j + 1 .. 9j + 8)
- * gathers the four blocks' quants, one per 128-bit lane; the scales (words 0, 9, 18, 27) of the
- * four rows go into [r0 r1 r2 r3] per lane, the order of fold4. The activation side (each block's
- * halves by lane, 8 sum a and its scale) is laid out once per call in a table. A group past the
- * end of the rows (nb not a multiple of 4) is read with masked loads and meets zeros there. The
- * float sums follow tile_rows's order exactly (one chain per row, block by block). */
-#define Q4_0_ROWS4_MAX_BLOCKS 512 /* table: 4 vectors per 4 blocks, 32 KiB; longer rows use tile_rows */
+/* Q4_0 (and Q4_1) rows against one token, four rows at a time, in groups of four blocks (72
+ * bytes of each row; Q4_1: 80). A row's group is two overlapping 64-byte loads (bytes 0..63 and
+ * 8..71; Q4_1: 16..79), from which one word permutation (the quants are word-aligned: block j's
+ * 16 bytes are words 9j + 1 .. 9j + 8; Q4_1: 10j + 2 .. 10j + 9) gathers the four blocks'
+ * quants, one per 128-bit lane; the scales (words 0, 9, 18, 27; Q4_1: 0, 10, 20, 30, and the
+ * offsets m after them) of the four rows go into [r0 r1 r2 r3] per lane, the order of fold4.
+ * The activation side (each block's halves by lane, 8 sum a or Q8_1's s, and its scale) is laid
+ * out once per call in a table. A group past the end of the rows (nb not a multiple of 4) is read
+ * with masked loads and meets zeros there. The float sums follow tile_rows's (Q4_1:
+ * tile_rows_m's) order exactly (one chain per row, block by block). */
+#define Q4_0_ROWS4_MAX_BLOCKS 512 /* table: 5 vectors per 4 blocks, 40 KiB; longer rows use tile_rows */
 
 struct q4_0_act4 {
     __m512i lo, hi; /* lane j: values 0..15 and 16..31 of block 4g + j */
-    __m512i c;      /* lane j: 8 sum a of block 4g + j in every dword */
+    __m512i c;      /* lane j: 8 sum a of block 4g + j in every dword (Q4_0) */
     __m512 d;       /* lane j: its scale in every dword */
+    __m512 s;       /* lane j: Q8_1's s (d sum a) in every dword (Q4_1) */
 };
 
-AVX512 static inline void q4_0_act4_fill(const struct kiri_block_q8_0 *y, int64_t nb, struct q4_0_act4 *t)
+/* y: Q8_0 blocks, or Q8_1 blocks for q41. */
+AVX512 SPECIALIZE static inline void q4_0_act4_fill(const void *y, int64_t nb, int q41, struct q4_0_act4 *t)
 {
+    const size_t asz = act_size(q41), aqs = act_qs(q41);
     for (int64_t g = 0; 4 * g < nb; g++) {
         __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(), c = _mm512_setzero_si512();
-        __m512 d = _mm512_setzero_ps();
+        __m512 d = _mm512_setzero_ps(), sy = _mm512_setzero_ps();
         for (int j = 0; j < 4 && 4 * g + j < nb; j++) {
-            const struct kiri_block_q8_0 *b = &y[4 * g + j];
+            const char *b = (const char *)y + (size_t)(4 * g + j) * asz;
+            const int8_t *qs = (const int8_t *)(b + aqs);
             const __mmask16 lane = (__mmask16)(0xFu << (4 * j));
-            lo = _mm512_mask_broadcast_i32x4(lo, lane, _mm_loadu_si128((const __m128i *)b->qs));
-            hi = _mm512_mask_broadcast_i32x4(hi, lane, _mm_loadu_si128((const __m128i *)(b->qs + 16)));
-            c = _mm512_mask_set1_epi32(c, lane, 8 * sum_q8(b));
-            d = _mm512_mask_mov_ps(d, lane, _mm512_set1_ps(_cvtsh_ss(b->d)));
+            lo = _mm512_mask_broadcast_i32x4(lo, lane, _mm_loadu_si128((const __m128i *)qs));
+            hi = _mm512_mask_broadcast_i32x4(hi, lane, _mm_loadu_si128((const __m128i *)(qs + 16)));
+            if (q41)
+                sy = _mm512_mask_mov_ps(sy, lane,
+                                        _mm512_set1_ps(_cvtsh_ss(load_u16(b + offsetof(struct kiri_block_q8_1, s)))));
+            else
+                c = _mm512_mask_set1_epi32(c, lane, 8 * sum_i8x32(qs));
+            d = _mm512_mask_mov_ps(d, lane, _mm512_set1_ps(_cvtsh_ss(load_u16(b))));
         }
         t[g].lo = lo;
         t[g].hi = hi;
         t[g].c = c;
         t[g].d = d;
+        t[g].s = sy;
     }
 }
 
-/* vpermw indices: block j's quants (words 9j + 1 .. 9j + 8 of the 72 bytes, taken from the load
- * at byte 8 from word 4 on) into lane j. */
-static const uint16_t q4_0_qs_idx[32] = {
-#define Q4_0_W(j, i) (9 * (j) + 1 + (i) < 4 ? 9 * (j) + 1 + (i) : 32 + 9 * (j) + 1 + (i) - 4)
-#define Q4_0_LANE(j) \
-    Q4_0_W(j, 0), Q4_0_W(j, 1), Q4_0_W(j, 2), Q4_0_W(j, 3), Q4_0_W(j, 4), Q4_0_W(j, 5), Q4_0_W(j, 6), Q4_0_W(j, 7)
-    Q4_0_LANE(0), Q4_0_LANE(1), Q4_0_LANE(2), Q4_0_LANE(3)
-#undef Q4_0_LANE
-#undef Q4_0_W
-};
+/* vpermw indices: block j's quants into lane j. A block of bw words (9: Q4_0, 10: Q4_1) has its
+ * 16 bytes of quants in its last 8 words; words from hw on (4, 8) are taken from the second load,
+ * which starts hw words later. */
+#define Q4_W(bw, hw, j, i) ((bw) * (j) + (bw) - 8 + (i) < (hw) ? (bw) * (j) + (bw) - 8 + (i) \
+                                                             : 32 + (bw) * (j) + (bw) - 8 + (i) - (hw))
+#define Q4_LANE(bw, hw, j)                                                                          \
+    Q4_W(bw, hw, j, 0), Q4_W(bw, hw, j, 1), Q4_W(bw, hw, j, 2), Q4_W(bw, hw, j, 3), Q4_W(bw, hw, j, 4), \
+        Q4_W(bw, hw, j, 5), Q4_W(bw, hw, j, 6), Q4_W(bw, hw, j, 7)
+#define Q4_QS_IDX(bw, hw) Q4_LANE(bw, hw, 0), Q4_LANE(bw, hw, 1), Q4_LANE(bw, hw, 2), Q4_LANE(bw, hw, 3)
+static const uint16_t q4_0_qs_idx[32] = {Q4_QS_IDX(9, 4)};
+static const uint16_t q4_1_qs_idx[32] = {Q4_QS_IDX(10, 8)};
+#undef Q4_QS_IDX
+#undef Q4_LANE
+#undef Q4_W
 /* The scales (word 9j) of two rows' loads a, b into words 4j (a) and 4j + 1 (b), then the pairs
  * of rows (0, 1) and (2, 3) into words 4j + i. */
 static const uint16_t q4_0_d_idx[32] = {0, 32, 0, 0, 9, 41, 0, 0, 18, 50, 0, 0, 27, 59, 0, 0,
                                         0, 0,  0, 0, 0, 0,  0, 0, 0,  0,  0, 0, 0,  0,  0, 0};
 static const uint16_t q4_0_d_pair_idx[32] = {0, 1, 32, 33, 4, 5, 36, 37, 8, 9, 40, 41, 12, 13, 44, 45,
                                              0, 0, 0,  0,  0, 0, 0,  0,  0, 0, 0,  0,  0,  0,  0,  0};
+/* Q4_1: block j's d and m (words 10j and 10j + 1) go to words 8j .. 8j + 3 as [d_a d_b m_a m_b]
+ * of two rows, then d of row i to word 4j + i and m to word 16 + 4j + i. */
+static const uint16_t q4_1_d_idx[32] = {0,  32, 1,  33, 0, 0, 0, 0, 10, 42, 11, 43, 0, 0, 0, 0,
+                                        20, 52, 21, 53, 0, 0, 0, 0, 30, 62, 31, 63, 0, 0, 0, 0};
+static const uint16_t q4_1_d_pair_idx[32] = {0, 1,  32, 33, 8,  9,  40, 41, 16, 17, 48, 49, 24, 25, 56, 57,
+                                             2, 3,  34, 35, 10, 11, 42, 43, 18, 19, 50, 51, 26, 27, 58, 59};
 
-/* One group of four blocks of four rows: the integer block sums minus 8 sum a as floats (sum)
- * and the products of the scales (dd), [r0 r1 r2 r3] for block 4g + j in lane j. */
-AVX512 static inline void q4_0_group4(const char *const x[4], size_t o, int full, __mmask64 mlo, __mmask64 mhi,
-                                      const struct q4_0_act4 *t, __m512 *sum, __m512 *dd)
+/* Bytes between a group's two loads: the second covers the end of the fourth block. */
+static inline size_t q4_rows4_hi(int q41) { return q41 ? 16 : 8; }
+
+/* One group of four blocks of four rows: the integer block sums (Q4_0: minus 8 sum a) as floats
+ * (sum), the products of the scales (dd) and the rows' offsets m (mins, Q4_1), [r0 r1 r2 r3]
+ * for block 4g + j in lane j. */
+AVX512 SPECIALIZE static inline void q4_0_group4(const char *const x[4], size_t o, int full, int q41, __mmask64 mlo,
+                                                 __mmask64 mhi, const struct q4_0_act4 *t, __m512 *sum, __m512 *dd,
+                                                 __m512 *mins)
 {
-    const __m512i qidx = _mm512_loadu_si512(q4_0_qs_idx), m4 = _mm512_set1_epi8(0x0F);
+    const __m512i qidx = _mm512_loadu_si512(q41 ? q4_1_qs_idx : q4_0_qs_idx), m4 = _mm512_set1_epi8(0x0F);
+    const size_t hi = q4_rows4_hi(q41);
     __m512i l[4], is[4];
     UNROLL
     for (int i = 0; i < 4; i++) {
         __m512i h;
         if (full) {
             l[i] = _mm512_loadu_si512(x[i] + o);
-            h = _mm512_loadu_si512(x[i] + o + 8);
+            h = _mm512_loadu_si512(x[i] + o + hi);
         } else {
             l[i] = _mm512_maskz_loadu_epi8(mlo, x[i] + o);
-            h = _mm512_maskz_loadu_epi8(mhi, x[i] + o + 8);
+            h = _mm512_maskz_loadu_epi8(mhi, x[i] + o + hi);
         }
         const __m512i q = _mm512_permutex2var_epi16(l[i], qidx, h);
         const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(q, m4), t->lo);
         is[i] = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4), t->hi);
     }
-    const __m512i didx = _mm512_loadu_si512(q4_0_d_idx), pidx = _mm512_loadu_si512(q4_0_d_pair_idx);
+    const __m512i didx = _mm512_loadu_si512(q41 ? q4_1_d_idx : q4_0_d_idx);
+    const __m512i pidx = _mm512_loadu_si512(q41 ? q4_1_d_pair_idx : q4_0_d_pair_idx);
     const __m512i d01 = _mm512_permutex2var_epi16(l[0], didx, l[1]);
     const __m512i d23 = _mm512_permutex2var_epi16(l[2], didx, l[3]);
-    const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(d01, pidx, d23)));
-    *sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(fold4(is[0], is[1], is[2], is[3]), t->c));
+    const __m512i dm = _mm512_permutex2var_epi16(d01, pidx, d23);
+    const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(dm));
+    const __m512i f = fold4(is[0], is[1], is[2], is[3]);
+    *sum = _mm512_cvtepi32_ps(q41 ? f : _mm512_sub_epi32(f, t->c));
     *dd = _mm512_mul_ps(d, t->d);
+    *mins = q41 ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)) : _mm512_setzero_ps();
 }
 
-/* Adds the first n (1..4) blocks of a group into the rows' chains, block by block as tile_rows
- * adds them: the same float results as the 2-4-token path, so a sequence decodes alike alone
- * or batched. */
-AVX512 static inline __m128 q4_0_chain(__m512 sum, __m512 dd, int n, __m128 acc)
+/* Adds block j of a group (lane j) into the rows' chains as tile_rows (Q4_1: tile_rows_m) adds
+ * it. */
+AVX512 SPECIALIZE static inline __m128 lane4(__m512 v, int j)
 {
-    acc = _mm_fmadd_ps(_mm512_castps512_ps128(sum), _mm512_castps512_ps128(dd), acc);
-    if (n > 1)
-        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 1), _mm512_extractf32x4_ps(dd, 1), acc);
-    if (n > 2)
-        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 2), _mm512_extractf32x4_ps(dd, 2), acc);
-    if (n > 3)
-        acc = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 3), _mm512_extractf32x4_ps(dd, 3), acc);
+    switch (j) {
+    case 0: return _mm512_castps512_ps128(v);
+    case 1: return _mm512_extractf32x4_ps(v, 1);
+    case 2: return _mm512_extractf32x4_ps(v, 2);
+    default: return _mm512_extractf32x4_ps(v, 3);
+    }
+}
+
+/* Adds the first n (1..4) blocks of a group into the rows' chains, block by block (Q4_1: the
+ * offsets' terms into accm): the same float results as the 2-8-token path, so a sequence decodes
+ * alike alone or batched. */
+AVX512 SPECIALIZE static inline __m128 q4_0_chain(__m512 sum, __m512 dd, __m512 mins, const struct q4_0_act4 *t,
+                                                  int q41, int n, __m128 acc, __m128 *accm)
+{
+    UNROLL
+    for (int j = 0; j < 4; j++)
+        if (j < n) {
+            acc = _mm_fmadd_ps(lane4(sum, j), lane4(dd, j), acc);
+            if (q41)
+                *accm = _mm_fmadd_ps(lane4(mins, j), lane4(t->s, j), *accm);
+        }
     return acc;
 }
 
 /* Eight rows per pass, two quads whose chains of dependent additions interleave. */
-AVX512 SPECIALIZE static inline void q4_0_rows4(int64_t k, const void *w, size_t ws, const struct q4_0_act4 *t,
-                                                float *out, int64_t nr, enum prefetch_level lv)
+AVX512 SPECIALIZE static inline void q4_0_rows4(int64_t k, const void *w, size_t ws, int q41,
+                                                const struct q4_0_act4 *t, float *out, int64_t nr,
+                                                enum prefetch_level lv)
 {
+    const size_t bsize = q41 ? sizeof(struct kiri_block_q4_1) : sizeof(struct kiri_block_q4_0);
     const int64_t nb = k / KIRI_QK8_0, ng = (nb + 3) / 4, nfull = nb / 4;
-    const size_t span = 4 * sizeof(struct kiri_block_q4_0);
+    const size_t span = 4 * bsize, hi = q4_rows4_hi(q41);
     /* The last, partial group: bytes of the blocks there are, in each of the two loads. */
-    const unsigned tail = (unsigned)(nb % 4) * sizeof(struct kiri_block_q4_0);
+    const unsigned tail = (unsigned)((size_t)(nb % 4) * bsize);
     const __mmask64 mlo = tail >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << tail) - 1);
-    const __mmask64 mhi = tail > 8 ? (((__mmask64)1 << (tail - 8)) - 1) : 0;
+    const __mmask64 mhi = tail > hi ? (((__mmask64)1 << (tail - hi)) - 1) : 0;
     for (int64_t r = 0; r < nr; r += 8) {
         const char *x[8];
         for (int i = 0; i < 8; i++)
             x[i] = tile_row(w, ws, r + i, nr);
         const int pf = r + PREFETCH_ROWS < nr;
-        __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
+        __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps(), accm0 = acc0, accm1 = acc0;
         for (int64_t g = 0; g < ng; g++) {
             const size_t o = (size_t)g * span;
             if (pf) /* written out, not in a helper: see q4_K_rows */
@@ -1316,11 +1380,15 @@ AVX512 SPECIALIZE static inline void q4_0_rows4(int64_t k, const void *w, size_t
                             _mm_prefetch(x[i] + PREFETCH_ROWS * ws + o + po, _MM_HINT_T0);
                     }
             const int full = g < nfull, n = full ? 4 : (int)(nb % 4);
-            __m512 s0, d0, s1, d1;
-            q4_0_group4(x, o, full, mlo, mhi, &t[g], &s0, &d0);
-            q4_0_group4(x + 4, o, full, mlo, mhi, &t[g], &s1, &d1);
-            acc0 = q4_0_chain(s0, d0, n, acc0);
-            acc1 = q4_0_chain(s1, d1, n, acc1);
+            __m512 s0, d0, m0, s1, d1, m1;
+            q4_0_group4(x, o, full, q41, mlo, mhi, &t[g], &s0, &d0, &m0);
+            q4_0_group4(x + 4, o, full, q41, mlo, mhi, &t[g], &s1, &d1, &m1);
+            acc0 = q4_0_chain(s0, d0, m0, &t[g], q41, n, acc0, &accm0);
+            acc1 = q4_0_chain(s1, d1, m1, &t[g], q41, n, acc1, &accm1);
+        }
+        if (q41) {
+            acc0 = _mm_add_ps(acc0, accm0);
+            acc1 = _mm_add_ps(acc1, accm1);
         }
         put8(out, acc0, acc1, r, nr);
     }
@@ -1331,11 +1399,19 @@ AVX512 OUT_OF_LINE static void q4_0_one(int64_t k, const void *w, size_t ws, con
                                         enum prefetch_level lv)
 {
     struct q4_0_act4 t[Q4_0_ROWS4_MAX_BLOCKS / 4];
-    q4_0_act4_fill(a, k / KIRI_QK8_0, t);
+    q4_0_act4_fill(a, k / KIRI_QK8_0, 0, t);
     if (lv == PREFETCH_L2)
-        q4_0_rows4(k, w, ws, t, out, nr, PREFETCH_L2);
+        q4_0_rows4(k, w, ws, 0, t, out, nr, PREFETCH_L2);
     else
-        q4_0_rows4(k, w, ws, t, out, nr, PREFETCH_L1);
+        q4_0_rows4(k, w, ws, 0, t, out, nr, PREFETCH_L1);
+}
+
+/* Q4_1's one token (Q8_1 activation), the same way. */
+AVX512 OUT_OF_LINE static void q4_1_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+{
+    struct q4_0_act4 t[Q4_0_ROWS4_MAX_BLOCKS / 4];
+    q4_0_act4_fill(a, k / KIRI_QK8_0, 1, t);
+    q4_0_rows4(k, w, ws, 1, t, out, nr, PREFETCH_L1);
 }
 
 AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
@@ -1347,6 +1423,34 @@ AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const v
         gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
 }
 
+/* Q4_1: one token reads four rows as they lie (q4_1_one), 2 to 8 tokens (a verification step of
+ * drafts, a step of a few sequences) are streamed once through tile_rows_m, with the same floats
+ * for each token; more go in octets, and the 1 to 4 tokens they leave to the AVX2 kernels. */
+AVX512 static void gemm_q4_1_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
+                                    size_t ds, int64_t nr, int64_t nt)
+{
+    const size_t bs = sizeof(struct kiri_block_q4_1);
+    switch (nt) {
+    case 1:
+        if (k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
+            q4_1_one(k, w, ws, a, dst, nr);
+        else
+            tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 1);
+        return;
+    case 2: tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 2); return;
+    case 3: tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 3); return;
+    case 4: tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 4); return;
+    case 5: tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 5); return;
+    case 6: tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 6); return;
+    case 7: tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 7); return;
+    case 8: tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 8); return;
+    default: break;
+    }
+    const int64_t t = octets16(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, nt);
+    if (t < nt)
+        kiri_cpu_gemm_small_q4_1_avx2(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,
+                                      nt - t);
+}
 /* Q8_0 rows against one token, four rows at a time (eight per pass: two quads whose chains
  * interleave), in pairs of blocks (68 bytes of each row) read as they lie, like Q4_0's above:
  * decode of a Q8_0 model (and of its Q8_0 output matrix, the largest one of a model with a big
@@ -1595,7 +1699,7 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm_stream[KIRI_TYPE_Q4_K] = 4; /* q4_K_rows_small */
     k->gemm_stream[KIRI_TYPE_Q6_K] = 4; /* q6_K_rows_small */
     k->gemm_stream[KIRI_TYPE_Q5_K] = 4; /* q4_K_rows_small */
-    k->gemm_stream[KIRI_TYPE_Q4_1] = 4;
+    k->gemm_stream[KIRI_TYPE_Q4_1] = ROWS_M_MAX; /* tile_rows_m */
     k->gemm_stream[KIRI_TYPE_Q5_0] = 4;
     k->gemm_stream[KIRI_TYPE_Q5_1] = 4;
     k->path = "avx2+avx512vnni";
