@@ -1407,11 +1407,15 @@ AVX512 OUT_OF_LINE static void q4_0_one(int64_t k, const void *w, size_t ws, con
 }
 
 /* Q4_1's one token (Q8_1 activation), the same way. */
-AVX512 OUT_OF_LINE static void q4_1_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
+AVX512 OUT_OF_LINE static void q4_1_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
+                                        enum prefetch_level lv)
 {
     struct q4_0_act4 t[Q4_0_ROWS4_MAX_BLOCKS / 4];
     q4_0_act4_fill(a, k / KIRI_QK8_0, 1, t);
-    q4_0_rows4(k, w, ws, 1, t, out, nr, PREFETCH_L1);
+    if (lv == PREFETCH_L2)
+        q4_0_rows4(k, w, ws, 1, t, out, nr, PREFETCH_L2);
+    else
+        q4_0_rows4(k, w, ws, 1, t, out, nr, PREFETCH_L1);
 }
 
 AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
@@ -1426,14 +1430,14 @@ AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const v
 /* Q4_1: one token reads four rows as they lie (q4_1_one), 2 to 8 tokens (a verification step of
  * drafts, a step of a few sequences) are streamed once through tile_rows_m, with the same floats
  * for each token; more go in octets, and the 1 to 4 tokens they leave to the AVX2 kernels. */
-AVX512 static void gemm_q4_1_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
-                                    size_t ds, int64_t nr, int64_t nt)
+AVX512 SPECIALIZE static inline void gemm_q4_1(int64_t k, const void *w, size_t ws, const void *a, size_t as,
+                                               float *dst, size_t ds, int64_t nr, int64_t nt, enum prefetch_level lv)
 {
     const size_t bs = sizeof(struct kiri_block_q4_1);
     switch (nt) {
     case 1:
         if (k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
-            q4_1_one(k, w, ws, a, dst, nr);
+            q4_1_one(k, w, ws, a, dst, nr, lv);
         else
             tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 1);
         return;
@@ -1451,6 +1455,19 @@ AVX512 static void gemm_q4_1_avx512(int64_t k, const void *w, size_t ws, const v
         kiri_cpu_gemm_small_q4_1_avx2(k, w, ws, (const char *)a + (size_t)t * as, as, dst + (size_t)t * ds, ds, nr,
                                       nt - t);
 }
+
+AVX512 static void gemm_q4_1_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
+                                    size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q4_1(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L1);
+}
+
+AVX512 static void gemm_q4_1_avx512_l2(int64_t k, const void *w, size_t ws, const void *a, size_t as, float *dst,
+                                       size_t ds, int64_t nr, int64_t nt)
+{
+    gemm_q4_1(k, w, ws, a, as, dst, ds, nr, nt, PREFETCH_L2);
+}
+
 /* Q8_0 rows against one token, four rows at a time (eight per pass: two quads whose chains
  * interleave), in pairs of blocks (68 bytes of each row) read as they lie, like Q4_0's above:
  * decode of a Q8_0 model (and of its Q8_0 output matrix, the largest one of a model with a big
@@ -1690,7 +1707,7 @@ void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
     k->gemm[KIRI_TYPE_Q8_0] = l2 ? gemm_q8_0_avx512_l2 : gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = l2 ? gemm_q4_K_avx512_l2 : gemm_q4_K_avx512;
     k->gemm[KIRI_TYPE_Q5_K] = l2 ? gemm_q5_K_avx512_l2 : gemm_q5_K_avx512;
-    k->gemm[KIRI_TYPE_Q4_1] = gemm_q4_1_avx512;
+    k->gemm[KIRI_TYPE_Q4_1] = l2 ? gemm_q4_1_avx512_l2 : gemm_q4_1_avx512;
     k->gemm[KIRI_TYPE_Q5_0] = gemm_q5_0_avx512;
     k->gemm[KIRI_TYPE_Q5_1] = gemm_q5_1_avx512;
     k->gemm[KIRI_TYPE_Q6_K] = l2 ? gemm_q6_K_avx512_l2 : gemm_q6_K_avx512;
