@@ -65,8 +65,10 @@ int kiri_drafter_mtp_init(struct kiri_model *m, struct kiri_kvcache *kv, struct 
 /* Prompt lookup: the longest suffix of tokens[0..n), of KIRI_NGRAM_MAX down to KIRI_NGRAM_MIN
  * tokens, that also occurs earlier (the latest such occurrence, searched over at most the last
  * KIRI_NGRAM_WINDOW positions); the draft is what followed it there. */
+/* Three tokens at least: two-token matches ("of the") recur by chance in free text, and their
+ * drafts cost verification more often than they pay (measured in bench/bench_spec.py). */
 #define KIRI_NGRAM_MAX 4
-#define KIRI_NGRAM_MIN 2
+#define KIRI_NGRAM_MIN 3
 #define KIRI_NGRAM_WINDOW 16384
 int32_t kiri_draft_ngram(const int32_t *tokens, int32_t n, int32_t *draft, int32_t max);
 

@@ -165,16 +165,19 @@ static void test_ngram_lookup(void)
     CHECK_EQ_INT(kiri_draft_ngram(a, 9, d, 8), 5);
     CHECK(d[3] == 2 && d[4] == 3);
     /* The latest of several occurrences. */
-    const int32_t b[] = {1, 2, 5, 1, 2, 6, 1, 2};
-    CHECK_EQ_INT(kiri_draft_ngram(b, 8, d, 2), 2);
+    const int32_t b[] = {1, 2, 3, 5, 1, 2, 3, 6, 1, 2, 3};
+    CHECK_EQ_INT(kiri_draft_ngram(b, 11, d, 2), 2);
     CHECK(d[0] == 6 && d[1] == 1);
-    /* A longer match wins over a later shorter one: "4 1 2" at 0 beats "1 2" at 4. */
-    const int32_t c[] = {4, 1, 2, 9, 1, 2, 8, 4, 1, 2};
-    CHECK_EQ_INT(kiri_draft_ngram(c, 10, d, 1), 1);
+    /* A longer match wins over a later shorter one: "4 1 2 3" at 0 beats "1 2 3" at 5. */
+    const int32_t c[] = {4, 1, 2, 3, 9, 1, 2, 3, 8, 4, 1, 2, 3};
+    CHECK_EQ_INT(kiri_draft_ngram(c, 13, d, 1), 1);
     CHECK_EQ_INT(d[0], 9);
-    /* Nothing repeats, a suffix shorter than KIRI_NGRAM_MIN, nothing asked, nothing given. */
+    /* Nothing repeats, a suffix shorter than KIRI_NGRAM_MIN (two tokens do not draft: in free
+     * text they repeat by chance), nothing asked, nothing given. */
     const int32_t e[] = {1, 2, 3, 4, 5, 6};
     CHECK_EQ_INT(kiri_draft_ngram(e, 6, d, 4), 0);
+    const int32_t g[] = {1, 2, 9, 1, 2};
+    CHECK_EQ_INT(kiri_draft_ngram(g, 5, d, 4), 0);
     const int32_t f[] = {7, 3, 9, 3};
     CHECK_EQ_INT(kiri_draft_ngram(f, 4, d, 4), 0);
     CHECK_EQ_INT(kiri_draft_ngram(a, 9, d, 0), 0);
