@@ -129,6 +129,8 @@ void kiri_cpu_kernels_init_avx2(struct kiri_cpu_kernels *k);
 /* Sets the gemm entries that have AVX2 + FMA + F16C versions (gemm_avx2.c: Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, F32). Same preconditions as kiri_cpu_kernels_init_avx2. */
 void kiri_cpu_kernels_init_gemm_avx2(struct kiri_cpu_kernels *k);
+/* AMD family 19h (Zen 3, Zen 4): its one-token kernels prefetch weight rows into L2, not L1. */
+int kiri_cpu_is_amd_family_19h(void);
 /* Sets the row-operation entries that have AVX2 versions (ops_avx2.c: attend_head, attend_group,
  * attend_tile, swiglu_row, rms_norm_row, geglu_row, scale_row, softcap_row, delta_head,
  * short_conv_row). Same preconditions as kiri_cpu_kernels_init_avx2. */

@@ -40,7 +40,6 @@
 
 #if defined(__x86_64__)
 
-#include <cpuid.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -1688,21 +1687,10 @@ AVX512 static void gemm_q6_K_avx512_l2(int64_t k, const void *w, size_t ws, cons
  * Table
  * ------------------------------------------------------------------------------------------- */
 
-/* AMD family 19h (Zen 3 and Zen 4; of those only Zen 4 has AVX-512): see enum prefetch_level. */
-static int is_amd_family_19h(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u) /* "Auth"enticAMD */
-        return 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    const unsigned base = (a >> 8) & 0xF, ext = (a >> 20) & 0xFF;
-    return base == 0xF && base + ext == 0x19;
-}
-
 void kiri_cpu_kernels_init_gemm_avx512(struct kiri_cpu_kernels *k)
 {
-    const int l2 = is_amd_family_19h();
+    /* Zen 4 (the one AVX-512 CPU of AMD family 19h): see enum prefetch_level. */
+    const int l2 = kiri_cpu_is_amd_family_19h();
     k->gemm[KIRI_TYPE_Q4_0] = l2 ? gemm_q4_0_avx512_l2 : gemm_q4_0_avx512;
     k->gemm[KIRI_TYPE_Q8_0] = l2 ? gemm_q8_0_avx512_l2 : gemm_q8_0_avx512;
     k->gemm[KIRI_TYPE_Q4_K] = l2 ? gemm_q4_K_avx512_l2 : gemm_q4_K_avx512;
