@@ -1572,8 +1572,8 @@ AVX2 static inline float ld1_f16(const void *p, int64_t i) { return _cvtsh_ss(((
 GEMM_FLOAT(gemm_f32_avx2, ld8_f32, ld1_f32)
 GEMM_FLOAT(gemm_f16_tiles, ld8_f16, ld1_f16)
 
-/* F16 against one token (decode): eight rows side by side, the rows two groups ahead fetched into
- * L2 line by line as these are read; four unprefetched rows held one thread to about 11 GB/s, half
+/* F16 against one token (decode): eight rows side by side, the rows two groups ahead fetched
+ * (prefetch_rows) line by line as these are read; four unprefetched rows held one thread to about 11 GB/s, half
  * of llama.cpp's F16 decode on a Zen 4 (SmolLM2-135M F16, 1 thread: 40 -> 81 tok/s, 2 threads:
  * 78 -> 121). Each row's sum is formed in the same order as in gemm_f16_tiles, so a token's floats
  * do not depend on the kernel that computed them. */
@@ -1592,9 +1592,8 @@ AVX2 static void gemm_f16_one(int64_t k, const void *w, size_t ws, const void *a
             acc[i] = _mm256_setzero_ps();
         int64_t e = 0;
         for (; e + 8 <= k; e += 8) {
-            if (e % 32 == 0 && next)
-                for (int i = 0; i < 8; i++)
-                    _mm_prefetch(next[i] + (size_t)e * sizeof *y, _MM_HINT_T1);
+            if (e % 32 == 0)
+                prefetch_rows(next, 8, (size_t)e * sizeof *y, 64);
             const __m256 y0 = ld8_f16(y, e);
             UNROLL
             for (int i = 0; i < 8; i++)

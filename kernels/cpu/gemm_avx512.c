@@ -389,7 +389,7 @@ AVX512 SPECIALIZE static inline void tile_rows(int64_t k, const void *w, size_t 
  * block of 16 rows is transposed once for all m tokens and streamed with tile_rows's prefetch,
  * instead of once per token or padded to an octet whose table passes cost more than the tokens
  * they carry. q81: Q8_1 activations against Q4_1 or Q5_1, whose d and m are read as one word per
- * row, and their offsets' terms m s summed in chains of their own (as q4_1_one does). */
+ * row, and their offsets' terms m s summed in chains of their own (as q4_one does). */
 #define ROWS_M_MAX 8
 AVX512 SPECIALIZE static inline void tile_rows_m(int64_t k, const void *w, size_t ws, size_t bsize, quants16_fn quants,
                                                  int bias, int q81, const void *a, size_t as, float *dst, size_t ds,
@@ -1393,40 +1393,34 @@ AVX512 SPECIALIZE static inline void q4_0_rows4(int64_t k, const void *w, size_t
     }
 }
 
-/* One token: the activation's table in a frame of its own (not beside the octets' tables). */
-AVX512 OUT_OF_LINE static void q4_0_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
-                                        enum prefetch_level lv)
+/* One token of Q4_0 (q41 == 0, Q8_0 activation) or Q4_1 (Q8_1 activation): the activation's table
+ * in a frame of its own (not beside the octets' tables). */
+AVX512 OUT_OF_LINE static void q4_one(int64_t k, const void *w, size_t ws, int q41, const void *a, float *out,
+                                      int64_t nr, enum prefetch_level lv)
 {
     struct q4_0_act4 t[Q4_0_ROWS4_MAX_BLOCKS / 4];
-    q4_0_act4_fill(a, k / KIRI_QK8_0, 0, t);
-    if (lv == PREFETCH_L2)
+    q4_0_act4_fill(a, k / KIRI_QK8_0, q41, t);
+    /* Constant arguments, so each call is its own specialization of the loop. */
+    if (q41 && lv == PREFETCH_L2)
+        q4_0_rows4(k, w, ws, 1, t, out, nr, PREFETCH_L2);
+    else if (q41)
+        q4_0_rows4(k, w, ws, 1, t, out, nr, PREFETCH_L1);
+    else if (lv == PREFETCH_L2)
         q4_0_rows4(k, w, ws, 0, t, out, nr, PREFETCH_L2);
     else
         q4_0_rows4(k, w, ws, 0, t, out, nr, PREFETCH_L1);
-}
-
-/* Q4_1's one token (Q8_1 activation), the same way. */
-AVX512 OUT_OF_LINE static void q4_1_one(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr,
-                                        enum prefetch_level lv)
-{
-    struct q4_0_act4 t[Q4_0_ROWS4_MAX_BLOCKS / 4];
-    q4_0_act4_fill(a, k / KIRI_QK8_0, 1, t);
-    if (lv == PREFETCH_L2)
-        q4_0_rows4(k, w, ws, 1, t, out, nr, PREFETCH_L2);
-    else
-        q4_0_rows4(k, w, ws, 1, t, out, nr, PREFETCH_L1);
 }
 
 AVX512 static void gemm_q4_0_avx512(int64_t k, const void *w, size_t ws, const void *a, size_t as,
                                     float *dst, size_t ds, int64_t nr, int64_t nt)
 {
     if (nt == 1 && k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
-        q4_0_one(k, w, ws, a, dst, nr, PREFETCH_L1);
+        q4_one(k, w, ws, 0, a, dst, nr, PREFETCH_L1);
     else
         gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
 }
 
-/* Q4_1: one token reads four rows as they lie (q4_1_one), 2 to 8 tokens (a verification step of
+/* Q4_1: one token reads four rows as they lie (q4_one), 2 to 8 tokens (a verification step of
  * drafts, a step of a few sequences) are streamed once through tile_rows_m, with the same floats
  * for each token; more go in octets, and the 1 to 4 tokens they leave to the AVX2 kernels. */
 AVX512 SPECIALIZE static inline void gemm_q4_1(int64_t k, const void *w, size_t ws, const void *a, size_t as,
@@ -1436,7 +1430,7 @@ AVX512 SPECIALIZE static inline void gemm_q4_1(int64_t k, const void *w, size_t 
     switch (nt) {
     case 1:
         if (k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
-            q4_1_one(k, w, ws, a, dst, nr, lv);
+            q4_one(k, w, ws, 1, a, dst, nr, lv);
         else
             tile_rows_m(k, w, ws, bs, quants16_q4_1, 0, 1, a, as, dst, ds, nr, 1);
         return;
@@ -1615,7 +1609,7 @@ AVX512 static void gemm_q4_0_avx512_l2(int64_t k, const void *w, size_t ws, cons
                                        float *dst, size_t ds, int64_t nr, int64_t nt)
 {
     if (nt == 1 && k / KIRI_QK8_0 <= Q4_0_ROWS4_MAX_BLOCKS)
-        q4_0_one(k, w, ws, a, dst, nr, PREFETCH_L2);
+        q4_one(k, w, ws, 0, a, dst, nr, PREFETCH_L2);
     else
         gemm16(k, w, ws, sizeof(struct kiri_block_q4_0), quants16_q4_0, 8, a, as, dst, ds, nr, nt);
 }
