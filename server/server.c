@@ -779,7 +779,8 @@ static void handle_event(struct kiri_server *s, struct gen *g, struct choice *ch
             if (st)
                 stream_tools(st, g, ch);
         }
-        if (st)
+        /* A choice that failed gets no finish reason: the stream's error event says why. */
+        if (st && ch->finish != KIRI_FINISH_ERROR)
             stream_text(st, g, ch, "", 0, choice_finish(ch));
     }
 }
@@ -1181,6 +1182,8 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
     if (gfail)
         kiri_api_error_set(&gerr, 400, "invalid_request_error", grammar_param(kind, &r, g->ch[0].tools != NULL),
                            "unsupported_grammar", "%s", gfail->grammar_error);
+    else if (errors)
+        kiri_api_error_set(&gerr, 500, "server_error", "", "", "the model failed while generating");
     rs.status = responses_status(g->ch[0].finish);
     rs.grammar_error =
         g->ch[0].finish == KIRI_FINISH_ERROR && g->ch[0].grammar_error[0] ? g->ch[0].grammar_error : NULL;
@@ -1203,7 +1206,7 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
         } else {
             if (r.include_usage)
                 stream_send(&st, kiri_api_chunk_json(kind, &env, NULL, 0, 0, &usage));
-            if (gfail)
+            if (gfail || errors)
                 stream_send(&st, kiri_api_error_json(&gerr));
             const char done[] = "data: [DONE]\n\n";
             stream_write(&st, done, sizeof done - 1);
@@ -1216,7 +1219,7 @@ static int generate(struct kiri_server *s, struct kiri_served_model *sm, struct 
     } else if (gfail) {
         status = send_error(c, &gerr, "");
     } else if (errors) {
-        status = fail(c, 500, "server_error", "", "", "the model failed while generating", "");
+        status = send_error(c, &gerr, "");
     } else if (kind == KIRI_API_RESPONSES) {
         status = send_json(c, 200, kiri_responses_json(&rs), "");
     } else {

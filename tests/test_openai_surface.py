@@ -267,6 +267,9 @@ def test_ambiguous_grammar_fails_its_request_only(server):
     assert events[-1] == "[DONE]"
     err = json.loads(events[-2])["error"]
     assert err["code"] == "unsupported_grammar" and err["message"].startswith("grammar too ambiguous"), err
+    # The failed choice did not end by length or stop: no chunk gives it a finish reason.
+    reasons = [ch.get("finish_reason") for ev in events[:-2] for ch in json.loads(ev).get("choices", [])]
+    assert reasons and all(x is None for x in reasons), reasons
     # The server goes on: the next requests, constrained or not, are answered.
     ok = c.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=10, temperature=0,
                               extra_body={"grammar": YES_NO})
