@@ -1001,8 +1001,8 @@ static void stop_following(struct seq *s)
  * never at the price of a preemption (a draft whose blocks are not free is not made). A draft's
  * length is the one its sequence's acceptance asks for, cut to what the measured costs make pay
  * (cost_draft_len); where nothing pays the sequence pauses, as for a low acceptance, and the
- * first draft after the pause measures again. A step that decodes alone and whose plain cost is
- * unknown or old drafts nothing, to be measured. */
+ * first draft after the pause measures again. A step in which every sequence decodes drafts
+ * nothing while the plain cost of that many sequences is unknown or old, to measure it. */
 static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *take, int32_t n, int32_t budget)
 {
     int32_t decoding = 0;
