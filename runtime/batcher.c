@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "draft.h"
@@ -34,6 +35,19 @@
 #define SPEC_PAUSE_MAX 1024
 #define SPEC_START_DRAFT_FOLLOWING 2
 #define SPEC_START_RATE_FOLLOWING 0.5f
+/* Speculation's costs (struct spec_costs): what a step of n tokens takes, for n up to
+ * SPEC_COST_TOKENS, and what a drafter takes per token, each the lower edge of its samples
+ * (cost_sample), rising by SPEC_COST_WEIGHT towards a higher one.
+ * A draft of k tokens is made only when the tokens it is expected to yield per second beat plain
+ * decoding by SPEC_COST_MARGIN, judged once a sequence's drafts checked SPEC_COST_MIN_TRIES
+ * positions; a plain step is measured again when its figure is SPEC_COST_REFRESH timed steps old,
+ * or every other timed step while it has fewer than SPEC_COST_SAMPLES samples. */
+#define SPEC_COST_TOKENS 64
+#define SPEC_COST_WEIGHT 0.1
+#define SPEC_COST_MARGIN 0.05
+#define SPEC_COST_MIN_TRIES 4.0
+#define SPEC_COST_REFRESH 64
+#define SPEC_COST_SAMPLES 4
 
 /* One request from submit to its final event. tokens holds the prompt and then every generated
  * token; the first kv.n_tokens of them have keys and values in the cache, the rest are pending
@@ -80,6 +94,17 @@ struct seq {
     float spec_rate;                /* moving average of the accepted share of each draft */
     int32_t spec_resume;            /* drafting pauses until n_generated reaches this */
     int32_t spec_pause;             /* the next pause's length */
+    double spec_hits, spec_tries;   /* drafted positions kept and checked (each verification checks
+                                       up to the first rejected one), decayed as spec_rate: their
+                                       ratio is the per-token acceptance */
+    int32_t cost_pause;             /* the next pause's length when drafting does not pay */
+    int cost_probe;                 /* a pause for cost ended: the next draft is judged as if
+                                       every drafted token were kept, and measures acceptance again */
+    int drafted_last;               /* its last step verified a draft: a proposal now has only the
+                                       kept tokens to catch up on (one after a pause or a prompt
+                                       also computes those, and is not a proposal's usual cost) */
+    double spec_spent;              /* seconds the drafter followed steps (observe) since its last
+                                       proposal: part of that proposal's cost */
     int32_t step_pos, step_row;     /* this step's first position and its row in the batch */
     kiri_batcher_fn fn;
     void *user;
@@ -115,6 +140,21 @@ struct kiri_batcher {
     struct kiri_drafter *mtp;       /* owned, or NULL: the drafter of KIRI_SPEC_MTP */
     float *b_hidden;                /* with mtp (max_tok * n_embd): a step's hidden states */
     int spec_said;                  /* why not was logged */
+    int draft_owned;                /* draft_model is freed with the batcher (not a test's) */
+    /* What speculation costs, measured by the loop's thread (seconds; 0 counts: unmeasured). A
+     * step is timed only when every sequence in it decodes (one pending token, perhaps drafts):
+     * those are the steps a draft changes, and a prompt chunk's cost would blur them. The step's
+     * cost belongs to the model and the machine, and a proposal's to the drafter, so both are
+     * kept here for every sequence; acceptance belongs to the text and stays with each. */
+    struct spec_costs {
+        double step[SPEC_COST_TOKENS + 1];      /* [n]: a step of n tokens */
+        uint32_t n_step[SPEC_COST_TOKENS + 1];
+        uint64_t step_at[SPEC_COST_TOKENS + 1]; /* the value of timed when last measured */
+        uint64_t timed;                         /* steps timed */
+        double propose[KIRI_SPEC_KINDS];        /* a proposal, per token asked for */
+        uint32_t n_propose[KIRI_SPEC_KINDS];
+        int ignore;                             /* acceptance alone decides (KIRI_SPEC_IGNORE_COST) */
+    } cost;
     float *b_logits;                /* owned (n_vocab): logits after bias and grammar mask */
     struct kiri_grammar_vocab *gvocab; /* owned: the vocabulary trie, built at the first grammar */
     struct kiri_grammar_cache *gcache; /* owned with gvocab: masks by grammar state */
@@ -265,12 +305,15 @@ int kiri_batcher_init_held(struct kiri_model *m, const struct kiri_batcher_param
     const int32_t max_tok = p.chunk + p.max_seqs;
     b->held_history = held_history && snap_each;
     b->spec_ok = p.draft_rows > 0 && (!snap_each || n_spec_states > 0);
+    const char *ignore = getenv("KIRI_SPEC_IGNORE_COST");
+    b->cost.ignore = ignore && *ignore && strcmp(ignore, "0") != 0;
     if (b->spec_ok && p.draft_model) {
         const int rc = kiri_drafter_model_init(m, p.draft_model, p.max_seqs, p.n_ctx, p.chunk, &b->draft_model, info);
         if (rc < 0) {
             kiri_mem_free(b);
             return rc;
         }
+        b->draft_owned = 1;
     }
     const size_t tables = (size_t)p.max_seqs * (size_t)blocks_per_seq;
     int rc = (p.mtp ? kiri_model_kvcache_init_mtp : kiri_model_kvcache_init_swa)(
@@ -334,6 +377,19 @@ int kiri_batcher_init_held(struct kiri_model *m, const struct kiri_batcher_param
 }
 
 int32_t kiri_batcher_n_ctx(const struct kiri_batcher *b) { return b->p.n_ctx; }
+
+void kiri_batcher_ignore_spec_costs(struct kiri_batcher *b) { b->cost.ignore = 1; }
+
+int kiri_batcher_set_drafter(struct kiri_batcher *b, struct kiri_drafter *d)
+{
+    if (!b || !d || !d->propose || !b->spec_ok || b->n_running || b->waiting)
+        return KIRI_E_INVALID_ARG;
+    if (b->draft_model && b->draft_owned)
+        b->draft_model->free(b->draft_model);
+    b->draft_model = d;
+    b->draft_owned = 0;
+    return KIRI_OK;
+}
 
 static void seq_free(struct kiri_batcher *b, struct seq *s)
 {
@@ -434,6 +490,7 @@ static void start_speculation(struct kiri_batcher *b, struct seq *s)
         s->spec_rate = SPEC_START_RATE_FOLLOWING;
     }
     s->spec_pause = SPEC_PAUSE;
+    s->cost_pause = SPEC_PAUSE;
 }
 
 static int submit(struct kiri_batcher *b, const struct kiri_request *r, int held, kiri_batcher_fn fn, void *user,
@@ -851,9 +908,101 @@ static int32_t chunk_end(const struct kiri_batcher *b, const struct seq *s, int3
     return stop - at;
 }
 
+/* Moves the figure *avg (of *n samples) to x when x is lower, and by SPEC_COST_WEIGHT towards it
+ * when higher (a sample past twice the figure counting as twice): what slows a step or a proposal
+ * down (a cold cache, a page fault, another process on the core) only ever adds to it, so the
+ * figure follows the lower edge of the samples, and rises when they all do. */
+static void cost_sample(double *avg, uint32_t *n, double x)
+{
+    if (*n == 0 || x < *avg)
+        *avg = x;
+    else
+        *avg += SPEC_COST_WEIGHT * ((x < 2 * *avg ? x : 2 * *avg) - *avg);
+    if (*n < UINT32_MAX)
+        (*n)++;
+}
+
+/* What a step of n decoding tokens costs: measured, or read off the line between the nearest
+ * sizes measured on either side, or past the largest along the line through the two largest.
+ * -1 when not known. */
+static double step_seconds(const struct spec_costs *c, int32_t n)
+{
+    if (n < 1 || n > SPEC_COST_TOKENS)
+        return -1;
+    if (c->n_step[n])
+        return c->step[n];
+    int32_t lo = n - 1, hi = n + 1;
+    while (lo >= 1 && !c->n_step[lo])
+        lo--;
+    while (hi <= SPEC_COST_TOKENS && !c->n_step[hi])
+        hi++;
+    if (lo < 1)
+        return -1;
+    if (hi <= SPEC_COST_TOKENS)
+        return c->step[lo] + (c->step[hi] - c->step[lo]) * (double)(n - lo) / (double)(hi - lo);
+    int32_t below = lo - 1;
+    while (below >= 1 && !c->n_step[below])
+        below--;
+    if (below < 1)
+        return -1;
+    const double slope = (c->step[lo] - c->step[below]) / (double)(lo - below);
+    return c->step[lo] + (slope > 0 ? slope : 0) * (double)(n - lo);
+}
+
+/* The draft length, at most k_max, that makes s's step yield the most tokens per second by the
+ * measured costs, when `decoding` sequences decode and the step holds n_step tokens before the
+ * draft: a draft of k tokens each kept with probability a yields (1 - a^(k+1)) / (1 - a) tokens
+ * (the kept ones and the model's own after them) for the step's cost with its k more tokens and
+ * the proposal's. 0 when no length beats plain decoding by SPEC_COST_MARGIN. Until the sequence's
+ * drafts have checked SPEC_COST_MIN_TRIES positions, and with optimistic, a is taken as 1: a
+ * drafter that cannot pay even then is not worth a try. k_max while a cost is not known yet
+ * (acceptance alone decides); *judged says whether the costs and a measured a chose. */
+static int32_t cost_draft_len(const struct kiri_batcher *b, const struct seq *s, int32_t decoding, int32_t n_step,
+                              int32_t k_max, int optimistic, int *judged)
+{
+    const struct spec_costs *c = &b->cost;
+    const int kind = s->req.speculative;
+    const double plain = step_seconds(c, decoding);
+    *judged = 0;
+    if (c->ignore || plain <= 0 || !c->n_propose[kind])
+        return k_max;
+    const int measured = !optimistic && s->spec_tries >= SPEC_COST_MIN_TRIES;
+    const double a = measured ? s->spec_hits / s->spec_tries : 1.0, plain_rate = (double)decoding / plain;
+    double best = 0, yield = 1, ak = 1;
+    int32_t best_k = -1;
+    for (int32_t k = 1; k <= k_max; k++) {
+        ak *= a;
+        yield += ak;
+        const double t = step_seconds(c, n_step + k);
+        if (t <= 0)
+            break;
+        const double rate = ((double)decoding - 1 + yield) / (t + c->propose[kind] * (double)k);
+        if (rate > best)
+            best = rate, best_k = k;
+    }
+    if (best_k < 0)
+        return k_max;
+    if (best < plain_rate * (1 + SPEC_COST_MARGIN))
+        return 0;
+    *judged = measured;
+    return best_k;
+}
+
+/* s's drafter stops for good (one that follows every step pays for it even while paused). */
+static void stop_following(struct seq *s)
+{
+    s->drafter->release(s->drafter, s->id);
+    s->drafter = NULL;
+    s->proposed = 0;
+}
+
 /* Extends the decoding sequences planned[0..n) with drafts, within what the step's budget left:
  * only while the step decodes few enough sequences that verifying costs next to nothing, and
- * never at the price of a preemption (a draft whose blocks are not free is not made). */
+ * never at the price of a preemption (a draft whose blocks are not free is not made). A draft's
+ * length is the one its sequence's acceptance asks for, cut to what the measured costs make pay
+ * (cost_draft_len); where nothing pays the sequence pauses, as for a low acceptance, and the
+ * first draft after the pause measures again. A step in which every sequence decodes drafts
+ * nothing while the plain cost of that many sequences is unknown or old, to measure it. */
 static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *take, int32_t n, int32_t budget)
 {
     int32_t decoding = 0;
@@ -863,10 +1012,17 @@ static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *t
         budget = b->p.draft_rows;
     if (decoding > b->p.spec_max_seqs)
         return;
+    if (decoding == n && decoding <= SPEC_COST_TOKENS && !b->cost.ignore &&
+        (!b->cost.n_step[decoding] || b->cost.timed - b->cost.step_at[decoding] >=
+            (b->cost.n_step[decoding] >= SPEC_COST_SAMPLES ? SPEC_COST_REFRESH : 2)))
+        return;
     /* With recurrent state each drafted token keeps its state in a spare slot of its own. */
     const int32_t state_free = b->b_state_rows ? kiri_kvcache_n_state_free(b->kv) : budget;
     if (budget > state_free)
         budget = state_free;
+    int32_t n_step = 0;
+    for (int32_t j = 0; j < n; j++)
+        n_step += take[j];
     for (int32_t j = 0; j < n && budget > 0; j++) {
         struct seq *s = planned[j];
         if (!s->drafter || take[j] != 1 || s->n_tokens - s->kv.n_tokens != 1 || s->n_generated < s->spec_resume)
@@ -882,17 +1038,39 @@ static void plan_drafts(struct kiri_batcher *b, struct seq **planned, int32_t *t
             k = s->req.max_tokens - s->n_generated - 1;
         if (k < 1)
             continue;
+        int judged;
+        if ((k = cost_draft_len(b, s, decoding, n_step, k, s->cost_probe, &judged)) == 0) {
+            if (s->drafter->observe) {
+                stop_following(s);
+                continue;
+            }
+            s->spec_resume = s->n_generated + s->cost_pause;
+            s->cost_pause = s->cost_pause * 2 < SPEC_PAUSE_MAX ? s->cost_pause * 2 : SPEC_PAUSE_MAX;
+            s->cost_probe = 1;
+            continue;
+        }
+        s->cost_probe = 0;
+        if (judged)
+            s->cost_pause = SPEC_PAUSE;
         /* A drafter that follows the steps (the MTP head) writes its keys at the drafts'
          * positions while it drafts: they are reserved first. */
         if (s->drafter->observe && kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
             continue;
         s->proposed = 1;
+        const double t0 = kiri_platform_now();
+        const int32_t asked = k;
         k = s->drafter->propose(s->drafter, s->id, s->tokens, s->n_tokens, s->draft, k);
+        const int kind = s->req.speculative;
+        if (s->drafted_last && !b->cost.ignore)
+            cost_sample(&b->cost.propose[kind], &b->cost.n_propose[kind],
+                        (kiri_platform_now() - t0 + s->spec_spent) / (double)asked);
+        s->spec_spent = 0;
         if (k < 1 || kiri_kvcache_seq_reserve(b->kv, &s->kv, s->n_tokens + k) != KIRI_OK)
             continue;
         s->n_draft = k;
         take[j] += k;
         budget -= k;
+        n_step += k;
     }
 }
 
@@ -932,8 +1110,11 @@ static int32_t plan(struct kiri_batcher *b, struct seq **planned, int32_t *take)
             }
         }
         if (!restart) {
-            if (b->spec_ok)
+            if (b->spec_ok) {
                 plan_drafts(b, planned, take, n, budget);
+                for (int32_t j = 0; j < n; j++)
+                    planned[j]->drafted_last = planned[j]->n_draft > 0;
+            }
             return n;
         }
     }
@@ -1166,12 +1347,12 @@ static int emit(struct kiri_batcher *b, struct seq *s, const float *lg, double n
 static void adapt(struct seq *s, int32_t drafted, int32_t kept)
 {
     s->spec_rate = (1.0f - SPEC_RATE_WEIGHT) * s->spec_rate + SPEC_RATE_WEIGHT * (float)kept / (float)drafted;
+    s->spec_hits = (1.0 - SPEC_RATE_WEIGHT) * s->spec_hits + kept;
+    s->spec_tries = (1.0 - SPEC_RATE_WEIGHT) * s->spec_tries + kept + (kept < drafted);
     /* A drafter that follows every step (the MTP head) costs a pass per token even while it
      * pauses: one that falls below the rate stops for good. */
     if (s->drafter->observe && s->spec_rate < SPEC_MIN_RATE) {
-        s->drafter->release(s->drafter, s->id);
-        s->drafter = NULL;
-        s->proposed = 0;
+        stop_following(s);
         return;
     }
     if (kept == drafted) {
@@ -1198,8 +1379,10 @@ static void observe(struct kiri_batcher *b, struct seq *s, int32_t n)
     if (!s->drafter || !s->drafter->observe || !b->b_hidden || n < 1)
         return;
     s->proposed = 1;
+    const double t0 = kiri_platform_now();
     s->drafter->observe(s->drafter, s->id, &s->kv, s->tokens, s->step_pos, n,
                         b->b_hidden + (size_t)s->step_row * (size_t)b->model->hp.n_embd);
+    s->spec_spent += kiri_platform_now() - t0;
 }
 
 /* The step computed s's pending token and its n_draft drafts, with a row of logits after each
@@ -1282,9 +1465,10 @@ static int step(struct kiri_batcher *b)
     if (n_planned == 0)
         return end_sequences(b);
     int32_t n_tok = 0, n_out = 0, n_tab = 0, n_seq_out = 0;
-    int want_hidden = 0;
+    int want_hidden = 0, decoding = b->spec_ok; /* every sequence decodes: the step is timed */
     for (int32_t j = 0; j < n_planned; j++) {
         struct seq *s = planned[j];
+        decoding &= !s->held && s->n_tokens - s->kv.n_tokens == 1;
         const int32_t toff = n_tab;
         memcpy(b->b_tables + n_tab, s->kv.blocks, (size_t)s->kv.n_blocks * sizeof(int32_t));
         if (b->swa_blocks_per_seq) /* entries below the window are stale: never read */
@@ -1332,7 +1516,13 @@ static int step(struct kiri_batcher *b)
                                    b->b_state_rows, b->b_state_from, want_hidden ? b->b_hidden : NULL};
         if (n_out == 0)
             b->b_rows[0] = n_tok - 1; /* logits nobody reads: a chunk in the middle of a prompt */
+        const double t0 = kiri_platform_now();
         rc = kiri_graph_run(b->graph, b->kv, &batch, &logits, NULL);
+        if (rc == KIRI_OK && decoding && n_tok <= SPEC_COST_TOKENS && !b->cost.ignore) {
+            struct spec_costs *c = &b->cost;
+            cost_sample(&c->step[n_tok], &c->n_step[n_tok], kiri_platform_now() - t0);
+            c->step_at[n_tok] = ++c->timed;
+        }
     }
     if (rc != KIRI_OK) {
         for (int32_t j = 0; j < n_planned; j++) {
@@ -1490,7 +1680,7 @@ void kiri_batcher_free(struct kiri_batcher *b)
         return;
     if (b->lock && b->wake && b->idle)
         kiri_batcher_stop(b, 0);
-    if (b->draft_model) /* after the sequences that used it ended */
+    if (b->draft_model && b->draft_owned) /* after the sequences that used it ended */
         b->draft_model->free(b->draft_model);
     if (b->mtp)
         b->mtp->free(b->mtp);

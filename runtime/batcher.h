@@ -37,6 +37,15 @@ int kiri_batcher_append(struct kiri_batcher *b, uint64_t id, const int32_t *toke
  * KIRI_E_INVALID_ARG for an unknown id, a bad n, or a cut into blocks published for prefix
  * sharing. Only from the thread that drives the loop. */
 int kiri_batcher_truncate(struct kiri_batcher *b, uint64_t id, int32_t n, struct kiri_status_info *info);
+struct kiri_drafter;
+/* Makes d (borrowed: it outlives the batcher) the drafter of KIRI_SPEC_DRAFT requests in place of
+ * a draft model's, before any request: tests of the speculation's adaptation give it drafters of
+ * known cost and accuracy. KIRI_E_INVALID_ARG when b cannot verify drafts or has requests. */
+int kiri_batcher_set_drafter(struct kiri_batcher *b, struct kiri_drafter *d);
+/* Makes b's drafts follow acceptance alone, whatever they cost (what a non-empty environment
+ * variable KIRI_SPEC_IGNORE_COST other than "0" does for every loop made while it is set): for
+ * tests of what drafts give, on models so small that verifying costs as much as it saves. */
+void kiri_batcher_ignore_spec_costs(struct kiri_batcher *b);
 /* Runs steps on the calling thread, for a batcher whose loop thread was never started, until
  * there is nothing left to compute. When *cancel becomes non-zero every request is cancelled
  * (and gets its final event) before this returns. */

@@ -15,6 +15,7 @@
 #include "batcher.h"
 #include "draft.h"
 #include "kiri.h"
+#include "platform.h"
 #include "sampler.h"
 #include "test.h"
 
@@ -84,6 +85,9 @@ struct options {
 };
 
 static struct kiri_model *draft_model; /* the next make_batcher's, or NULL */
+/* The next make_batcher's drafts follow acceptance alone (kiri_batcher_ignore_spec_costs): for
+ * the tests of what drafts give, which a draft model as slow as its target would stop making. */
+static int free_drafts;
 
 static struct kiri_batcher *make_batcher(int32_t max_seqs, int32_t n_ctx, int prefix, int32_t draft_rows)
 {
@@ -98,6 +102,8 @@ static struct kiri_batcher *make_batcher(int32_t max_seqs, int32_t n_ctx, int pr
     struct kiri_batcher *b = NULL;
     struct kiri_status_info info;
     CHECK_EQ_INT(kiri_batcher_init(model, &p, &b, &info), 0);
+    if (b && free_drafts)
+        kiri_batcher_ignore_spec_costs(b);
     return b;
 }
 
@@ -707,14 +713,21 @@ static void sampling_distribution(int kind, int n_draws)
 }
 
 /* Prompt lookup drafts after a few of the first tokens only, so it takes more draws. */
-static void test_sampling_distribution(void) { sampling_distribution(KIRI_SPEC_NGRAM, N_DRAWS); }
+static void test_sampling_distribution(void)
+{
+    free_drafts = 1;
+    sampling_distribution(KIRI_SPEC_NGRAM, N_DRAWS);
+    free_drafts = 0;
+}
 
 /* The same with a draft model (stories260K's Q4_0 copy drafting for it), which drafts after every
  * first token: fewer draws test as much, and each costs a draft model's run. */
 static void test_sampling_distribution_draft_model(void)
 {
     draft_model = q4_draft;
+    free_drafts = 1;
     sampling_distribution(KIRI_SPEC_DRAFT, N_DRAWS / 3);
+    free_drafts = 0;
     draft_model = NULL;
 }
 
@@ -723,7 +736,7 @@ static void test_sampling_distribution_draft_model(void)
 /* Greedy with a draft model: the plain tokens; the model drafting for itself is nearly always
  * right, its Q4_0 copy often and not always; batched with lookup and plain sequences; a
  * cancelled stream and the loop's end release the draft model's sequences. */
-static void test_draft_model_greedy(void)
+static void draft_model_greedy(void)
 {
     struct kiri_model *drafts[2] = {self_draft, q4_draft};
     uint64_t drafted[2] = {0}, kept[2] = {0};
@@ -792,6 +805,77 @@ static void test_draft_model_greedy(void)
     if (b)
         refused(b, KIRI_SPEC_DRAFT, 0, "speculative");
     kiri_batcher_free(b);
+}
+
+static void test_draft_model_greedy(void)
+{
+    free_drafts = 1;
+    draft_model_greedy();
+    free_drafts = 0;
+}
+
+/* ---- drafting that does not pay ---- */
+
+/* A drafter that proposes the model's own greedy continuation (a plain run's tokens), so that
+ * every draft is kept, and sleeps `cost` seconds in each proposal. */
+struct oracle {
+    struct kiri_drafter base;
+    const struct result *plain; /* the tokens after the prompt */
+    int32_t n_prompt;
+    double cost;
+    int calls;
+};
+
+static int32_t oracle_propose(struct kiri_drafter *d, uint64_t seq, const int32_t *tokens, int32_t n, int32_t *draft,
+                              int32_t max)
+{
+    struct oracle *o = (struct oracle *)d;
+    (void)seq;
+    (void)tokens;
+    o->calls++;
+    if (o->cost > 0)
+        kiri_platform_sleep(o->cost);
+    int32_t k = 0;
+    for (int32_t g = n - o->n_prompt; k < max && g >= 0 && g < o->plain->n; g++)
+        draft[k++] = o->plain->tokens[g];
+    return k;
+}
+
+/* Every draft is right, but proposing one costs 20 ms while a step of the model takes well under
+ * one: after the first proposals have measured that, drafting stops (and the tokens are the plain
+ * ones). The same drafter at no cost drafts nearly every token. */
+static void test_cost_aware(void)
+{
+    static struct result ref, r;
+    const struct options po = {0, 0, 160, NULL, NULL, 0};
+    run_one(prompts[0], &po, 256, &ref, NULL);
+    int32_t ids[64];
+    const int32_t n_prompt = kiri_tokenize(model, prompts[0], strlen(prompts[0]), -1, 0, ids, 64);
+    CHECK(ref.n > 100);
+    for (int costly = 0; costly < 2; costly++) {
+        struct oracle o = {{"draft", oracle_propose, NULL, NULL, NULL}, &ref, n_prompt, costly ? 0.02 : 0, 0};
+        struct kiri_batcher *b = make_batcher(1, 256, 0, 16);
+        if (!b)
+            return;
+        CHECK_EQ_INT(kiri_batcher_set_drafter(b, &o.base), 0);
+        memset(&r, 0, sizeof r);
+        const struct options so = {KIRI_SPEC_DRAFT, 8, 160, NULL, NULL, 0};
+        if (submit(b, prompts[0], &so, &r) == 0)
+            kiri_batcher_run(b, NULL);
+        struct kiri_batcher_stats st;
+        kiri_batcher_get_stats(b, &st);
+        kiri_batcher_free(b);
+        const uint64_t drafted = st.spec_drafted[KIRI_SPEC_DRAFT];
+        fprintf(stderr, "cost-aware: proposals %s: %d of them, %llu tokens drafted of %d, %llu kept, %llu steps\n",
+                costly ? "at 20 ms" : "free", o.calls, (unsigned long long)drafted, r.n,
+                (unsigned long long)st.spec_accepted[KIRI_SPEC_DRAFT], (unsigned long long)st.steps);
+        CHECK(same_tokens(&r, &ref));
+        CHECK_EQ_INT(st.spec_accepted[KIRI_SPEC_DRAFT], drafted);
+        if (costly)
+            CHECK(o.calls <= 3 && drafted <= 24);
+        else
+            CHECK(drafted >= (uint64_t)ref.n / 2);
+    }
 }
 
 /* A held sequence cut back and extended gives the logits of the sequence it now is. */
@@ -875,4 +959,4 @@ static void test_teardown(void)
 
 TEST_MAIN(test_setup, test_ngram_lookup, test_greedy_same, test_mixed_batch, test_grammar_same, test_limits,
           test_cancel_frees_blocks, test_off_and_bad, test_verify_rule, test_sampling_distribution,
-          test_truncate_held, test_draft_model_greedy, test_sampling_distribution_draft_model, test_teardown)
+          test_truncate_held, test_cost_aware, test_draft_model_greedy, test_sampling_distribution_draft_model, test_teardown)
