@@ -500,14 +500,15 @@ GEMM_OCTETS16(gemm_q5_1_avx512, struct kiri_block_q5_1, quants16_q5_1, 0, 1, kir
  * rows' scales as vectors, then used for every token of an octet (or the one token).
  * Q4_K: sum x a = d_a (d sum_s sc_s sum_32(q a) - dmin sum_s m_s (bsums of sub-block s)).
  * Q6_K: sum x a = d_a d (sum_g sc_g sum_16(q a) - 32 sum_g sc_g bsums_g), q in 0..63.
- * The bsum terms use vpdpwssd on int16 pairs: [m_s m_s] against bsums (2s, 2s + 1) for Q4_K,
+ * The bsum terms use vpdpwssd on int16 pairs: [m_2i m_2i+1] against the token's sums over
+ * sub-blocks 2i and 2i + 1 (its bsums added in pairs once per octet, kbsums) for Q4_K and Q5_K,
  * [sc_2i sc_2i+1] against bsums (2i, 2i + 1) for Q6_K.
  * ------------------------------------------------------------------------------------------- */
 
 struct sb16 {
     __m512i q[64];   /* transposed quants, unsigned: Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 */
     __m512i sc[16];  /* int32 scale of each row: Q4_K per sub-block of 32 (8), Q6_K per group of 16 */
-    __m512i mp[8];   /* int16 pairs for the bsums term */
+    __m512i mp[8];   /* int16 pairs for the bsums term (Q4_K, Q5_K: mp[0..3]) */
     __m512 d, dmin;  /* per row; dmin unused for Q6_K */
 };
 
@@ -539,10 +540,15 @@ AVX512 static inline void scales16_k4(const char *const rows[16], size_t base, s
     for (int s = 0; s < 4; s++) {
         u->sc[s] = _mm512_and_si512(_mm512_srli_epi32(sc03, (unsigned)(8 * s)), byte);
         u->sc[s + 4] = _mm512_and_si512(_mm512_srli_epi32(sc47, (unsigned)(8 * s)), byte);
-        const __m512i m0 = _mm512_and_si512(_mm512_srli_epi32(mn03, (unsigned)(8 * s)), byte);
-        const __m512i m1 = _mm512_and_si512(_mm512_srli_epi32(mn47, (unsigned)(8 * s)), byte);
-        u->mp[s] = _mm512_or_si512(m0, _mm512_slli_epi32(m0, 16));
-        u->mp[s + 4] = _mm512_or_si512(m1, _mm512_slli_epi32(m1, 16));
+    }
+    /* Words [m_2i m_2i+1]: the even bytes of mn03 (mn47) hold m0 m2 (m4 m6), the odd ones m1 m3. */
+    const __m512i w8 = _mm512_set1_epi32(0x00FF00FF);
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        const __m512i mn = h ? mn47 : mn03;
+        const __m512i even = _mm512_and_si512(mn, w8), odd = _mm512_and_si512(_mm512_srli_epi32(mn, 8), w8);
+        u->mp[2 * h] = _mm512_mask_blend_epi16(0xAAAAAAAA, even, _mm512_slli_epi32(odd, 16));
+        u->mp[2 * h + 1] = _mm512_mask_blend_epi16(0xAAAAAAAA, _mm512_srli_epi32(even, 16), odd);
     }
 }
 
@@ -691,25 +697,38 @@ AVX512 static inline __m512i dpwssd_bcst(__m512i s, __m512i p, const int16_t *b)
 }
 
 /* The sum over n vectors of the transposed quants from vector v0 on, against the activation
- * values from 4 v0 on: lane i is row i's integer sum. Two chains. */
+ * values from 4 v0 on: lane i is row i's integer sum. One chain: the eight tokens of an octet
+ * run eight side by side (two chains each took more registers than there are, and spilled). */
 AVX512 static inline __m512i dot_k(const __m512i *q, const int8_t *a, int n)
 {
-    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    __m512i s = _mm512_setzero_si512();
     UNROLL
-    for (int v = 0; v < n; v += 2) {
-        s0 = dpbusd_bcst(s0, q[v], a + 4 * v);
-        s1 = dpbusd_bcst(s1, q[v + 1], a + 4 * v + 4);
-    }
-    return _mm512_add_epi32(s0, s1);
+    for (int v = 0; v < n; v++)
+        s = dpbusd_bcst(s, q[v], a + 4 * v);
+    return s;
 }
 
-/* The bsums term and the float update of one token (integer sums isum) into acc. */
-AVX512 static inline __m512 finish_k(const struct sb16 *u, const struct kiri_block_q8_K *y, int q6, __m512i isum, __m512 acc)
+/* A Q8_K block's sums over its eight sub-blocks of 32 values, as int16 (at most 32 * 127 in
+ * magnitude): half as many vpdpwssd for Q4_K's and Q5_K's mins as the bsums of 16 values take. */
+AVX512 static inline void kbsums(const struct kiri_block_q8_K *y, int16_t out[8])
+{
+    const __m256i b = _mm256_loadu_si256((const __m256i *)y->bsums);
+    _mm_storeu_si128((__m128i *)out, _mm256_cvtepi32_epi16(_mm256_add_epi16(b, _mm256_srli_epi32(b, 16))));
+}
+
+/* The bsums term and the float update of one token (integer sums isum) into acc; ks: the token's
+ * kbsums (Q4_K, Q5_K). */
+AVX512 static inline __m512 finish_k(const struct sb16 *u, const struct kiri_block_q8_K *y, const int16_t *ks, int q6,
+                                     __m512i isum, __m512 acc)
 {
     __m512i ib = _mm512_setzero_si512();
     UNROLL
-    for (int i = 0; i < 8; i++)
-        ib = dpwssd_bcst(ib, u->mp[i], y->bsums + 2 * i);
+    for (int i = 0; i < 8; i++) {
+        if (q6)
+            ib = dpwssd_bcst(ib, u->mp[i], y->bsums + 2 * i);
+        else if (i < 4)
+            ib = dpwssd_bcst(ib, u->mp[i], ks + 2 * i);
+    }
     const __m512 dy = _mm512_set1_ps(y->d);
     if (q6) {
         const __m512i s = _mm512_sub_epi32(isum, _mm512_slli_epi32(ib, 5));
@@ -722,7 +741,7 @@ AVX512 static inline __m512 finish_k(const struct sb16 *u, const struct kiri_blo
 /* 8 tokens against an unpacked super-block: for each group of quants (held in registers) every
  * token's sum, so the quants are loaded once per group, not once per token. */
 AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct kiri_block_q8_K *const *y, int64_t b,
-                                              int q6, __m512 acc[8])
+                                              const int16_t (*ks)[8], int q6, __m512 acc[8])
 {
     __m512i isum[8];
     UNROLL
@@ -741,7 +760,7 @@ AVX512 SPECIALIZE static inline void tokens_k(const struct sb16 *u, const struct
     }
     UNROLL
     for (int i = 0; i < 8; i++)
-        acc[i] = finish_k(u, &y[i][b], q6, isum[i], acc[i]);
+        acc[i] = finish_k(u, &y[i][b], ks[i], q6, isum[i], acc[i]);
 }
 
 typedef void (*unpack16_fn)(const char *const rows[16], int64_t b, struct sb16 *u);
@@ -778,12 +797,16 @@ AVX512 SPECIALIZE static inline int64_t gemm16_k(int64_t k, const void *w, size_
                 const struct kiri_block_q8_K *y[8];
                 for (int i = 0; i < 8; i++)
                     y[i] = (const struct kiri_block_q8_K *)tile_row(a, as, t + i, t_oct);
+                _Alignas(16) int16_t ks[K_CHUNK][8][8]; /* Q4_K, Q5_K: the octet's kbsums */
+                for (int64_t b = b0; !q6 && b < b1; b++)
+                    for (int i = 0; i < 8; i++)
+                        kbsums(&y[i][b], ks[b - b0][i]);
                 __m512 acc[8];
                 UNROLL
                 for (int i = 0; i < 8; i++)
                     acc[i] = _mm512_setzero_ps();
                 for (int64_t b = b0; b < b1; b++)
-                    tokens_k(&u[b - b0], y, b, q6, acc);
+                    tokens_k(&u[b - b0], y, b, (const int16_t (*)[8])ks[b - b0], q6, acc);
                 for (int i = 0; i < 8 && t + i < t_oct; i++)
                     put16(dst + (size_t)(t + i) * ds + (size_t)r, acc[i], nr - r, b0 == 0);
             }

@@ -149,11 +149,24 @@ static inline void octet_rows(const char *a, size_t as, int64_t t0, int64_t nt, 
 }
 
 /* Writes the float sums of rows r0 .. r0 + rn - 1 against tokens t0 .. t0 + 8 n_oct - 1 (those
- * below nt) from acc[row][octet]. */
+ * below nt) from acc[row][octet]. Eight rows at a time are transposed so that each token's eight
+ * sums go out in one store: one float at a time, the stores (each to another token's row of dst,
+ * a different line) took about a tenth of the time of a Q5_K product. */
 AVX2 static inline void store_octets(const __m256 (*acc)[OCT_MAX], int64_t rn, int n_oct, float *dst, size_t ds,
                                      int64_t r0, int64_t t0, int64_t nt)
 {
-    for (int64_t r = 0; r < rn; r++)
+    int64_t r = 0;
+    for (; r + 8 <= rn; r += 8)
+        for (int g = 0; g < n_oct; g++) {
+            __m256i v[8];
+            UNROLL
+            for (int i = 0; i < 8; i++)
+                v[i] = _mm256_castps_si256(acc[r + i][g]);
+            transpose8(v); /* v[i]: token t0 + 8 g + i, rows r .. r + 7 */
+            for (int i = 0; i < 8 && t0 + 8 * g + i < nt; i++)
+                _mm256_storeu_si256((__m256i *)(dst + (size_t)(t0 + 8 * g + i) * ds + (size_t)(r0 + r)), v[i]);
+        }
+    for (; r < rn; r++)
         for (int g = 0; g < n_oct; g++) {
             float v[8];
             _mm256_storeu_ps(v, acc[r][g]);
@@ -321,8 +334,9 @@ AVX2 SPECIALIZE static inline void q8_0_row_octets(const struct kiri_block_q8_0 
  * 16 sum_j sc_j sum(a over j) (one vpmaddwd per two sub-blocks, as the mins) restores
  * sum_j sc_j sum(q a) exactly in int32 (at most 8 * 63 * 32 * 31 * 127). Assembling a 5-bit
  * quant from qs and qh in each broadcast would cost more than the products, so each row's
- * super-block is unpacked once into 256 bytes on the stack (all those of a pass before the first
- * is multiplied, so most stores are done before they are read) and broadcast from there.
+ * super-block is unpacked once per pass into 256 bytes on the stack and broadcast from there; the
+ * next row's are unpacked before a row's products, so their stores are done (and the bytes loaded)
+ * long before they are read.
  * ------------------------------------------------------------------------------------------- */
 
 /* The token side of one super-block of an octet, beside its eight sub-blocks' struct octet. */
@@ -406,17 +420,14 @@ AVX2 static inline void unpack_q5_K(const void *x, uint8_t u[KIRI_QK_K])
 
 /* Super-blocks 0 .. bn - 1 of one Q4_K (five == 0) or Q5_K (five == 1) row x against n_oct
  * packed octets: sub-block s of super-block b of octet g at o[g * OCT_BLOCKS + 8 b + s], its
- * other values at ok[g * OCT_SUPER + b]. */
+ * other values at ok[g * OCT_SUPER + b]; Q5_K's quants unpacked at u5[b] (unpack_q5_K). */
 AVX2 SPECIALIZE static inline void k4_row_octets(int five, const void *x, int64_t bn, const struct octet *o,
-                                                 const struct octet_k *ok, int n_oct, __m256 acc[OCT_MAX])
+                                                 const struct octet_k *ok, const uint8_t (*u5)[KIRI_QK_K],
+                                                 int n_oct, __m256 acc[OCT_MAX])
 {
     const size_t bs = five ? sizeof(struct kiri_block_q5_K) : sizeof(struct kiri_block_q4_K);
     const size_t qs_at = five ? offsetof(struct kiri_block_q5_K, qs) : offsetof(struct kiri_block_q4_K, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    _Alignas(32) uint8_t u5[OCT_SUPER][KIRI_QK_K]; /* Q5_K: the quants of the pass */
-    if (five)
-        for (int64_t b = 0; b < bn; b++)
-            unpack_q5_K((const struct kiri_block_q5_K *)x + b, u5[b]);
     for (int64_t b = 0; b < bn; b++) {
         const uint8_t *xb = (const uint8_t *)x + (size_t)b * bs;
         const struct kiri_block_q4_K *hd = (const struct kiri_block_q4_K *)xb; /* d, dmin, scales */
@@ -545,6 +556,9 @@ AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void
     struct octet o[OCT_MAX * OCT_BLOCKS];
     struct octet_k ok[OCT_MAX * OCT_SUPER];
     __m256 acc_rows[OCT_ROWS][OCT_MAX];
+    /* Q5_K: the quants of the pass of one row, and of the next one, unpacked a row ahead so that
+     * the stores are long done (and the row's bytes loaded) when the products read them. */
+    _Alignas(32) uint8_t u5[2][OCT_SUPER][KIRI_QK_K];
     for (int64_t r0 = 0; r0 < nr; r0 += OCT_ROWS) {
         const int64_t rn = min64(nr - r0, OCT_ROWS);
         for (int64_t b0 = 0; b0 < nb; b0 += per_pass) {
@@ -559,8 +573,12 @@ AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void
                     else
                         pack_q8_32(t, y, b0 + b, &o[g * OCT_BLOCKS + b]);
             }
+            for (int64_t b = 0; t == OCT_Q5_K && b < bn; b++)
+                unpack_q5_K((const struct kiri_block_q5_K *)((const char *)w + (size_t)r0 * ws) + b0 + b, u5[0][b]);
             for (int64_t r = 0; r < rn; r++) {
                 const char *x = (const char *)w + (size_t)(r0 + r) * ws;
+                for (int64_t b = 0; t == OCT_Q5_K && r + 1 < rn && b < bn; b++)
+                    unpack_q5_K((const struct kiri_block_q5_K *)(x + ws) + b0 + b, u5[(r + 1) % 2][b]);
                 __m256 acc[OCT_MAX];
                 _Pragma("GCC unroll 4")
                 for (int g = 0; g < n_oct; g++)
@@ -576,9 +594,10 @@ AVX2 SPECIALIZE static inline void octets(enum oct_type t, int64_t k, const void
                 else if (t == OCT_Q8_0)
                     q8_0_row_octets((const struct kiri_block_q8_0 *)x + b0, bn, o, n_oct, acc);
                 else if (t == OCT_Q4_K)
-                    k4_row_octets(0, (const struct kiri_block_q4_K *)x + b0, bn, o, ok, n_oct, acc);
+                    k4_row_octets(0, (const struct kiri_block_q4_K *)x + b0, bn, o, ok, NULL, n_oct, acc);
                 else if (t == OCT_Q5_K)
-                    k4_row_octets(1, (const struct kiri_block_q5_K *)x + b0, bn, o, ok, n_oct, acc);
+                    k4_row_octets(1, (const struct kiri_block_q5_K *)x + b0, bn, o, ok,
+                                  (const uint8_t (*)[KIRI_QK_K])u5[r % 2], n_oct, acc);
                 else
                     q6_K_row_octets((const struct kiri_block_q6_K *)x + b0, bn, o, ok, n_oct, acc);
                 _Pragma("GCC unroll 4")
