@@ -188,10 +188,10 @@ static const struct kiri_option grammar_opts[] = {
 };
 
 static const struct kiri_option bench_opts[] = {
-    {.name = "prompt", .short_name = 'p', .type = KIRI_OPTION_INT, O(n_prompt_bench), .lo = 1, .hi = 1 << 20,
-     .arg = "N", .help = "Prompt tokens to process.", .def = "512"},
+    {.name = "prompt", .short_name = 'p', .type = KIRI_OPTION_INT, O(n_prompt_bench), .lo = 0, .hi = 1 << 20,
+     .arg = "N", .help = "Prompt tokens to process; 0: no prefill test.", .def = "512"},
     {.name = "n-predict", .short_name = 'n', .type = KIRI_OPTION_INT, O(n_gen_bench), .lo = -1, .hi = 1 << 24,
-     .arg = "N", .help = "Tokens to generate; below 1, the default.", .def = "128"},
+     .arg = "N", .help = "Tokens to generate; 0: no decode test (with --spec, and -1: the default).", .def = "128"},
     {.name = "repetitions", .short_name = 'r', .type = KIRI_OPTION_INT, O(repetitions), .lo = 1, .hi = 100,
      .arg = "N", .help = "Timed runs of each test.", .def = "3"},
     {.name = "depth", .short_name = 'd', .type = KIRI_OPTION_STRING_REF, O(depths), .arg = "D[,D...]",
@@ -981,17 +981,23 @@ static int cmd_bench(const struct options *o, const char **args, int n_args)
         fprintf(stderr, "kiri: error: %s\n", err);
         return 2;
     }
-    const int n_p = o->n_prompt_bench, n_g = o->n_gen_bench >= 1 ? o->n_gen_bench : 128;
-    int max_depth = 0;
+    /* As llama-bench: -p 0 or -n 0 leaves that test out. */
+    const int n_p = o->n_prompt_bench, n_g = o->n_gen_bench >= 0 ? o->n_gen_bench : 128;
+    if (n_p == 0 && n_g == 0) {
+        fprintf(stderr, "kiri: error: -p 0 and -n 0 leave no test to run\n");
+        return 2;
+    }
+    int max_depth = 0, n_tests = 0;
     struct bench_test tests[2 * BENCH_MAX_DEPTHS];
     memset(tests, 0, sizeof tests);
     for (int i = 0; i < n_depths; i++) {
-        tests[2 * i] = (struct bench_test){.n_prompt = n_p, .n_depth = depths[i]};
-        tests[2 * i + 1] = (struct bench_test){.n_gen = n_g, .n_depth = depths[i]};
+        if (n_p > 0)
+            tests[n_tests++] = (struct bench_test){.n_prompt = n_p, .n_depth = depths[i]};
+        if (n_g > 0)
+            tests[n_tests++] = (struct bench_test){.n_gen = n_g, .n_depth = depths[i]};
         if (depths[i] > max_depth)
             max_depth = depths[i];
     }
-    const int n_tests = 2 * n_depths;
 
     struct kiri_model *m = NULL;
     struct kiri_context *c = NULL;
@@ -1003,7 +1009,7 @@ static int cmd_bench(const struct options *o, const char **args, int n_args)
         oc.n_ctx = max_depth + (n_p > n_g ? n_p : n_g) + 1;
     if (rc == 0)
         rc = make_context(m, &oc, dm, &c);
-    const int n_ids = max_depth > n_p ? max_depth : n_p;
+    const int n_ids = max_depth > n_p ? max_depth : n_p > 0 ? n_p : 1;
     int32_t *ids = rc == 0 ? malloc((size_t)n_ids * sizeof *ids) : NULL;
     if (rc == 0 && !ids)
         rc = 1;
@@ -1012,7 +1018,8 @@ static int cmd_bench(const struct options *o, const char **args, int n_args)
     double first_prefill = 0;
     if (rc == 0 && !o->no_warmup) {
         struct bench_test warm_pp = {.n_prompt = n_p}, warm_tg = {.n_gen = 1};
-        rc = bench_run(c, &warm_pp, ids, &state, n_vocab, &first_prefill);
+        if (n_p > 0)
+            rc = bench_run(c, &warm_pp, ids, &state, n_vocab, &first_prefill);
         double unused;
         if (rc == 0)
             rc = bench_run(c, &warm_tg, ids, &state, n_vocab, &unused);
@@ -1023,7 +1030,7 @@ static int cmd_bench(const struct options *o, const char **args, int n_args)
             if (rc == 0 && tests[i].seconds[r] <= 0)
                 tests[i].seconds[r] = 1e-9;
             tests[i].n_runs += rc == 0;
-            if (rc == 0 && i == 0 && r == 0 && o->no_warmup)
+            if (rc == 0 && i == 0 && r == 0 && o->no_warmup && tests[i].n_prompt)
                 first_prefill = tests[i].seconds[r];
         }
     if (rc == 0) {
