@@ -217,12 +217,20 @@ AVX2 static inline __m256 fold8(const __m256 a[8])
  * them, so the prefetches would only cost bandwidth. */
 #define V_PREFETCH_SPAN (256 * 1024)
 
-/* Prefetches a cache row of `bytes` (it need not start a line) with the given hint. */
-AVX2 static inline __attribute__((always_inline)) void prefetch_row(const char *p, int bytes, int hint)
+/* Prefetch a cache row of `bytes` (it need not start a line) into L1 or into L2 (two functions:
+ * the hint must be a constant even where nothing is inlined). */
+AVX2 static inline void prefetch_row_l1(const char *p, int bytes)
 {
     for (int i = 0; i < bytes; i += 64)
-        _mm_prefetch(p + i, hint);
-    _mm_prefetch(p + bytes - 1, hint);
+        _mm_prefetch(p + i, _MM_HINT_T0);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+}
+
+AVX2 static inline void prefetch_row_l2(const char *p, int bytes)
+{
+    for (int i = 0; i < bytes; i += 64)
+        _mm_prefetch(p + i, _MM_HINT_T1);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T1);
 }
 
 /* The scores of n key rows (kr[0 .. n)) for the first `w` of 8 query rows at qr (rows of 256),
@@ -401,9 +409,9 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
         for (int i = 0; i < n; i++) {
             kr[i] = KROW(j + i);
             if (j + i + ATTN_PREFETCH < n_max) {
-                prefetch_row(KROW(j + i + ATTN_PREFETCH), row_bytes, _MM_HINT_T0);
+                prefetch_row_l1(KROW(j + i + ATTN_PREFETCH), row_bytes);
                 if (v_early)
-                    prefetch_row(VROW(j + i + ATTN_PREFETCH), row_bytes, _MM_HINT_T1);
+                    prefetch_row_l2(VROW(j + i + ATTN_PREFETCH), row_bytes);
             }
         }
         float *sj = scratch + (size_t)TILE_ROWS * j;
@@ -500,7 +508,7 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
                 if (!v_early && g == 0) { /* a share of the next block's value rows into L2 */
                     const int cs = wide ? 32 : 16, per = (block * cs + d - 1) / d, jn = je + c / cs * per;
                     for (int j = jn; j < jn + per && j < je + block && j < jb_hi; j++)
-                        prefetch_row(VROW(j), row_bytes, _MM_HINT_T1);
+                        prefetch_row_l2(VROW(j), row_bytes);
                 }
                 if (wide) {
                     weighted_values_wide(acc, r0, nr, scratch + r0, v, v_stride, slots, j0, j1, f16, c);
