@@ -263,6 +263,8 @@ static const struct attn_case group_cases[] = {
     {KIRI_TYPE_F16, 6, 4, 1.0f, 0},     {KIRI_TYPE_F16, 64, 20, 1.0f, 0},   {KIRI_TYPE_F16, 264, 6, 1.0f, 0},
     {KIRI_TYPE_F32, 64, 130, 1.0f, 0},  {KIRI_TYPE_F32, 96, 7, 2.0f, 0},    {KIRI_TYPE_F32, 20, 3, 1.0f, 0},
     {KIRI_TYPE_Q8_0, 64, 40, 1.0f, 0},  {KIRI_TYPE_F16, 64, 7, 1.0f, 1},    {KIRI_TYPE_F16, 72, 13, 1.0f, 1},
+    /* More value rows than the kernels prefetch while scoring (256 KiB): fetched a block ahead. */
+    {KIRI_TYPE_F16, 256, 603, 1.0f, 0}, {KIRI_TYPE_F32, 96, 701, 1.0f, 0},
 };
 
 /* Every head of a group against the reference one head at a time; the output rows' padding must
@@ -344,8 +346,10 @@ static const struct tile_case tile_cases[] = {
     {KIRI_TYPE_F32, 20, 9, 1, 1, 1.0f, 0, 0},     {KIRI_TYPE_Q8_0, 64, 4, 4, 40, 1.0f, 0, 0},
     {KIRI_TYPE_F16, 64, 3, 5, 2, 1.0f, 1, 0},     {KIRI_TYPE_F16, 8, 16, 1, 1, 1.0f, 1, 0},
     {KIRI_TYPE_F16, 12, 7, 2, 4, 1.0f, 1, 0},
-    /* A decode step's 8 heads of one key/value head over several blocks of value rows. */
-    {KIRI_TYPE_F16, 64, 1, 8, 700, 1.0f, 0, 0},
+    /* A decode step's 8 heads of one key/value head over several blocks of value rows; 2 and 3
+     * heads of 256 over more value rows than the kernels prefetch while scoring. */
+    {KIRI_TYPE_F16, 64, 1, 8, 700, 1.0f, 0, 0},   {KIRI_TYPE_F16, 256, 1, 2, 1030, 1.0f, 0, 0},
+    {KIRI_TYPE_F16, 256, 1, 3, 517, 1.0f, 0, 0},  {KIRI_TYPE_F32, 128, 2, 1, 1100, 1.0f, 0, 600},
     /* Sliding windows: every token past it (first keys 4 .. 8), a prompt that grows into it,
      * a window of 1, windows around the vector widths, cases the kernels hand on. */
     {KIRI_TYPE_F16, 64, 5, 3, 9, 1.0f, 0, 5},  {KIRI_TYPE_F16, 64, 16, 1, 3, 1.0f, 0, 4},

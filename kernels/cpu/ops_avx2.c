@@ -205,29 +205,72 @@ AVX2 static inline __m256 fold8(const __m256 a[8])
 
 #define TILE_ROWS KIRI_ATTEND_TILE_ROWS
 /* Keys ahead of the one being scored whose key rows (into L1) and value rows (into L2, read after
- * every score) a tile prefetches: a decode step reads them from memory, 128 B of each cache row
- * per key/value head, a stride the hardware prefetchers follow poorly. */
+ * every score, when they fit there: V_PREFETCH_SPAN) a tile prefetches: a decode step reads them
+ * from memory, 128 B of each cache row per key/value head, a stride the hardware prefetchers
+ * follow poorly; even whole rows read in order (one key/value head) stream at half the speed
+ * without. */
 #define ATTN_PREFETCH 32
 /* Bytes of value rows a tile's weighted sums take at once (see attend_tile_avx2): within L1. */
 #define V_BLOCK_BYTES 16384
+/* Bytes of value rows up to which a tile prefetches them into L2 while it scores the keys: more
+ * (a decode step's 4096 keys of 256 values, 2 MiB) would leave L2 before the weighted sums read
+ * them, so the prefetches would only cost bandwidth. */
+#define V_PREFETCH_SPAN (256 * 1024)
 
-/* The scores of one key row (kr) for the first `w` (2, 4 or 8: a constant where inlined) of 8
- * query rows at qr (rows of 256), scaled, into dst[0 .. 8); lanes past w get 0. */
-AVX2 static inline __attribute__((always_inline)) void key_scores(const float (*qr)[256], int w, const char *kr,
-                                                                  int f16, int d, __m256 sc, float *dst)
+/* Prefetch a cache row of `bytes` (it need not start a line) into L1 or into L2 (two functions:
+ * the hint must be a constant even where nothing is inlined). */
+AVX2 static inline void prefetch_row_l1(const char *p, int bytes)
+{
+    for (int i = 0; i < bytes; i += 64)
+        _mm_prefetch(p + i, _MM_HINT_T0);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+}
+
+AVX2 static inline void prefetch_row_l2(const char *p, int bytes)
+{
+    for (int i = 0; i < bytes; i += 64)
+        _mm_prefetch(p + i, _MM_HINT_T1);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T1);
+}
+
+/* The scores of n key rows (kr[0 .. n)) for the first `w` of 8 query rows at qr (rows of 256),
+ * scaled, key i's into dst[TILE_ROWS i ..][0 .. 8) with the lanes past w 0. w n <= 8 (w 8 and n 1,
+ * w 4 and n up to 2, w 2 and n up to 4: constants where inlined): one accumulator per (key, row),
+ * so a decode step's 2 or 4 heads keep 8 chains of multiply-adds in flight, not 2 or 4 that wait
+ * on each other's latency. Each accumulator adds the same products in the same order whatever
+ * n is. */
+AVX2 static inline __attribute__((always_inline)) void key_scores(const float (*qr)[256], int w, int n,
+                                                                  const char *const *kr, int f16, int d,
+                                                                  __m256 sc, float *dst)
 {
     __m256 acc[8];
     UNROLL
-    for (int h = 0; h < 8; h++)
-        acc[h] = _mm256_setzero_ps();
+    for (int a = 0; a < 8; a++)
+        acc[a] = _mm256_setzero_ps();
     for (int i = 0; i < d; i += 8) {
-        const __m256 kv = load_kv(kr, f16, i);
         UNROLL
-        for (int h = 0; h < 8; h++)
-            if (h < w)
-                acc[h] = _mm256_fmadd_ps(_mm256_load_ps(&qr[h][i]), kv, acc[h]);
+        for (int key = 0; key < 4; key++)
+            if (key < n) {
+                const __m256 kv = load_kv(kr[key], f16, i);
+                UNROLL
+                for (int h = 0; h < 8; h++)
+                    if (h < w && key * w + h < 8)
+                        acc[key * w + h] = _mm256_fmadd_ps(_mm256_load_ps(&qr[h][i]), kv, acc[key * w + h]);
+            }
     }
-    _mm256_storeu_ps(dst, _mm256_mul_ps(fold8(acc), sc));
+    const __m256 s = _mm256_mul_ps(fold8(acc), sc);
+    if (n == 1) {
+        _mm256_storeu_ps(dst, s);
+        return;
+    }
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    UNROLL
+    for (int key = 0; key < 4; key++)
+        if (key < n)
+            UNROLL
+            for (int h = 0; h < 8; h++)
+                dst[(size_t)TILE_ROWS * key + h] = h < w ? t[key * w + h] : 0.0f;
 }
 
 /* o[h] += w[h] v for the first nr (2 or 4: a constant where inlined) rows and values c .. c + 16
@@ -249,6 +292,44 @@ AVX2 static inline __attribute__((always_inline)) void weighted_values(__m256 o[
                 o[h][1] = _mm256_fmadd_ps(w, v1, o[h][1]);
             }
     }
+}
+
+/* The weighted sums of weighted_values for one or two rows over values c .. c + 32: eight
+ * independent accumulators, as four rows over 16 values have (a decode step's two heads of a
+ * key/value head would otherwise leave half the multiply-adds waiting on latency). The partial
+ * sums of rows r0, r0 + 1 (the second only when nr is 2) are read from and written back to acc. */
+AVX2 static inline __attribute__((always_inline)) void weighted_values_wide(float (*acc)[256], int r0, int nr,
+                                                                            const float *wts, const void *v,
+                                                                            size_t v_stride, const int32_t *slots,
+                                                                            int j0, int j1, int f16, int c)
+{
+    __m256 o[2][4];
+    UNROLL
+    for (int h = 0; h < 2; h++)
+        UNROLL
+        for (int x = 0; x < 4; x++)
+            o[h][x] = _mm256_load_ps(&acc[r0 + (h < nr ? h : 0)][c + 8 * x]);
+    for (int j = j0; j < j1; j++) {
+        const char *vr = (const char *)v + (size_t)slots[j] * v_stride;
+        const float *wj = wts + (size_t)TILE_ROWS * j;
+        __m256 vv[4];
+        UNROLL
+        for (int x = 0; x < 4; x++)
+            vv[x] = load_kv(vr, f16, c + 8 * x);
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256 w = _mm256_broadcast_ss(wj + h);
+            UNROLL
+            for (int x = 0; x < 4; x++)
+                o[h][x] = _mm256_fmadd_ps(w, vv[x], o[h][x]);
+        }
+    }
+    UNROLL
+    for (int h = 0; h < 2; h++)
+        if (h < nr)
+            UNROLL
+            for (int x = 0; x < 4; x++)
+                _mm256_store_ps(&acc[r0 + h][c + 8 * x], o[h][x]);
 }
 
 /* o[h] = values c .. c + 16 of rows r0 + h of the partial sums (rows past nr repeat row r0). */
@@ -314,28 +395,38 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
 #define KROW(j) ((const char *)k + (size_t)slots[j] * k_stride)
 #define VROW(j) ((const char *)v + (size_t)slots[j] * v_stride)
     /* Scores: each key row is widened once for up to 8 rows, scaled after the dot product. A
-     * tile of 2 to 4 rows (a decode step's heads of one key/value head) computes only those. */
+     * tile of 2 to 4 rows (a decode step's heads of one key/value head) computes only those, for
+     * two keys at a time (four with 2 rows). */
     const __m256 sc = _mm256_set1_ps(scale);
-    for (int j = j_lo; j < n_max; j++) {
-        const char *kr = KROW(j);
-        float *sj = scratch + (size_t)TILE_ROWS * j;
-        if (j + ATTN_PREFETCH < n_max) {
-            const char *kp = KROW(j + ATTN_PREFETCH), *vp = VROW(j + ATTN_PREFETCH);
-            const int bytes = d * (f16 ? 2 : 4);
-            for (int i = 0; i < bytes; i += 64) {
-                _mm_prefetch(kp + i, _MM_HINT_T0);
-                _mm_prefetch(vp + i, _MM_HINT_T1);
+    const int row_bytes = d * (f16 ? 2 : 4);
+    /* Value rows go to L2 while the keys are scored only when all of them fit there; else the
+     * weighted sums fetch them a block ahead (see below). */
+    const int v_early = (size_t)(n_max - j_lo) * (size_t)row_bytes <= V_PREFETCH_SPAN;
+    const int step = rows <= 2 ? 4 : rows <= 4 ? 2 : 1; /* keys scored at once */
+    for (int j = j_lo; j < n_max; j += step) {
+        const int n = n_max - j < step ? n_max - j : step;
+        const char *kr[4];
+        for (int i = 0; i < n; i++) {
+            kr[i] = KROW(j + i);
+            if (j + i + ATTN_PREFETCH < n_max) {
+                prefetch_row_l1(KROW(j + i + ATTN_PREFETCH), row_bytes);
+                if (v_early)
+                    prefetch_row_l2(VROW(j + i + ATTN_PREFETCH), row_bytes);
             }
-            _mm_prefetch(kp + bytes - 1, _MM_HINT_T0); /* a row that does not start a line */
-            _mm_prefetch(vp + bytes - 1, _MM_HINT_T1);
         }
-        if (rows <= 2)
-            key_scores(qr, 2, kr, f16, d, sc, sj);
-        else if (rows <= 4)
-            key_scores(qr, 4, kr, f16, d, sc, sj);
-        else
-            for (int g = 0; g < groups; g++)
-                key_scores(qr + 8 * g, 8, kr, f16, d, sc, sj + 8 * g);
+        float *sj = scratch + (size_t)TILE_ROWS * j;
+        if (rows <= 2 && n == 4)
+            key_scores(qr, 2, 4, kr, f16, d, sc, sj);
+        else if (rows <= 4 && n == 2)
+            key_scores(qr, 4, 2, kr, f16, d, sc, sj);
+        else /* one key at a time: 8 rows or more, and the last keys */
+            for (int i = 0; i < n; i++) {
+                if (rows <= 4)
+                    key_scores(qr, 4, 1, kr + i, f16, d, sc, sj + (size_t)TILE_ROWS * i);
+                else
+                    for (int g = 0; g < groups; g++)
+                        key_scores(qr + 8 * g, 8, 1, kr + i, f16, d, sc, sj + (size_t)TILE_ROWS * i + 8 * g);
+            }
     }
     /* Softmax per lane over the lane's own keys: maxima, numerators (0 outside [fk, nk)), sums in
      * double, then the weights. */
@@ -378,7 +469,9 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
      * keys all rows of a group see go in blocks small enough that their value rows stay in L1
      * while every group of rows and every 16 values pass over them (else each pass reads them
      * again from L2); the partial sums wait in acc between blocks, so each sum still adds its
-     * keys in order. */
+     * keys in order. One or two rows (a decode step's heads on one worker) take 32 values at a
+     * time, so eight sums are in flight as with four rows. Value rows that were not prefetched
+     * while scoring go to L2 a block ahead, a share of the next block at each step. */
     const int groups4 = (rows + 3) / 4;
     int lo[TILE_ROWS / 4], hi[TILE_ROWS / 4], all0[TILE_ROWS / 4], all1[TILE_ROWS / 4];
     int jb_lo = n_max, jb_hi = 0;
@@ -410,7 +503,17 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
             const int j0 = all0[g] > jb ? all0[g] : jb, j1 = all1[g] < je ? all1[g] : je;
             if (j0 >= j1)
                 continue;
-            for (int c = 0; c < d; c += 16) {
+            const int wide = nr <= 2 && d % 32 == 0;
+            for (int c = 0; c < d; c += wide ? 32 : 16) {
+                if (!v_early && g == 0) { /* a share of the next block's value rows into L2 */
+                    const int cs = wide ? 32 : 16, per = (block * cs + d - 1) / d, jn = je + c / cs * per;
+                    for (int j = jn; j < jn + per && j < je + block && j < jb_hi; j++)
+                        prefetch_row_l2(VROW(j), row_bytes);
+                }
+                if (wide) {
+                    weighted_values_wide(acc, r0, nr, scratch + r0, v, v_stride, slots, j0, j1, f16, c);
+                    continue;
+                }
                 __m256 o[4][2];
                 load_sums(o, acc, r0, nr, c);
                 if (nr <= 2)
@@ -463,9 +566,10 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
 }
 
 /* n_q query heads sharing one key/value head (grouped-query attention): tiles of one token and up
- * to 16 heads where that pays (4 or more heads, a supported cache type and head size: every key
- * and value row is read and widened once for all of them), else one head at a time: two heads
- * cost the same either way, since one head's scores run four keys abreast. */
+ * to 16 heads (2 or more heads, a supported cache type and head size: every key and value row is
+ * read and widened once for all of them, which is what a decode step at depth waits on: Gemma 3's
+ * two heads per worker over 4096 keys of 256 took twice as long one head at a time), else one
+ * head at a time. */
 AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, const void *k, size_t k_stride,
                                    const void *v, size_t v_stride, int kv_type, const int32_t *slots,
                                    int n_kv, int head_dim, float scale, float *scratch, float *out,
@@ -476,7 +580,7 @@ AVX2 static void attend_group_avx2(const float *q, size_t q_stride, int n_q, con
     const int32_t nk[1] = {n_kv};
     int h = 0;
     if (ok)
-        for (; n_q - h >= 4; h += TILE_ROWS)
+        for (; n_q - h >= 2; h += TILE_ROWS)
             attend_tile_avx2(q + (size_t)h * q_stride, 0, q_stride, 1, n_q - h < TILE_ROWS ? n_q - h : TILE_ROWS,
                              k, k_stride, v, v_stride, kv_type, slots, NULL, nk, head_dim, scale, scratch,
                              out + (size_t)h * out_stride, 0, out_stride);
