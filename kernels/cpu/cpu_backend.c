@@ -544,6 +544,13 @@ static void run_attention(struct kiri_backend *be, const struct kiri_node *nd, i
  * KiB) stay in L2 while every token of the step passes over them, so the weights stream from
  * memory once per step. */
 #define GEMM_ROWS 64
+/* Steps of up to this many tokens (a serving step's decoding sequences, more than the kernel
+ * streams at once) are compute-light enough per weight byte to wait on memory: their products go
+ * GEMM_SUB_ROWS rows at a time, each call preceded by a prefetch into L2 of the rows GEMM_ROWS
+ * further on, so the weights arrive while earlier rows are multiplied (TinyLlama Q4_0, 2 threads,
+ * a step of 8 tokens: 58 -> 76 tok/s on the AVX2 tier, 110 -> 139 on AVX-512). */
+#define GEMM_PREFETCH_TOKENS 16
+#define GEMM_SUB_ROWS 16
 
 /* Products: the activation rows are first converted to the weight's dot-product type (into the
  * shared scratch by all workers, then a barrier; or, for one token, by each worker into its own
@@ -587,6 +594,19 @@ static void run_matmul(struct kiri_backend *be, const struct kiri_node *nd, unsi
         if (n == 1 || n <= be->k.gemm_stream[w->type]) {
             if (o1 > o0)
                 gemm(k, wr + (size_t)o0 * w->nb[1], w->nb[1], act, act_row, yr + o0, ys, o1 - o0, n);
+            return;
+        }
+        if (n <= GEMM_PREFETCH_TOKENS) { /* see GEMM_PREFETCH_TOKENS */
+            for (int64_t ob = o0; ob < o1; ob += GEMM_SUB_ROWS) {
+                const int64_t nr = o1 - ob < GEMM_SUB_ROWS ? o1 - ob : GEMM_SUB_ROWS;
+                const int64_t pf = ob + GEMM_ROWS, pe = pf + GEMM_SUB_ROWS < o1 ? pf + GEMM_SUB_ROWS : o1;
+                if (pf < pe) {
+                    const char *p = wr + (size_t)pf * w->nb[1];
+                    for (size_t b = 0; b < (size_t)(pe - pf) * w->nb[1]; b += 64)
+                        __builtin_prefetch(p + b, 0, 2);
+                }
+                gemm(k, wr + (size_t)ob * w->nb[1], w->nb[1], act, act_row, yr + ob, ys, nr, n);
+            }
             return;
         }
         for (int64_t ob = o0; ob < o1; ob += GEMM_ROWS) {
