@@ -596,21 +596,13 @@ static void run_matmul(struct kiri_backend *be, const struct kiri_node *nd, unsi
                 gemm(k, wr + (size_t)o0 * w->nb[1], w->nb[1], act, act_row, yr + o0, ys, o1 - o0, n);
             return;
         }
-        if (n <= GEMM_PREFETCH_TOKENS) { /* see GEMM_PREFETCH_TOKENS */
-            for (int64_t ob = o0; ob < o1; ob += GEMM_SUB_ROWS) {
-                const int64_t nr = o1 - ob < GEMM_SUB_ROWS ? o1 - ob : GEMM_SUB_ROWS;
-                const int64_t pf = ob + GEMM_ROWS, pe = pf + GEMM_SUB_ROWS < o1 ? pf + GEMM_SUB_ROWS : o1;
-                if (pf < pe) {
-                    const char *p = wr + (size_t)pf * w->nb[1];
-                    for (size_t b = 0; b < (size_t)(pe - pf) * w->nb[1]; b += 64)
-                        __builtin_prefetch(p + b, 0, 2);
-                }
-                gemm(k, wr + (size_t)ob * w->nb[1], w->nb[1], act, act_row, yr + ob, ys, nr, n);
-            }
-            return;
-        }
-        for (int64_t ob = o0; ob < o1; ob += GEMM_ROWS) {
-            const int64_t nr = o1 - ob < GEMM_ROWS ? o1 - ob : GEMM_ROWS;
+        const int ahead = n <= GEMM_PREFETCH_TOKENS; /* see GEMM_PREFETCH_TOKENS */
+        const int64_t rows = ahead ? GEMM_SUB_ROWS : GEMM_ROWS;
+        for (int64_t ob = o0; ob < o1; ob += rows) {
+            const int64_t nr = o1 - ob < rows ? o1 - ob : rows;
+            const int64_t pf = ob + GEMM_ROWS, pe = pf + rows < o1 ? pf + rows : o1;
+            for (size_t b = 0; ahead && pf < pe && b < (size_t)(pe - pf) * w->nb[1]; b += 64)
+                __builtin_prefetch(wr + (size_t)pf * w->nb[1] + b, 0, 2);
             gemm(k, wr + (size_t)ob * w->nb[1], w->nb[1], act, act_row, yr + ob, ys, nr, n);
         }
         return;
