@@ -211,8 +211,8 @@ AVX2 static inline __m256 fold8(const __m256 a[8])
  * without. */
 #define ATTN_PREFETCH 16
 /* Keys ahead whose key rows a tile fetches into L2 first: the L1 fetches alone keep too few
- * misses in flight for memory's latency (Zen 4, 4096 keys from DRAM: 64-dim heads 176 -> 114 us
- * a key/value head, 256-dim 420 -> 270, with ATTN_PREFETCH 32 -> 16). */
+ * misses in flight for memory's latency (Zen 4, 4096 keys from DRAM, bench/bench_attention.c:
+ * 64-dim heads 176 -> 114 us a key/value head, 256-dim 420 -> 270, with ATTN_PREFETCH 32 -> 16). */
 #define ATTN_PREFETCH_L2 128
 /* Bytes of value rows a tile's weighted sums take at once (see attend_tile_avx2): within L1. */
 #define V_BLOCK_BYTES 16384
