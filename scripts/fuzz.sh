@@ -18,8 +18,17 @@ for t in "${targets[@]}"; do
   echo "fuzz_$t: ${SECONDS_PER_TARGET}s over tests/fuzz/seeds/$t"
   build-fuzz/"fuzz_$t" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 -timeout=5 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix=build-fuzz/crashes/ "build-fuzz/corpus/$t" "tests/fuzz/seeds/$t" \
-    2>&1 | grep -E "^(Done|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)|ERROR|SUMMARY" || true
+    >"build-fuzz/fuzz_$t.log" 2>&1 || true
+  grep -E "^(Done|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)|ERROR|SUMMARY" \
+    "build-fuzz/fuzz_$t.log" || true
   if ls build-fuzz/crashes/* >/dev/null 2>&1; then
-    echo "fuzz_$t: crash inputs in build-fuzz/crashes/"; exit 1
+    # Enough to reproduce from a CI log alone: the report, and each input (base64 up to 8 KiB).
+    echo "fuzz_$t: crash inputs in build-fuzz/crashes/; the fuzzer's report:"
+    grep -v -E "^#[0-9]+|^INFO:" "build-fuzz/fuzz_$t.log" | tail -n 60
+    for f in build-fuzz/crashes/*; do
+      echo "$f ($(stat -c %s "$f") bytes), base64:"
+      head -c 8192 "$f" | base64 -w 100
+    done
+    exit 1
   fi
 done

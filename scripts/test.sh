@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
-passed=0; failed=0; failed_names=()
+passed=0; failed=0; failed_names=(); failed_logs=()
 ALL_TIERS=(unit asan tsan reference fuzz arm64)
 for t in "$@"; do
   case " ${ALL_TIERS[*]} " in *" $t "*) ;; *) echo "test.sh: unknown tier '$t' (tiers: ${ALL_TIERS[*]})"; exit 2 ;; esac
@@ -24,11 +24,15 @@ done
 TIERS=("${@:-${ALL_TIERS[@]}}")
 wants() { case " ${TIERS[*]} " in *" $1 "*) return 0 ;; esac; return 1; }
 
+# Each tier's output is also kept in build-logs/, so that the end of the run can repeat what a
+# failed tier said (a CI log is often read from its tail, far below the failure).
+LOGS=build-logs
+mkdir -p "$LOGS"
 tier() { # name, command...
-  local name=$1 start=$SECONDS; shift
+  local name=$1 start=$SECONDS log="$LOGS/${1//[^A-Za-z0-9]/_}.log"; shift
   echo "==== $name"
-  if "$@"; then passed=$((passed + 1)); echo "==== $name: ok ($((SECONDS - start)) s)"
-  else failed=$((failed + 1)); failed_names+=("$name"); echo "==== $name: FAILED ($((SECONDS - start)) s)"; fi
+  if "$@" 2>&1 | tee "$log"; then passed=$((passed + 1)); echo "==== $name: ok ($((SECONDS - start)) s)"
+  else failed=$((failed + 1)); failed_names+=("$name"); failed_logs+=("$log"); echo "==== $name: FAILED ($((SECONDS - start)) s)"; fi
 }
 
 build() { # dir, extra cmake args...
@@ -112,6 +116,10 @@ if wants arm64; then
 fi
 
 echo
+for log in "${failed_logs[@]}"; do
+  echo "---- the last 40 lines of $log"
+  tail -n 40 "$log"
+done
 [ ${#failed_names[@]} -eq 0 ] || echo "failed tiers: ${failed_names[*]}"
 echo "$passed passed, $failed failed ($((SECONDS / 60)) min $((SECONDS % 60)) s)"
 [ "$failed" -eq 0 ]
