@@ -18,9 +18,11 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* Matching steps one input may spend (kiri_grammar_stats.steps summed): about a second under
- * ASan and UBSan. */
-#define FUZZ_MAX_WORK ((uint64_t)2 << 20)
+/* Matching steps one input may spend (kiri_grammar_stats.steps summed), checked before every
+ * call: one mask may still take its own bound (2^20 + 4 per trie node) past it, so an input stays
+ * under about 2.2M steps. A step costs 0.5-1.1 us under ASan, UBSan and the fuzzer's comparison
+ * tracing, which keeps the slowest input near 2.5 s against libFuzzer's -timeout of 5 s. */
+#define FUZZ_MAX_WORK ((uint64_t)1 << 20)
 
 static struct kiri_model *model;
 static struct kiri_grammar_vocab *vocab;
@@ -70,6 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     memcpy(copy, a, words * 4);
                 kiri_grammar_state_stats(st, &stats);
                 work += stats.steps;
+                if (work >= FUZZ_MAX_WORK)
+                    break;
                 const int rb = kiri_grammar_state_mask(st, vocab, cache, &b, &nb);
                 kiri_grammar_state_stats(st, &stats);
                 work += stats.steps;
