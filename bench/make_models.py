@@ -71,7 +71,7 @@ Usage: make_models.py [--out DIR] [--kiri PATH] [--f16-from DIR ...] [--force] [
   --layers N writes N layers instead of the model's (a quick check that the files load; not for
   benchmarks: such files are named <name>-<N>L-<type>.gguf).
   DIR defaults to <repo>/build/bench-models (ignored by git). PATH defaults to
-  /tmp/bench-build/kiri. NAME filters by file stem (e.g. tinyllama-Q4_0) or model (smollm).
+  /tmp/bench-build/kiri (the README's bench build), or <repo>/build/kiri where that is missing. NAME filters by file stem (e.g. tinyllama-Q4_0) or model (smollm).
   A file that exists is kept unless --force.
 """
 
@@ -90,7 +90,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get("KIRI_SHARED_DIR", os.path.join(os.path.dirname(REPO), "shared"))
 VOCABS = os.path.join(SHARED, "tokenizer-vectors")
 DEFAULT_OUT = os.path.join(REPO, "build", "bench-models")
-DEFAULT_KIRI = "/tmp/bench-build/kiri"
+# The README's bench build, or the checkout's own build where there is none.
+DEFAULT_KIRI = next((p for p in ("/tmp/bench-build/kiri", os.path.join(REPO, "build", "kiri")) if os.path.exists(p)),
+                    "/tmp/bench-build/kiri")
 
 
 @dataclass
