@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each over its seed corpus for
-# SECONDS (default 60): the GGUF parser, the GBNF grammar compiler and matcher, the JSON Schema
-# compiler (with Jansson) and, when the server is built, the OpenAI request parser.
+# SECONDS (default 60): the GGUF parser, the GBNF grammar compiler and matcher, the tokenizer (over
+# the vocabularies of ../shared/tokenizer-vectors), the JSON Schema compiler (with Jansson) and,
+# when the server is built, the OpenAI request parser, the fleet manifest and the chat templates.
 # Finds go to build-fuzz/crashes/ and fail the run; the summary line of each target is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKIRI_FUZZ=ON -DKIRI_TESTS=OFF >/dev/null
-targets=(gguf grammar)
-[ -f build/deps/install/lib/libcivetweb.a ] && targets+=(openai manifest)
+# The tokenizer target's vocabularies: the shared reference data, as the tests read it.
+export KIRI_VOCAB_DIR=${KIRI_VOCAB_DIR:-${KIRI_SHARED_DIR:-../shared}/tokenizer-vectors}
+targets=(gguf grammar tokenizer)
+[ -f build/deps/install/lib/libcivetweb.a ] && targets+=(openai manifest chat_template)
 # JSON Schema -> GBNF builds wherever Jansson is (kiri_schema).
 [ -f /usr/include/jansson.h ] && targets+=(json_schema)
 mkdir -p build-fuzz/crashes

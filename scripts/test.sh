@@ -8,7 +8,8 @@
 #              pytest tests against the TSan kiri)
 #   reference  outside-reference tests (pytest): llama.cpp logits and greedy outputs, tokenizer
 #              and dequantization references, the malformed-GGUF corpus through the CLI, the server
-#   fuzz       a short libFuzzer run of each parser (GGUF, OpenAI request bodies, JSON Schema) over its seeds
+#   fuzz       a short libFuzzer run of each parser (GGUF, grammars, tokenizer, JSON Schema, OpenAI
+#              request bodies, fleet manifests, chat templates) over its seeds
 #   arm64      the static aarch64 build under qemu-aarch64 (scripts/test-arm64.sh): every unit
 #              test, the NEON kernels on three emulated cores, the CLI and the server
 # Every build here has KIRI_WERROR on: a warning fails the tier. Prints each tier's seconds; ends with one line
