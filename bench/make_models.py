@@ -71,7 +71,8 @@ Usage: make_models.py [--out DIR] [--kiri PATH] [--f16-from DIR ...] [--force] [
   --layers N writes N layers instead of the model's (a quick check that the files load; not for
   benchmarks: such files are named <name>-<N>L-<type>.gguf).
   DIR defaults to <repo>/build/bench-models (ignored by git). PATH defaults to
-  /tmp/bench-build/kiri (the README's bench build), or <repo>/build/kiri where that is missing. NAME filters by file stem (e.g. tinyllama-Q4_0) or model (smollm).
+  /tmp/bench-build/kiri (the README's bench build), or <repo>/build/kiri where that is missing.
+  NAME filters by file stem (e.g. tinyllama-Q4_0) or model (smollm).
   A file that exists is kept unless --force.
 """
 

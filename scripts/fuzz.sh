@@ -27,7 +27,7 @@ for t in "${targets[@]}"; do
   if ls build-fuzz/crashes/* >/dev/null 2>&1; then
     # Enough to reproduce from a CI log alone: the report, and each input (base64 up to 8 KiB).
     echo "fuzz_$t: crash inputs in build-fuzz/crashes/; the fuzzer's report:"
-    grep -v -E "^#[0-9]+|^INFO:" "build-fuzz/fuzz_$t.log" | tail -n 60
+    grep -v -E "^#[0-9]+|^INFO:|^Done|^stat::" "build-fuzz/fuzz_$t.log" | tail -n 60 || true
     for f in build-fuzz/crashes/*; do
       echo "$f ($(stat -c %s "$f") bytes), base64:"
       head -c 8192 "$f" | base64 -w 100
