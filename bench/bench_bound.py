@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Decode against the memory-bandwidth bound measured right beside it.
+
+bench_cpu.py divides decode speed by the best bandwidth pass of a whole run. On a machine whose
+bandwidth moves from one minute to the next (a VM beside other tenants: 33-77 GB/s with 2 threads
+from one pass to the next on the machine of issue 13), that best pass may come from a quiet minute
+the decode run never saw, and the fraction of the bound then says more about the neighbours than
+about the kernels. This script pairs every decode run with its own bandwidth: each sample is
+
+    membw (T threads, 512 MiB, 3 passes)  ->  one decode process  ->  membw again
+
+and its fraction of the bound is
+
+    decode tok/s * bytes/token / mean(best pass before, best pass after)
+
+with bytes/token as in bench_cpu.py (every weight once, token_embd one row, the KV cache at the
+mean decode position). kiri and llama.cpp alternate sample by sample (kiri first in even pairs,
+second in odd ones). Reported per model and depth: the median fraction over the samples, their
+range, and the median tok/s; the JSON keeps every sample with its two bandwidth passes.
+
+The bandwidth passes stream a private buffer with 4 KiB pages, as bench_cpu.py's do. Decoding reads
+the model through a mapping of the page cache instead, so each model and depth also gets one
+measurement of the rate at which T threads stream that very mapping (`membw -f MODEL`), shown
+beside the bound: where the two differ, the pages, not the kernels, would explain it.
+
+Usage: bench_bound.py [--kiri PATH] [--llama-bin DIR] [--models DIR ...] [--threads T]
+                      [--samples N] [--n-gen N] [--depths D ...] [--cpu-kernels TIER]
+                      [--only NAME ...] [--no-llama] [--nice N] [--json PATH]
+  Defaults: /tmp/bench-build/kiri (else build/kiri), llama.cpp from bench/build_llama_cpp.sh,
+  tinyllama-Q4_0 and tinyllama-Q4_K_M in <repo>/build/bench-models, T=2, 7 samples a side of
+  64 tokens at depths 0 and 512 (each decode process fills its context untimed, warms up, then
+  times one run), <repo>/build/bench-bound.json. About 10 minutes for the two default models.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_cpu  # noqa: E402  (the spawn, model-shape and peer-finding helpers)
+
+REPO = bench_cpu.REPO
+TARGET = bench_cpu.TARGETS["bound_fraction"]
+
+
+def bandwidth(a, path=None):
+    """Best of 3 passes with T threads over 512 MiB of private memory, or over a mapping of the
+    file at path; GB/s."""
+    exe = os.path.join(REPO, "build", "bench-tools", "membw")
+    src = os.path.join(bench_cpu.HERE, "membw.c")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        os.makedirs(os.path.dirname(exe), exist_ok=True)
+        subprocess.run(["cc", "-O2", "-pthread", src, "-o", exe], check=True)
+    what = ["-f", path] if path else ["512"]
+    r = subprocess.run([exe] + what + ["3", str(a.threads)], capture_output=True, text=True, check=True,
+                       start_new_session=bool(bench_cpu.NICE), preexec_fn=bench_cpu._renice)
+    for line in r.stdout.splitlines():
+        if line.startswith("threads="):
+            return float(dict(x.split("=") for x in line.split())["best_gbps"])
+    raise SystemExit("membw printed no result:\n" + r.stdout + r.stderr)
+
+
+def decode(side, a, path, depth):
+    """One process: fill `depth` tokens untimed, warm up, time one decode of a.n_gen tokens."""
+    common = ["-m", path, "-p", "0", "-n", str(a.n_gen), "-d", str(depth), "-t", str(a.threads), "-r", "1"]
+    if side == "kiri":
+        cmd = [a.kiri, "bench"] + common + ["--json"] + (["--cpu-kernels", a.cpu_kernels] if a.cpu_kernels else [])
+    else:
+        cmd = [os.path.join(a.llama_bin, "llama-bench")] + common + ["-o", "json"]
+    rc, _, _, out, err = bench_cpu.spawn(cmd, a.timeout)
+    if rc != 0:
+        raise SystemExit(f"{side} failed ({rc}): {' '.join(cmd)}\n{err[-3000:]}")
+    rows = bench_cpu.last_json(out)["tests"] if side == "kiri" else json.loads(out)
+    tps = [float(x) for t in rows if t["n_gen"] == a.n_gen and t["n_depth"] == depth for x in t["samples_ts"]]
+    if len(tps) != 1:
+        raise SystemExit(f"{side} printed {len(tps)} decode samples: {' '.join(cmd)}")
+    return tps[0]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_kiri = "/tmp/bench-build/kiri"
+    if not os.path.exists(default_kiri):
+        default_kiri = os.path.join(REPO, "build", "kiri")
+    p.add_argument("--kiri", default=default_kiri)
+    p.add_argument("--llama-bin")
+    p.add_argument("--models", nargs="+", default=[os.path.join(REPO, "build", "bench-models")])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--samples", type=int, default=7)
+    p.add_argument("--n-gen", type=int, default=64)
+    p.add_argument("--depths", type=int, nargs="+", default=[0, 512])
+    p.add_argument("--cpu-kernels")
+    p.add_argument("--only", nargs="+", default=["tinyllama-Q4_0", "tinyllama-Q4_K_M"])
+    p.add_argument("--no-llama", action="store_true")
+    p.add_argument("--nice", type=int, default=0)
+    p.add_argument("--timeout", type=int, default=600)
+    p.add_argument("--json", default=os.path.join(REPO, "build", "bench-bound.json"))
+    a = p.parse_args()
+    if a.samples < 1 or a.samples > 100 or a.n_gen < 1 or a.threads < 1:
+        p.error("--samples 1..100, --n-gen and --threads at least 1")
+    bench_cpu.NICE = a.nice
+    a.make_dir = a.models[0]
+    sides = ["kiri"] if a.no_llama else ["kiri", "llama"]
+    if not a.no_llama:
+        a.llama_bin = bench_cpu.llama_bin_dir(a)
+
+    machine = {"cpu": bench_cpu.cpu_name(), "threads": a.threads, "kiri": a.kiri,
+               "cpu_kernels": a.cpu_kernels or "best", "llama_bin": a.llama_bin,
+               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    results = []
+    for name in a.only:
+        path = bench_cpu.find_model(a, name)
+        if not path:
+            raise SystemExit(f"{name}.gguf not found in {a.models} (bench/make_models.py writes it)")
+        shape = bench_cpu.model_shape(path)
+        for depth in a.depths:
+            per_token = bench_cpu.bytes_per_token(shape, depth + a.n_gen / 2)
+            file_gbps = bandwidth(a, path)
+            samples = {s: [] for s in sides}
+            for i in range(a.samples):
+                order = sides if i % 2 == 0 else sides[::-1]
+                for side in order:
+                    bench_cpu.warm(path)
+                    before = bandwidth(a)
+                    tps = decode(side, a, path, depth)
+                    after = bandwidth(a)
+                    bound = (before + after) / 2 * 1e9 / per_token
+                    samples[side].append({"tps": tps, "gbps_before": before, "gbps_after": after,
+                                          "fraction": tps / bound, "loadavg": os.getloadavg()[0]})
+                    print(f"{name} d{depth} {side:5s} {tps:7.2f} tok/s  bandwidth {before:5.1f} / {after:5.1f} GB/s"
+                          f"  {100 * tps / bound:5.1f}% of the bound", flush=True)
+            row = {"model": name, "depth": depth, "bytes_per_token": per_token, "samples": samples,
+                   "file_gbps": file_gbps}
+            for side in sides:
+                f = [s["fraction"] for s in samples[side]]
+                row[side] = {"median_fraction": statistics.median(f), "min_fraction": min(f),
+                             "max_fraction": max(f),
+                             "median_gbps": statistics.median((s["gbps_before"] + s["gbps_after"]) / 2
+                                                              for s in samples[side]),
+                             "median_tps": statistics.median(s["tps"] for s in samples[side])}
+            results.append(row)
+
+    lines = [f"{machine['cpu']}, {a.threads} threads, kiri kernels {machine['cpu_kernels']}, "
+             f"{a.samples} samples a side of {a.n_gen} tokens, {machine['started']}", "",
+             "| model | depth | GB/s beside kiri (the file's mapping) | kiri: median % of bound (range) | kiri tok/s | "
+             + ("llama.cpp: median % (range) | llama.cpp tok/s |" if not a.no_llama else ""),
+             "|---|---|---|---|---|" + ("---|---|" if not a.no_llama else "")]
+    for r in results:
+        cells = [r["model"], str(r["depth"]), f"{r['kiri']['median_gbps']:.1f} ({r['file_gbps']:.1f})"]
+        for side in sides:
+            s = r[side]
+            cells += [f"{100 * s['median_fraction']:.0f}% ({100 * s['min_fraction']:.0f}-{100 * s['max_fraction']:.0f})",
+                      f"{s['median_tps']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"target: a median of {100 * TARGET:.0f}% of the bound")
+    md = "\n".join(lines)
+    print("\n" + md)
+    with open(a.json, "w") as f:
+        json.dump({"machine": machine, "results": results, "markdown": md}, f, indent=1)
+    print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
