@@ -407,10 +407,10 @@ AVX2 SPECIALIZE static inline int64_t q4_0_rows8(int64_t nb, const void *w, size
 }
 
 /* One token against rows in groups of 8 (q4_0_rows8), a group of 4 or fewer rows at the end by
- * q4_0_quad. The token's side of a block (its term 8 sum a, whose shuffles were a tenth of this
- * kernel's work, and its scale) is worked out once for all groups: decode with two threads is
- * close to being bound by this kernel's arithmetic as well as by memory (TinyLlama Q4_0, AVX2
- * tier, 2 threads: 41.8 -> 45.5 tok/s; same bits). */
+ * q4_0_quad. The token's side of a block (its term 8 sum a, a few shuffles, and its scale) is
+ * worked out once for all groups: with two threads this kernel computes only a little faster than
+ * memory delivers, so its arithmetic still shows in decode (TinyLlama Q4_0, AVX2 tier: +0.3% to
+ * +8.8% in four alternated runs, bench/README.md; same bits). */
 AVX2 static void q4_0_rows(int64_t k, const void *w, size_t ws, const void *a, float *out, int64_t nr)
 {
     const struct kiri_block_q8_0 *y = a;
