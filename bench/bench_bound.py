@@ -103,7 +103,6 @@ def main():
     if a.samples < 1 or a.samples > 100 or a.n_gen < 1 or a.threads < 1:
         p.error("--samples 1..100, --n-gen and --threads at least 1")
     bench_cpu.NICE = a.nice
-    a.make_dir = a.models[0]
     sides = ["kiri"] if a.no_llama else ["kiri", "llama"]
     if not a.no_llama:
         a.llama_bin = bench_cpu.llama_bin_dir(a)
@@ -146,8 +145,8 @@ def main():
 
     lines = [f"{machine['cpu']}, {a.threads} threads, kiri kernels {machine['cpu_kernels']}, "
              f"{a.samples} samples a side of {a.n_gen} tokens, {machine['started']}", "",
-             "| model | depth | GB/s beside kiri (the file's mapping) | kiri: median % of bound (range) | kiri tok/s | "
-             + ("llama.cpp: median % (range) | llama.cpp tok/s |" if not a.no_llama else ""),
+             "| model | depth | GB/s beside kiri (the file's mapping) | kiri: median % of bound (range) | kiri tok/s |"
+             + (" llama.cpp: median % (range) | llama.cpp tok/s |" if not a.no_llama else ""),
              "|---|---|---|---|---|" + ("---|---|" if not a.no_llama else "")]
     for r in results:
         cells = [r["model"], str(r["depth"]), f"{r['kiri']['median_gbps']:.1f} ({r['file_gbps']:.1f})"]
