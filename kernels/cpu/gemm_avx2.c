@@ -537,12 +537,12 @@ AVX2 SPECIALIZE static inline void q4_0_rows_m(int64_t k, const void *w, size_t 
     const int64_t nb = k / KIRI_QK8_0;
     int64_t r = 0;
     if (nr > 4 && nb <= Q4_0_ROWS_TOKEN_BLOCKS) {
-        int32_t corr[4][Q4_0_ROWS_TOKEN_BLOCKS];
-        float dy[4][Q4_0_ROWS_TOKEN_BLOCKS];
+        int32_t corr[4 * Q4_0_ROWS_TOKEN_BLOCKS];
+        float dy[4 * Q4_0_ROWS_TOKEN_BLOCKS];
         _Pragma("GCC unroll 4")
         for (int j = 0; j < m; j++)
-            q4_0_token_table(y[j], nb, corr[j], dy[j]);
-        r = q4_0_rows_m8(nb, w, ws, y, dst, ds, nr, m, 1, corr[0], dy[0]);
+            q4_0_token_table(y[j], nb, corr + j * Q4_0_ROWS_TOKEN_BLOCKS, dy + j * Q4_0_ROWS_TOKEN_BLOCKS);
+        r = q4_0_rows_m8(nb, w, ws, y, dst, ds, nr, m, 1, corr, dy);
     } else {
         r = q4_0_rows_m8(nb, w, ws, y, dst, ds, nr, m, 0, NULL, NULL);
     }
