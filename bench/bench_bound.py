@@ -50,14 +50,9 @@ TARGET = bench_cpu.TARGETS["bound_fraction"]
 def bandwidth(a, path=None):
     """Best of 3 passes with T threads over 512 MiB of private memory, or over a mapping of the
     file at path; GB/s."""
-    exe = os.path.join(REPO, "build", "bench-tools", "membw")
-    src = os.path.join(bench_cpu.HERE, "membw.c")
-    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-        os.makedirs(os.path.dirname(exe), exist_ok=True)
-        subprocess.run(["cc", "-O2", "-pthread", src, "-o", exe], check=True)
     what = ["-f", path] if path else ["512"]
-    r = subprocess.run([exe] + what + ["3", str(a.threads)], capture_output=True, text=True, check=True,
-                       start_new_session=bool(bench_cpu.NICE), preexec_fn=bench_cpu._renice)
+    r = subprocess.run([bench_cpu.membw_exe()] + what + ["3", str(a.threads)], capture_output=True, text=True,
+                       check=True, start_new_session=bool(bench_cpu.NICE), preexec_fn=bench_cpu._renice)
     for line in r.stdout.splitlines():
         if line.startswith("threads="):
             return float(dict(x.split("=") for x in line.split())["best_gbps"])
@@ -65,20 +60,11 @@ def bandwidth(a, path=None):
 
 
 def decode(side, a, path, depth):
-    """One process: fill `depth` tokens untimed, warm up, time one decode of a.n_gen tokens."""
-    common = ["-m", path, "-p", "0", "-n", str(a.n_gen), "-d", str(depth), "-t", str(a.threads), "-r", "1"]
-    if side == "kiri":
-        cmd = [a.kiri, "bench"] + common + ["--json"] + (["--cpu-kernels", a.cpu_kernels] if a.cpu_kernels else [])
-    else:
-        cmd = [os.path.join(a.llama_bin, "llama-bench")] + common + ["-o", "json"]
-    rc, _, _, out, err = bench_cpu.spawn(cmd, a.timeout)
-    if rc != 0:
-        raise SystemExit(f"{side} failed ({rc}): {' '.join(cmd)}\n{err[-3000:]}")
-    rows = bench_cpu.last_json(out)["tests"] if side == "kiri" else json.loads(out)
-    tps = [float(x) for t in rows if t["n_gen"] == a.n_gen and t["n_depth"] == depth for x in t["samples_ts"]]
-    if len(tps) != 1:
-        raise SystemExit(f"{side} printed {len(tps)} decode samples: {' '.join(cmd)}")
-    return tps[0]
+    """One process: fill `depth` tokens untimed, warm up, time one decode of a.n_gen tokens
+    (bench_cpu.run_speed with no prefill test and one timed run)."""
+    one = argparse.Namespace(**vars(a))
+    one.n_prompt, one.depths, one.reps = 0, [depth], 1
+    return bench_cpu.run_speed(side, one, path)["tests"][bench_cpu.test_key(0, a.n_gen, depth)][0]
 
 
 def main():

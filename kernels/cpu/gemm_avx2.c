@@ -329,6 +329,13 @@ AVX2 static inline __m256i q8_0_corr(__m256i av)
     return _mm256_hadd_epi32(c, c);
 }
 
+/* 8 sum(a) over the whole activation block, in every slot (the two halves of q8_0_corr added). */
+AVX2 static inline __m256i q8_0_block_corr(__m256i av)
+{
+    const __m256i c = q8_0_corr(av);
+    return _mm256_add_epi32(c, _mm256_permute2x128_si256(c, c, 0x01));
+}
+
 /* The quants of two rows' blocks side by side, [row a | row b], 16 bytes each. */
 AVX2 static inline __m256i two_rows_q4_0(const struct kiri_block_q4_0 *a, const struct kiri_block_q4_0 *b)
 {
@@ -350,14 +357,12 @@ AVX2 static inline __m256i two_rows_dot(__m256i q, __m256i alo, __m256i ahi)
  * on the stack (4 KiB) instead of working it out again for every group of rows. */
 #define Q4_0_ROWS_TOKEN_BLOCKS 512
 
-/* The token's side of each of its nb blocks: the term 8 sum a (as q8_0_corr and its fold give
- * it) into corr, the scale as a float into dy. */
+/* The token's side of each of its nb blocks: the term 8 sum a (q8_0_block_corr) into corr, the
+ * scale as a float into dy. */
 AVX2 static inline void q4_0_token_table(const struct kiri_block_q8_0 *y, int64_t nb, int32_t *corr, float *dy)
 {
     for (int64_t b = 0; b < nb; b++) {
-        __m256i c = q8_0_corr(load256(y[b].qs));
-        c = _mm256_add_epi32(c, _mm256_permute2x128_si256(c, c, 0x01));
-        corr[b] = _mm256_cvtsi256_si32(c);
+        corr[b] = _mm256_cvtsi256_si32(q8_0_block_corr(load256(y[b].qs)));
         dy[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((int)y[b].d)));
     }
 }
@@ -386,16 +391,8 @@ AVX2 SPECIALIZE static inline int64_t q4_0_rows8(int64_t nb, const void *w, size
             const __m256i av = load256(y[b].qs);
             const __m256i alo = _mm256_permute2x128_si256(av, av, 0x00);
             const __m256i ahi = _mm256_permute2x128_si256(av, av, 0x11);
-            __m256i c;
-            __m256 dyv;
-            if (table) {
-                c = _mm256_set1_epi32(corr[b]);
-                dyv = _mm256_set1_ps(dy[b]);
-            } else {
-                c = q8_0_corr(av); /* per half; the whole block's in every lane: */
-                c = _mm256_add_epi32(c, _mm256_permute2x128_si256(c, c, 0x01));
-                dyv = bcast_f16(y[b].d);
-            }
+            const __m256i c = table ? _mm256_set1_epi32(corr[b]) : q8_0_block_corr(av);
+            const __m256 dyv = table ? _mm256_set1_ps(dy[b]) : bcast_f16(y[b].d);
             const __m256i h0 = _mm256_hadd_epi16(two_rows_dot(two_rows_q4_0(&x[0][b], &x[1][b]), alo, ahi),
                                                  two_rows_dot(two_rows_q4_0(&x[2][b], &x[3][b]), alo, ahi));
             const __m256i h1 = _mm256_hadd_epi16(two_rows_dot(two_rows_q4_0(&x[4][b], &x[5][b]), alo, ahi),
@@ -491,16 +488,9 @@ AVX2 SPECIALIZE static inline int64_t q4_0_rows_m8(int64_t nb, const void *w, si
                 const __m256i av = load256(y[j][b].qs);
                 const __m256i alo = _mm256_permute2x128_si256(av, av, 0x00);
                 const __m256i ahi = _mm256_permute2x128_si256(av, av, 0x11);
-                __m256i c;
-                __m256 dyv;
-                if (table) {
-                    c = _mm256_set1_epi32(corr[j * Q4_0_ROWS_TOKEN_BLOCKS + b]);
-                    dyv = _mm256_set1_ps(dy[j * Q4_0_ROWS_TOKEN_BLOCKS + b]);
-                } else {
-                    c = q8_0_corr(av);
-                    c = _mm256_add_epi32(c, _mm256_permute2x128_si256(c, c, 0x01));
-                    dyv = bcast_f16(y[j][b].d);
-                }
+                const int64_t tb = j * Q4_0_ROWS_TOKEN_BLOCKS + b; /* token j's block b in the tables */
+                const __m256i c = table ? _mm256_set1_epi32(corr[tb]) : q8_0_block_corr(av);
+                const __m256 dyv = table ? _mm256_set1_ps(dy[tb]) : bcast_f16(y[j][b].d);
                 __m256i d2[4];
                 UNROLL
                 for (int p = 0; p < 4; p++)
