@@ -89,17 +89,11 @@ AVX2 static inline __m128 scores4(const float *qr, const void *k0, const void *k
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-AVX2 static void attend_head_avx2(const float *q, const void *k, size_t k_stride, const void *v,
-                                  size_t v_stride, int kv_type, const int32_t *slots, int n_kv,
-                                  int head_dim, float scale, float *scratch, float *out)
+AVX2 static inline __attribute__((always_inline)) void
+attend_head_body(const float *q, const void *k, size_t k_stride, const void *v, size_t v_stride, const int f16,
+                 const int32_t *slots, int n_kv, int head_dim, float scale, float *scratch, float *out)
 {
     const int d = head_dim;
-    if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 8 != 0 || d > 1024 || d <= 0) {
-        kiri_cpu_attend_head(q, k, k_stride, v, v_stride, kv_type, slots, n_kv, head_dim, scale,
-                             scratch, out);
-        return;
-    }
-    const int f16 = kv_type == KIRI_TYPE_F16;
     float qr[1024];
     for (int i = 0; i < d; i += 8) {
         const __m256 qv = _mm256_loadu_ps(q + i);
@@ -195,6 +189,21 @@ AVX2 static void attend_head_avx2(const float *q, const void *k, size_t k_stride
 #undef VROW
 }
 
+/* The body with the cache type a constant, as attend_tile_avx2's. */
+AVX2 static void attend_head_avx2(const float *q, const void *k, size_t k_stride, const void *v,
+                                  size_t v_stride, int kv_type, const int32_t *slots, int n_kv,
+                                  int head_dim, float scale, float *scratch, float *out)
+{
+    const int d = head_dim;
+    if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 8 != 0 || d > 1024 || d <= 0)
+        kiri_cpu_attend_head(q, k, k_stride, v, v_stride, kv_type, slots, n_kv, head_dim, scale,
+                             scratch, out);
+    else if (kv_type == KIRI_TYPE_F16)
+        attend_head_body(q, k, k_stride, v, v_stride, 1, slots, n_kv, d, scale, scratch, out);
+    else
+        attend_head_body(q, k, k_stride, v, v_stride, 0, slots, n_kv, d, scale, scratch, out);
+}
+
 /* The 8 lanes' sums of 8 vectors, in order: [sum(a0) .. sum(a7)]. */
 AVX2 static inline __m256 fold8(const __m256 a[8])
 {
@@ -222,15 +231,16 @@ AVX2 static inline __m256 fold8(const __m256 a[8])
 #define V_PREFETCH_SPAN (256 * 1024)
 
 /* Prefetch a cache row of `bytes` (it need not start a line) into L1 or into L2 (two functions:
- * the hint must be a constant even where nothing is inlined). */
-AVX2 static inline void prefetch_row_l1(const char *p, int bytes)
+ * the hint must be a constant even where nothing is inlined). Always inlined: GCC takes a function
+ * that only prefetches for one without effects and drops the calls it has not inlined. */
+AVX2 static inline __attribute__((always_inline)) void prefetch_row_l1(const char *p, int bytes)
 {
     for (int i = 0; i < bytes; i += 64)
         _mm_prefetch(p + i, _MM_HINT_T0);
     _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
 }
 
-AVX2 static inline void prefetch_row_l2(const char *p, int bytes)
+AVX2 static inline __attribute__((always_inline)) void prefetch_row_l2(const char *p, int bytes)
 {
     for (int i = 0; i < bytes; i += 64)
         _mm_prefetch(p + i, _MM_HINT_T1);
@@ -352,25 +362,13 @@ AVX2 static inline __attribute__((always_inline)) void load_sums(__m256 o[4][2],
  * [kv_first, n_kv) are masked out of the softmax (weight exactly 0) and its weighted sum covers
  * only its own keys, so every row gets the result of attend_head_avx2 whatever the other rows'
  * keys and values hold. */
-AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q,
-                                  const void *k, size_t k_stride, const void *v, size_t v_stride,
-                                  int kv_type, const int32_t *slots, const int32_t *kv_first,
-                                  const int32_t *n_kv, int head_dim, float scale, float *scratch, float *out,
-                                  size_t out_tok, size_t out_head)
+AVX2 static inline __attribute__((always_inline)) void
+attend_tile_body(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q, const void *k, size_t k_stride,
+                 const void *v, size_t v_stride, const int f16, const int32_t *slots, const int32_t *kv_first,
+                 const int32_t *n_kv, int head_dim, float scale, float *scratch, float *out, size_t out_tok,
+                 size_t out_head)
 {
     const int d = head_dim, rows = n_t * n_q;
-    if (n_t <= 0 || n_q <= 0 || rows > TILE_ROWS)
-        return;
-    if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 16 != 0 || d <= 0 || d > 256) {
-        for (int r = 0; r < rows; r++) {
-            const int32_t f = kv_first ? kv_first[r / n_q] : 0;
-            attend_head_avx2(q + (size_t)(r / n_q) * q_tok + (size_t)(r % n_q) * q_head, k, k_stride, v,
-                             v_stride, kv_type, slots + f, n_kv[r / n_q] - f, d, scale, scratch,
-                             out + (size_t)(r / n_q) * out_tok + (size_t)(r % n_q) * out_head);
-        }
-        return;
-    }
-    const int f16 = kv_type == KIRI_TYPE_F16;
     const int groups = rows > 8 ? 2 : 1; /* lanes of 8 rows */
     float qr[TILE_ROWS][256] __attribute__((aligned(32)));
     /* Row r sees the keys [fk[r], nk[r]); rows that see none have both 0 and take no part in the
@@ -407,6 +405,10 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
      * weighted sums fetch them a block ahead (see below). */
     const int v_early = (size_t)(n_max - j_lo) * (size_t)row_bytes <= V_PREFETCH_SPAN;
     const int step = rows <= 2 ? 4 : rows <= 4 ? 2 : 1; /* keys scored at once */
+    /* The keys the loop below reaches before its own L2 prefetches would: all at once, so their
+     * misses overlap rather than each waiting out memory's latency in turn. */
+    for (int j = j_lo; j < n_max && j < j_lo + ATTN_PREFETCH_L2; j++)
+        prefetch_row_l2(KROW(j), row_bytes);
     for (int j = j_lo; j < n_max; j += step) {
         const int n = n_max - j < step ? n_max - j : step;
         const char *kr[4];
@@ -569,6 +571,35 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
     }
 #undef KROW
 #undef VROW
+}
+
+/* The tile body with the cache type a constant: its inner loops then widen F16 rows (or load F32
+ * ones) without a test per load (a decode step's 8 heads of 64 over 576 keys in L2: 20.6 -> 19.6
+ * us a key/value head, bench/bench_attention.c). */
+AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, int n_t, int n_q,
+                                  const void *k, size_t k_stride, const void *v, size_t v_stride,
+                                  int kv_type, const int32_t *slots, const int32_t *kv_first,
+                                  const int32_t *n_kv, int head_dim, float scale, float *scratch, float *out,
+                                  size_t out_tok, size_t out_head)
+{
+    const int d = head_dim, rows = n_t * n_q;
+    if (n_t <= 0 || n_q <= 0 || rows > TILE_ROWS)
+        return;
+    if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 16 != 0 || d <= 0 || d > 256) {
+        for (int r = 0; r < rows; r++) {
+            const int32_t f = kv_first ? kv_first[r / n_q] : 0;
+            attend_head_avx2(q + (size_t)(r / n_q) * q_tok + (size_t)(r % n_q) * q_head, k, k_stride, v,
+                             v_stride, kv_type, slots + f, n_kv[r / n_q] - f, d, scale, scratch,
+                             out + (size_t)(r / n_q) * out_tok + (size_t)(r % n_q) * out_head);
+        }
+        return;
+    }
+    if (kv_type == KIRI_TYPE_F16)
+        attend_tile_body(q, q_tok, q_head, n_t, n_q, k, k_stride, v, v_stride, 1, slots, kv_first, n_kv, d, scale,
+                         scratch, out, out_tok, out_head);
+    else
+        attend_tile_body(q, q_tok, q_head, n_t, n_q, k, k_stride, v, v_stride, 0, slots, kv_first, n_kv, d, scale,
+                         scratch, out, out_tok, out_head);
 }
 
 /* n_q query heads sharing one key/value head (grouped-query attention): tiles of one token and up
