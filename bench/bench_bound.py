@@ -41,7 +41,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_cpu  # noqa: E402  (the spawn, model-shape and peer-finding helpers)
+import bench_cpu  # noqa: E402  (its decode runs, membw, model shapes and peer finding)
 
 REPO = bench_cpu.REPO
 TARGET = bench_cpu.TARGETS["bound_fraction"]

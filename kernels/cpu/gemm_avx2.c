@@ -524,7 +524,7 @@ AVX2 SPECIALIZE static inline void q4_0_rows_m(int64_t k, const void *w, size_t 
 {
     const struct kiri_block_q8_0 *y[4];
     for (int j = 0; j < 4; j++)
-        y[j] = (const struct kiri_block_q8_0 *)((const char *)a + (size_t)(j < m ? j : m - 1) * as);
+        y[j] = (const struct kiri_block_q8_0 *)tile_row(a, as, j, m); /* the last token repeated */
     const int64_t nb = k / KIRI_QK8_0;
     int64_t r = 0;
     if (nr > 4 && nb <= Q4_0_ROWS_TOKEN_BLOCKS) {
@@ -683,7 +683,7 @@ AVX2 SPECIALIZE static inline void q8_0_rows_m(int64_t k, const void *w, size_t 
 {
     const struct kiri_block_q8_0 *y[4];
     for (int j = 0; j < 4; j++)
-        y[j] = (const struct kiri_block_q8_0 *)((const char *)a + (size_t)(j < m ? j : m - 1) * as);
+        y[j] = (const struct kiri_block_q8_0 *)tile_row(a, as, j, m); /* the last token repeated */
     const int64_t nb = k / KIRI_QK8_0;
     for (int64_t r = 0; r < nr; r += 4) {
         const struct kiri_block_q8_0 *x[4];
@@ -894,7 +894,7 @@ AVX2 SPECIALIZE static inline void q32_rows_m(enum q32 t, int64_t k, const void 
     const size_t xs = q32_size(t), ys = q32_act_size(t);
     const char *y[4];
     for (int j = 0; j < 4; j++)
-        y[j] = (const char *)a + (size_t)(j < m ? j : m - 1) * as;
+        y[j] = tile_row(a, as, j, m); /* the last token repeated */
     const int64_t nb = k / 32;
     for (int64_t r = 0; r < nr; r += 4) {
         const char *x[4];

@@ -398,7 +398,7 @@ AVX512 SPECIALIZE static inline void tile_rows_m(int64_t k, const void *w, size_
     const size_t asz = act_size(q81), aqs = act_qs(q81);
     const char *y[ROWS_M_MAX];
     for (int j = 0; j < ROWS_M_MAX; j++)
-        y[j] = (const char *)a + (size_t)(j < m ? j : m - 1) * as;
+        y[j] = tile_row(a, as, j, m); /* the last token repeated */
     const int64_t nb = k / KIRI_QK8_0;
     for (int64_t r = 0; r < nr; r += 16) {
         const char *rows[16], *next[16];
