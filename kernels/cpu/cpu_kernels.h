@@ -215,5 +215,12 @@ void kiri_cpu_rope_token(float *x, int n_head, int head_dim, int32_t pos,
 void kiri_cpu_attend_head(const float *q, const void *k, size_t k_stride, const void *v,
                           size_t v_stride, int kv_type, const int32_t *slots, int n_kv,
                           int head_dim, float scale, float *scratch, float *out);
+/* A tile with kiri_attend_tile_fn's contract worked one (token, head) row at a time through
+ * `head`: what a vector tile kernel falls back to for a cache type or head size it does not take. */
+void kiri_cpu_attend_tile_rows(kiri_attend_fn head, const float *q, size_t q_tok, size_t q_head, int n_t,
+                               int n_q, const void *k, size_t k_stride, const void *v, size_t v_stride,
+                               int kv_type, const int32_t *slots, const int32_t *kv_first,
+                               const int32_t *n_kv, int head_dim, float scale, float *scratch, float *out,
+                               size_t out_tok, size_t out_head);
 
 #endif

@@ -217,3 +217,17 @@ void kiri_cpu_attend_head(const float *q, const void *k, size_t k_stride, const 
         add_value(out, w, vrow, kv_type, d);
     }
 }
+
+void kiri_cpu_attend_tile_rows(kiri_attend_fn head, const float *q, size_t q_tok, size_t q_head, int n_t,
+                               int n_q, const void *k, size_t k_stride, const void *v, size_t v_stride,
+                               int kv_type, const int32_t *slots, const int32_t *kv_first,
+                               const int32_t *n_kv, int head_dim, float scale, float *scratch, float *out,
+                               size_t out_tok, size_t out_head)
+{
+    for (int r = 0; r < n_t * n_q; r++) {
+        const int t = r / n_q, h = r % n_q;
+        const int32_t f = kv_first ? kv_first[t] : 0;
+        head(q + (size_t)t * q_tok + (size_t)h * q_head, k, k_stride, v, v_stride, kv_type, slots + f,
+             n_kv[t] - f, head_dim, scale, scratch, out + (size_t)t * out_tok + (size_t)h * out_head);
+    }
+}

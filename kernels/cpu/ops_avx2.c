@@ -586,12 +586,8 @@ AVX2 static void attend_tile_avx2(const float *q, size_t q_tok, size_t q_head, i
     if (n_t <= 0 || n_q <= 0 || rows > TILE_ROWS)
         return;
     if ((kv_type != KIRI_TYPE_F16 && kv_type != KIRI_TYPE_F32) || d % 16 != 0 || d <= 0 || d > 256) {
-        for (int r = 0; r < rows; r++) {
-            const int32_t f = kv_first ? kv_first[r / n_q] : 0;
-            attend_head_avx2(q + (size_t)(r / n_q) * q_tok + (size_t)(r % n_q) * q_head, k, k_stride, v,
-                             v_stride, kv_type, slots + f, n_kv[r / n_q] - f, d, scale, scratch,
-                             out + (size_t)(r / n_q) * out_tok + (size_t)(r % n_q) * out_head);
-        }
+        kiri_cpu_attend_tile_rows(attend_head_avx2, q, q_tok, q_head, n_t, n_q, k, k_stride, v, v_stride, kv_type,
+                                  slots, kv_first, n_kv, d, scale, scratch, out, out_tok, out_head);
         return;
     }
     if (kv_type == KIRI_TYPE_F16)

@@ -478,12 +478,8 @@ static void attend_tile_neon(const float *q, size_t q_tok, size_t q_head, int n_
     if (n_t <= 0 || n_q <= 0 || rows > KIRI_ATTEND_TILE_ROWS)
         return;
     if (!neon_attend_ok(kv_type, d, 256)) {
-        for (int r = 0; r < rows; r++) {
-            const int32_t f = kv_first ? kv_first[r / n_q] : 0;
-            attend_head_neon(q + (size_t)(r / n_q) * q_tok + (size_t)(r % n_q) * q_head, k, k_stride,
-                             v, v_stride, kv_type, slots + f, n_kv[r / n_q] - f, d, scale, scratch,
-                             out + (size_t)(r / n_q) * out_tok + (size_t)(r % n_q) * out_head);
-        }
+        kiri_cpu_attend_tile_rows(attend_head_neon, q, q_tok, q_head, n_t, n_q, k, k_stride, v, v_stride, kv_type,
+                                  slots, kv_first, n_kv, d, scale, scratch, out, out_tok, out_head);
         return;
     }
     const int f16 = kv_type == KIRI_TYPE_F16;
