@@ -22,7 +22,12 @@ A sample whose two passes disagree (the neighbours came or went while it decoded
 the decode may have run at either rate. So each cell also gives the median over the steady samples
 alone, those whose passes agree within STEADY (10%), and how many there were. On this project's VM
 the passes jump between two levels (about 31 and 53 GB/s with 2 threads); decode speed does not
-follow the higher one, so a sample that straddles a jump reads low or high by chance.
+follow the higher one, so a sample that straddles a jump reads low or high by chance. Where a run's
+passes span two such levels (its fastest over TWO_LEVELS times its slowest), a second table splits
+the samples at the midpoint: those whose two passes both lie below it and those whose passes both lie
+above, each with its median % of the bound and tok/s. At the lower level memory is what decode waits
+on; at the higher one the cores' arithmetic may be, and a decode that speeds up little there says so.
+`--report JSON` prints the tables of a saved run again (runs saved before the split included).
 
 The bandwidth passes stream a private buffer with 4 KiB pages, as bench_cpu.py's do. Decoding reads
 the model through a mapping of the page cache instead, so each model and depth also gets one
@@ -32,6 +37,7 @@ beside the bound: where the two differ, the pages, not the kernels, would explai
 Usage: bench_bound.py [--kiri PATH] [--llama-bin DIR] [--models DIR ...] [--threads T]
                       [--samples N] [--n-gen N] [--depths D ...] [--cpu-kernels TIER]
                       [--only NAME ...] [--no-llama] [--nice N] [--json PATH]
+       bench_bound.py --report JSON
   Defaults: /tmp/bench-build/kiri (else build/kiri), llama.cpp from bench/build_llama_cpp.sh,
   tinyllama-Q4_0 and tinyllama-Q4_K_M in <repo>/build/bench-models, T=2, 7 samples a side of
   64 tokens at depths 0 and 512 (each decode process fills its context untimed, warms up, then
@@ -51,12 +57,78 @@ import bench_cpu  # noqa: E402  (its decode runs, membw, model shapes and peer f
 
 REPO = bench_cpu.REPO
 TARGET = bench_cpu.TARGETS["bound_fraction"]
+TWO_LEVELS = 1.3  # a run whose fastest pass is above this times its slowest is also reported by level
 STEADY = 0.10  # the most two passes beside one sample may differ, as a fraction of the lower, for it to count as steady
 
 
 def steady(sample):
     lo, hi = sorted((sample["gbps_before"], sample["gbps_after"]))
     return hi - lo <= STEADY * lo
+
+
+def summary(samples):
+    """One side's medians over its samples: % of the bound (all, range, steady ones), GB/s, tok/s."""
+    f = [s["fraction"] for s in samples]
+    fs = [s["fraction"] for s in samples if steady(s)]
+    return {"median_fraction": statistics.median(f), "min_fraction": min(f), "max_fraction": max(f),
+            "steady_samples": len(fs), "steady_median_fraction": statistics.median(fs) if fs else None,
+            "median_gbps": statistics.median((s["gbps_before"] + s["gbps_after"]) / 2 for s in samples),
+            "median_tps": statistics.median(s["tps"] for s in samples)}
+
+
+def levels(results, sides):
+    """The bandwidth level below which a sample's passes count as the lower one: the midpoint of the
+    run's slowest and fastest pass, or None when they are within TWO_LEVELS of each other."""
+    passes = [x for r in results for side in sides for s in r["samples"][side]
+              for x in (s["gbps_before"], s["gbps_after"])]
+    lo, hi = min(passes), max(passes)
+    return (lo + hi) / 2 if hi > TWO_LEVELS * lo else None
+
+
+def level_cell(samples, split, lower):
+    """Median % of the bound, median tok/s and the number of the samples whose two passes are both
+    below split (lower) or both above it."""
+    sel = [s for s in samples if all((x < split) == lower for x in (s["gbps_before"], s["gbps_after"]))]
+    if not sel:
+        return "none"
+    return (f"{100 * statistics.median(s['fraction'] for s in sel):.0f}%, "
+            f"{statistics.median(s['tps'] for s in sel):.1f} ({len(sel)})")
+
+
+def report(machine, results, sides):
+    """The tables of a run, as markdown: the medians per model and depth, then, where the run's
+    passes fall on two levels, the same split by level."""
+    n = len(results[0]["samples"]["kiri"]) if results else 0
+    lines = [f"{machine['cpu']}, {machine['threads']} threads, kiri kernels {machine['cpu_kernels']}, "
+             f"{n} samples a side of {machine.get('n_gen', 64)} tokens, {machine['started']}", "",
+             "| model | depth | GB/s beside kiri (the file's mapping) | kiri: median % of bound (range; steady) |"
+             " kiri tok/s |" + (" llama.cpp: median % (range; steady) | llama.cpp tok/s |" if len(sides) > 1 else ""),
+             "|---|---|---|---|---|" + ("---|---|" if len(sides) > 1 else "")]
+    for r in results:
+        cells = [r["model"], str(r["depth"]), f"{r['kiri']['median_gbps']:.1f} ({r['file_gbps']:.1f})"]
+        for side in sides:
+            s = r[side]
+            st = (f"{100 * s['steady_median_fraction']:.0f}% of {s['steady_samples']}" if s["steady_samples"]
+                  else "none")
+            cells += [f"{100 * s['median_fraction']:.0f}% ({100 * s['min_fraction']:.0f}-{100 * s['max_fraction']:.0f};"
+                      f" {st})", f"{s['median_tps']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"target: a median of {100 * TARGET:.0f}% of the bound; steady: the median over the samples whose "
+                 f"two bandwidth passes agree within {100 * STEADY:.0f}%, and their number")
+    split = levels(results, sides)
+    if split:
+        names = {"kiri": "kiri", "llama": "llama.cpp"}
+        lines += ["", f"By bandwidth level: the samples whose two passes are both below {split:.1f} GB/s (lower) "
+                  "or both above it (higher); median % of the bound, median tok/s (samples):", "",
+                  "| model | depth | " + " | ".join(f"{names[s]} lower | {names[s]} higher" for s in sides) + " |",
+                  "|---|---|" + "---|---|" * len(sides)]
+        for r in results:
+            cells = [r["model"], str(r["depth"])]
+            for side in sides:
+                cells += [level_cell(r["samples"][side], split, True), level_cell(r["samples"][side], split, False)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def bandwidth(a, path=None):
@@ -97,7 +169,17 @@ def main():
     p.add_argument("--nice", type=int, default=0)
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--json", default=os.path.join(REPO, "build", "bench-bound.json"))
+    p.add_argument("--report", metavar="JSON", help="print the tables of a run saved by --json, and run nothing")
     a = p.parse_args()
+    if a.report:
+        with open(a.report) as f:
+            saved = json.load(f)
+        sides = [s for s in ("kiri", "llama") if saved["results"] and s in saved["results"][0]["samples"]]
+        for r in saved["results"]:  # runs saved before the steady medians have only the samples' own
+            for side in sides:
+                r[side] = summary(r["samples"][side])
+        print(report(saved["machine"], saved["results"], sides))
+        return
     if a.samples < 1 or a.samples > 100 or a.n_gen < 1 or a.threads < 1:
         p.error("--samples 1..100, --n-gen and --threads at least 1")
     bench_cpu.NICE = a.nice
@@ -107,7 +189,7 @@ def main():
 
     machine = {"cpu": bench_cpu.cpu_name(), "threads": a.threads, "kiri": a.kiri,
                "cpu_kernels": a.cpu_kernels or "best", "llama_bin": a.llama_bin,
-               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+               "n_gen": a.n_gen, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     results = []
     for name in a.only:
         path = bench_cpu.find_model(a, name)
@@ -133,34 +215,10 @@ def main():
             row = {"model": name, "depth": depth, "bytes_per_token": per_token, "samples": samples,
                    "file_gbps": file_gbps}
             for side in sides:
-                f = [s["fraction"] for s in samples[side]]
-                fs = [s["fraction"] for s in samples[side] if steady(s)]
-                row[side] = {"median_fraction": statistics.median(f), "min_fraction": min(f),
-                             "max_fraction": max(f), "steady_samples": len(fs),
-                             "steady_median_fraction": statistics.median(fs) if fs else None,
-                             "median_gbps": statistics.median((s["gbps_before"] + s["gbps_after"]) / 2
-                                                              for s in samples[side]),
-                             "median_tps": statistics.median(s["tps"] for s in samples[side])}
+                row[side] = summary(samples[side])
             results.append(row)
 
-    lines = [f"{machine['cpu']}, {a.threads} threads, kiri kernels {machine['cpu_kernels']}, "
-             f"{a.samples} samples a side of {a.n_gen} tokens, {machine['started']}", "",
-             "| model | depth | GB/s beside kiri (the file's mapping) | kiri: median % of bound (range; steady) |"
-             " kiri tok/s |" + (" llama.cpp: median % (range; steady) | llama.cpp tok/s |" if not a.no_llama else ""),
-             "|---|---|---|---|---|" + ("---|---|" if not a.no_llama else "")]
-    for r in results:
-        cells = [r["model"], str(r["depth"]), f"{r['kiri']['median_gbps']:.1f} ({r['file_gbps']:.1f})"]
-        for side in sides:
-            s = r[side]
-            st = (f"{100 * s['steady_median_fraction']:.0f}% of {s['steady_samples']}" if s["steady_samples"]
-                  else "none")
-            cells += [f"{100 * s['median_fraction']:.0f}% ({100 * s['min_fraction']:.0f}-{100 * s['max_fraction']:.0f};"
-                      f" {st})", f"{s['median_tps']:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append(f"target: a median of {100 * TARGET:.0f}% of the bound; steady: the median over the samples whose "
-                 f"two bandwidth passes agree within {100 * STEADY:.0f}%, and their number")
-    md = "\n".join(lines)
+    md = report(machine, results, sides)
     print("\n" + md)
     with open(a.json, "w") as f:
         json.dump({"machine": machine, "results": results, "markdown": md}, f, indent=1)
