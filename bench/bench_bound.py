@@ -27,7 +27,9 @@ passes span two such levels (its fastest over TWO_LEVELS times its slowest), a s
 the samples at the midpoint: those whose two passes both lie below it and those whose passes both lie
 above, each with its median % of the bound and tok/s. At the lower level memory is what decode waits
 on; at the higher one the cores' arithmetic may be, and a decode that speeds up little there says so.
-`--report JSON` prints the tables of a saved run again (runs saved before the split included).
+`--report JSON` prints the tables of a saved run again (runs saved before the split included);
+given several runs, it then prints each cell's median from every run and the best of them, the
+figure a "best of at least three runs" reads.
 
 The bandwidth passes stream a private buffer with 4 KiB pages, as bench_cpu.py's do. Decoding reads
 the model through a mapping of the page cache instead, so each model and depth also gets one
@@ -37,7 +39,7 @@ beside the bound: where the two differ, the pages, not the kernels, would explai
 Usage: bench_bound.py [--kiri PATH] [--llama-bin DIR] [--models DIR ...] [--threads T]
                       [--samples N] [--n-gen N] [--depths D ...] [--cpu-kernels TIER]
                       [--only NAME ...] [--no-llama] [--nice N] [--json PATH]
-       bench_bound.py --report JSON
+       bench_bound.py --report JSON [JSON ...]
   Defaults: /tmp/bench-build/kiri (else build/kiri), llama.cpp from bench/build_llama_cpp.sh,
   tinyllama-Q4_0 and tinyllama-Q4_K_M in <repo>/build/bench-models, T=2, 7 samples a side of
   64 tokens at depths 0 and 512 (each decode process fills its context untimed, warms up, then
@@ -131,6 +133,27 @@ def report(machine, results, sides):
     return "\n".join(lines)
 
 
+def best_of_runs(runs, sides):
+    """Per model and depth, each saved run's median % of the bound (in the order given) and the best
+    of them, as markdown; a cell some run lacks is left out of that run's list."""
+    cells = {}
+    for run in runs:
+        for r in run["results"]:
+            cells.setdefault((r["model"], r["depth"]), []).append(r)
+    names = {"kiri": "kiri", "llama": "llama.cpp"}
+    lines = ["Runs started " + ", ".join(run["machine"]["started"] for run in runs) +
+             "; each run's median % of the bound over all its samples, and the best of them:", "",
+             "| model | depth | " + " | ".join(f"{names[s]}, each run | {names[s]}, best" for s in sides) + " |",
+             "|---|---|" + "---|---|" * len(sides)]
+    for (model, depth), rows in cells.items():
+        out = [model, str(depth)]
+        for side in sides:
+            f = [100 * r[side]["median_fraction"] for r in rows if side in r]
+            out += [", ".join(f"{x:.0f}%" for x in f), f"{max(f):.0f}%" if f else "none"]
+        lines.append("| " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
 def bandwidth(a, path=None):
     """Best of 3 passes with T threads over 512 MiB of private memory, or over a mapping of the
     file at path; GB/s."""
@@ -169,16 +192,23 @@ def main():
     p.add_argument("--nice", type=int, default=0)
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--json", default=os.path.join(REPO, "build", "bench-bound.json"))
-    p.add_argument("--report", metavar="JSON", help="print the tables of a run saved by --json, and run nothing")
+    p.add_argument("--report", metavar="JSON", nargs="+",
+                   help="print the tables of runs saved by --json (several: also the best of them), and run nothing")
     a = p.parse_args()
     if a.report:
-        with open(a.report) as f:
-            saved = json.load(f)
-        sides = [s for s in ("kiri", "llama") if saved["results"] and s in saved["results"][0]["samples"]]
-        for r in saved["results"]:  # runs saved before the steady medians have only the samples' own
-            for side in sides:
-                r[side] = summary(r["samples"][side])
-        print(report(saved["machine"], saved["results"], sides))
+        runs = []
+        for path in a.report:
+            with open(path) as f:
+                runs.append(json.load(f))
+        sides = [s for s in ("kiri", "llama") if all(run["results"] and s in run["results"][0]["samples"]
+                                                     for run in runs)]
+        for run in runs:
+            for r in run["results"]:  # runs saved before the steady medians have only the samples' own
+                for side in sides:
+                    r[side] = summary(r["samples"][side])
+            print(report(run["machine"], run["results"], sides) + "\n")
+        if len(runs) > 1:
+            print(best_of_runs(runs, sides))
         return
     if a.samples < 1 or a.samples > 100 or a.n_gen < 1 or a.threads < 1:
         p.error("--samples 1..100, --n-gen and --threads at least 1")
