@@ -60,6 +60,7 @@ import bench_cpu  # noqa: E402  (its decode runs, membw, model shapes and peer f
 REPO = bench_cpu.REPO
 TARGET = bench_cpu.TARGETS["bound_fraction"]
 TWO_LEVELS = 1.3  # a run whose fastest pass is above this times its slowest is also reported by level
+SIDE_NAMES = {"kiri": "kiri", "llama": "llama.cpp"}
 STEADY = 0.10  # the most two passes beside one sample may differ, as a fraction of the lower, for it to count as steady
 
 
@@ -120,10 +121,9 @@ def report(machine, results, sides):
                  f"two bandwidth passes agree within {100 * STEADY:.0f}%, and their number")
     split = levels(results, sides)
     if split:
-        names = {"kiri": "kiri", "llama": "llama.cpp"}
         lines += ["", f"By bandwidth level: the samples whose two passes are both below {split:.1f} GB/s (lower) "
                   "or both above it (higher); median % of the bound, median tok/s (samples):", "",
-                  "| model | depth | " + " | ".join(f"{names[s]} lower | {names[s]} higher" for s in sides) + " |",
+                  "| model | depth | " + " | ".join(f"{SIDE_NAMES[s]} lower | {SIDE_NAMES[s]} higher" for s in sides) + " |",
                   "|---|---|" + "---|---|" * len(sides)]
         for r in results:
             cells = [r["model"], str(r["depth"])]
@@ -133,23 +133,27 @@ def report(machine, results, sides):
     return "\n".join(lines)
 
 
-def best_of_runs(runs, sides):
-    """Per model and depth, each saved run's median % of the bound (in the order given) and the best
-    of them, as markdown; a cell some run lacks is left out of that run's list."""
+def cells_of_runs(runs):
+    """The results of several saved runs by (model, depth), each cell's rows in the runs' order."""
     cells = {}
     for run in runs:
         for r in run["results"]:
             cells.setdefault((r["model"], r["depth"]), []).append(r)
-    names = {"kiri": "kiri", "llama": "llama.cpp"}
+    return cells
+
+
+def best_of_runs(runs, sides):
+    """Per model and depth, each saved run's median % of the bound (in the order given) and the best
+    of them, as markdown."""
     lines = ["Runs started " + ", ".join(run["machine"]["started"] for run in runs) +
              "; each run's median % of the bound over all its samples, and the best of them:", "",
-             "| model | depth | " + " | ".join(f"{names[s]}, each run | {names[s]}, best" for s in sides) + " |",
+             "| model | depth | " + " | ".join(f"{SIDE_NAMES[s]}, each run | {SIDE_NAMES[s]}, best" for s in sides) + " |",
              "|---|---|" + "---|---|" * len(sides)]
-    for (model, depth), rows in cells.items():
+    for (model, depth), rows in cells_of_runs(runs).items():
         out = [model, str(depth)]
         for side in sides:
-            f = [100 * r[side]["median_fraction"] for r in rows if side in r]
-            out += [", ".join(f"{x:.0f}%" for x in f), f"{max(f):.0f}%" if f else "none"]
+            f = [100 * r[side]["median_fraction"] for r in rows]
+            out += [", ".join(f"{x:.0f}%" for x in f), f"{max(f):.0f}%"]
         lines.append("| " + " | ".join(out) + " |")
     return "\n".join(lines)
 
