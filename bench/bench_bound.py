@@ -29,7 +29,7 @@ above, each with its median % of the bound and tok/s. At the lower level memory 
 on; at the higher one the cores' arithmetic may be, and a decode that speeds up little there says so.
 `--report JSON` prints the tables of a saved run again (runs saved before the split included);
 given several runs, it then prints each cell's median from every run and the best of them, the
-figure a "best of at least three runs" reads.
+figure a "best of at least three runs" reads, and the tables of all their samples pooled.
 
 The bandwidth passes stream a private buffer with 4 KiB pages, as bench_cpu.py's do. Decoding reads
 the model through a mapping of the page cache instead, so each model and depth also gets one
@@ -158,6 +158,22 @@ def best_of_runs(runs, sides):
     return "\n".join(lines)
 
 
+def pooled(runs, sides):
+    """Several saved runs as one: each cell's samples of every run together (the file's mapping
+    rate the median of the runs'), with the machine of the first run."""
+    results = []
+    for (model, depth), rows in cells_of_runs(runs).items():
+        r = {"model": model, "depth": depth, "samples": {side: [s for row in rows for s in row["samples"][side]]
+                                                         for side in sides},
+             "file_gbps": statistics.median(row["file_gbps"] for row in rows)}
+        for side in sides:
+            r[side] = summary(r["samples"][side])
+        results.append(r)
+    machine = dict(runs[0]["machine"], started=f"{len(runs)} runs pooled, started "
+                   + ", ".join(run["machine"]["started"] for run in runs))
+    return machine, results
+
+
 def bandwidth(a, path=None):
     """Best of 3 passes with T threads over 512 MiB of private memory, or over a mapping of the
     file at path; GB/s."""
@@ -197,7 +213,8 @@ def main():
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--json", default=os.path.join(REPO, "build", "bench-bound.json"))
     p.add_argument("--report", metavar="JSON", nargs="+",
-                   help="print the tables of runs saved by --json (several: also the best of them), and run nothing")
+                   help="print the tables of runs saved by --json (several: also the best of them and the"
+                   " samples pooled), and run nothing")
     a = p.parse_args()
     if a.report:
         runs = []
@@ -212,7 +229,8 @@ def main():
                     r[side] = summary(r["samples"][side])
             print(report(run["machine"], run["results"], sides) + "\n")
         if len(runs) > 1:
-            print(best_of_runs(runs, sides))
+            print(best_of_runs(runs, sides) + "\n")
+            print(report(*pooled(runs, sides), sides))
         return
     if a.samples < 1 or a.samples > 100 or a.n_gen < 1 or a.threads < 1:
         p.error("--samples 1..100, --n-gen and --threads at least 1")
